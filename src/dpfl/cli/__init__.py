@@ -1,0 +1,32 @@
+"""The `dpfl` command. Every command here is a thin layer over the Python API."""
+
+from __future__ import annotations
+
+import typer
+
+from dpfl import __version__
+from dpfl.cli import demo, privacy
+
+app = typer.Typer(
+    name="dpfl",
+    help="Differentially private federated learning for medical data.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+app.add_typer(privacy.app, name="privacy")
+app.command("demo")(demo.demo)
+
+
+def _show_version(value: bool) -> None:
+    if value:
+        typer.echo(f"dpfl {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def main(
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Print the version."
+    ),
+) -> None:
+    """Differentially private federated learning for medical data."""

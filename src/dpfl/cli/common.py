@@ -1,0 +1,79 @@
+"""What the commands share: error reporting and the ε table."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from absl import logging as absl_logging
+from rich.console import Console
+from rich.table import Table
+
+from dpfl.privacy import PrivacyError, SiloAccount
+
+console = Console()
+errors = Console(stderr=True)
+
+# dp_accounting logs each Rényi order it drops as numerically unstable; dropping one is
+# sound (ε is a minimum over the rest), so the command line keeps quiet about it.
+absl_logging.set_verbosity(absl_logging.ERROR)
+
+
+@contextmanager
+def reported_errors() -> Iterator[None]:
+    """Turn privacy errors into one red line and exit status 2; show warnings in yellow."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            yield
+        except PrivacyError as exc:
+            errors.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(2) from exc
+        finally:
+            for warning in caught:
+                errors.print(f"[yellow]warning:[/yellow] {warning.message}")
+
+
+def print_json(data: dict[str, Any] | list[dict[str, Any]]) -> None:
+    typer.echo(json.dumps(data, indent=None, sort_keys=True))
+
+
+def accounts_table(title: str, accounts: list[SiloAccount], rdp: list[SiloAccount]) -> Table:
+    """One row per silo: budget, ε spent by the enforcing accountant and by RDP, ε left."""
+    table = Table(title=title)
+    for column in ("silo", "neighbouring", "budget ε", "δ", "events"):
+        table.add_column(column, justify="left" if column in ("silo", "neighbouring") else "right")
+    table.add_column("ε spent", justify="right")
+    table.add_column("ε spent (RDP)", justify="right")
+    table.add_column("ε left", justify="right")
+    for account, by_rdp in zip(accounts, rdp, strict=True):
+        table.add_row(
+            account.silo,
+            account.budget.neighbouring.description,
+            f"{account.budget.epsilon:g}",
+            f"{account.budget.delta:.2g}",
+            str(account.events),
+            f"{account.spent.epsilon:.4f} ({account.spent.accountant.value.upper()})",
+            f"{by_rdp.spent.epsilon:.4f}",
+            f"{account.remaining:.4f}",
+        )
+    return table
+
+
+def account_json(account: SiloAccount, rdp: SiloAccount) -> dict[str, Any]:
+    return {
+        "silo": account.silo,
+        "neighbouring": account.budget.neighbouring.value,
+        "epsilon_budget": account.budget.epsilon,
+        "delta": account.budget.delta,
+        "size": account.budget.size,
+        "events": account.events,
+        "epsilon": account.spent.epsilon,
+        "accountant": account.spent.accountant.value,
+        "epsilon_rdp": rdp.spent.epsilon,
+        "epsilon_remaining": account.remaining,
+    }

@@ -1,0 +1,166 @@
+"""`dpfl privacy …`: ε of a DP-SGD run, the noise for a budget, and ledger inspection."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.table import Table
+
+from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibration, epsilon, events
+from dpfl.privacy.accounting import check_delta, parse_accountant
+
+from .common import account_json, accounts_table, console, print_json, reported_errors
+
+app = typer.Typer(help="Privacy accounting and the per-silo ledger.", no_args_is_help=True)
+
+NoiseOpt = Annotated[float, typer.Option("--noise-multiplier", "-s", help="σ: noise std / C.")]
+RateOpt = Annotated[
+    float, typer.Option("--sample-rate", "-q", help="q: Poisson sampling probability.")
+]
+StepsOpt = Annotated[int, typer.Option("--steps", "-T", help="Number of DP-SGD steps.")]
+DeltaOpt = Annotated[float, typer.Option("--delta", "-d", help="δ of the guarantee.")]
+AccountantOpt = Annotated[
+    str | None,
+    typer.Option("--accountant", help="rdp or pld (default: pld where it applies, else rdp)."),
+]
+SizeOpt = Annotated[
+    int | None, typer.Option("--dataset-size", "-n", help="Records at the silo: warns if δ > 1/n.")
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+
+
+@app.command("epsilon")
+def epsilon_command(
+    noise_multiplier: NoiseOpt,
+    sample_rate: RateOpt,
+    steps: StepsOpt,
+    delta: DeltaOpt,
+    accountant: AccountantOpt = None,
+    dataset_size: SizeOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """ε after T Poisson-sampled DP-SGD steps (add/remove-one neighbouring)."""
+    with reported_errors():
+        check_delta(delta, dataset_size=dataset_size)
+        event = events.poisson_gaussian(sample_rate, noise_multiplier, steps=steps)
+        chosen = epsilon(event, delta, accountant)
+        if json:
+            print_json(_report_json(chosen))
+            return
+        shown = [chosen]
+        if accountant is None:  # show the other accountant beside the default
+            other = Accountant.RDP if chosen.accountant is Accountant.PLD else Accountant.PLD
+            shown.append(epsilon(event, delta, other))
+        table = Table(title=event.describe())
+        for column in ("accountant", "ε", "δ", "neighbouring"):
+            table.add_column(column)
+        for report in shown:
+            table.add_row(
+                report.accountant.value.upper(),
+                f"{report.epsilon:.4f}",
+                f"{report.delta:g}",
+                report.neighbouring.description,
+            )
+        console.print(table)
+
+
+@app.command("calibrate")
+def calibrate_command(
+    target_epsilon: Annotated[float, typer.Option("--epsilon", "-e", help="Target ε.")],
+    delta: DeltaOpt,
+    sample_rate: RateOpt,
+    steps: StepsOpt,
+    accountant: AccountantOpt = None,
+    tolerance: Annotated[
+        float, typer.Option(help="σ is at most this far above the least σ that meets ε.")
+    ] = calibration.NOISE_TOLERANCE,
+    dataset_size: SizeOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """The smallest noise multiplier σ that keeps T DP-SGD steps within (ε, δ)."""
+    with reported_errors():
+        check_delta(delta, dataset_size=dataset_size)
+        chosen = None if accountant is None else parse_accountant(accountant)
+        sigma = calibration.calibrate_dpsgd_noise(
+            target_epsilon,
+            delta,
+            sample_rate=sample_rate,
+            steps=steps,
+            accountant=chosen,
+            tolerance=tolerance,
+        )
+        report = epsilon(events.poisson_gaussian(sample_rate, sigma, steps=steps), delta, chosen)
+        if json:
+            print_json({"noise_multiplier": sigma, **_report_json(report)})
+            return
+        console.print(
+            f"noise multiplier σ = [bold]{sigma:.4f}[/bold] "
+            f"(ε = {report.epsilon:.4f} ≤ {target_epsilon:g} at δ = {delta:g}, "
+            f"{report.accountant.value.upper()}, {report.neighbouring.description})"
+        )
+
+
+@app.command("max-steps")
+def max_steps_command(
+    target_epsilon: Annotated[float, typer.Option("--epsilon", "-e", help="Target ε.")],
+    delta: DeltaOpt,
+    sample_rate: RateOpt,
+    noise_multiplier: NoiseOpt,
+    accountant: AccountantOpt = None,
+    json: JsonOpt = False,
+) -> None:
+    """The largest number of DP-SGD steps at (q, σ) that stays within (ε, δ)."""
+    with reported_errors():
+        steps = calibration.max_dpsgd_steps(
+            target_epsilon,
+            delta,
+            sample_rate=sample_rate,
+            noise_multiplier=noise_multiplier,
+            accountant=accountant,
+        )
+        report = epsilon(
+            events.poisson_gaussian(sample_rate, noise_multiplier, steps=steps), delta, accountant
+        )
+        if json:
+            print_json({"steps": steps, **_report_json(report)})
+            return
+        console.print(
+            f"at most [bold]{steps}[/bold] steps (ε = {report.epsilon:.4f} ≤ "
+            f"{target_epsilon:g} at δ = {delta:g}, {report.accountant.value.upper()})"
+        )
+
+
+@app.command("ledger")
+def ledger_command(
+    path: Annotated[Path, typer.Argument(help="The study's ledger file.")],
+    events_: Annotated[bool, typer.Option("--events", help="List every recorded event.")] = False,
+    json: JsonOpt = False,
+) -> None:
+    """Per silo: budget, events recorded, ε spent (PLD where it applies, and RDP), ε left."""
+    with reported_errors(), Ledger(path, create=False) as ledger:
+        accounts = ledger.accounts()
+        by_rdp = ledger.accounts(accountant=Accountant.RDP)
+        if json:
+            print_json([account_json(a, r) for a, r in zip(accounts, by_rdp, strict=True)])
+            return
+        console.print(accounts_table(f"privacy ledger {path}", accounts, by_rdp))
+        if events_:
+            for silo in ledger.silos():
+                table = Table(title=f"events of {silo}")
+                for column in ("#", "round", "label", "event"):
+                    table.add_column(column)
+                for entry in ledger.entries(silo):
+                    round_ = "" if entry.round is None else str(entry.round)
+                    table.add_row(str(entry.id), round_, entry.label, entry.event.describe())
+                console.print(table)
+
+
+def _report_json(report: EpsilonReport) -> dict[str, object]:
+    return {
+        "epsilon": report.epsilon,
+        "delta": report.delta,
+        "accountant": report.accountant.value,
+        "neighbouring": report.neighbouring.value,
+    }

@@ -1,0 +1,423 @@
+"""The per-silo privacy ledger: what each hospital has spent, on disk, crash-safe.
+
+Each silo has its own budget (ε_k, δ_k) and neighbouring relation. Only a silo's own
+events are composed in its account: what other silos do with data it never sees is
+post-processing for it and costs nothing. The ledger is a SQLite file (one per study):
+
+* `record` checks the budget and inserts the event in one write transaction
+  (`BEGIN IMMEDIATE`, so two processes cannot both spend the last of a budget) and
+  returns only after the commit is durable (WAL, `synchronous=FULL`). Callers release
+  the model update an event paid for only after `record` returns, so a crash or
+  `kill -9` can lose an update but never spent budget.
+* An event that would take the silo past its budget is refused and nothing is written.
+* Reopening the file continues from what was spent.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import sqlite3
+import time
+from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from dp_accounting import dp_event as dpe
+
+from dpfl.privacy import calibration, events
+from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
+from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
+from dpfl.privacy.events import Neighbouring, PrivacyEvent
+
+_APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE silos (
+    silo TEXT PRIMARY KEY,
+    epsilon REAL NOT NULL CHECK (epsilon > 0),
+    delta REAL NOT NULL CHECK (delta > 0 AND delta < 1),
+    size INTEGER CHECK (size IS NULL OR size > 0),
+    neighbouring TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    silo TEXT NOT NULL REFERENCES silos(silo),
+    round INTEGER,
+    label TEXT NOT NULL,
+    event TEXT NOT NULL,
+    recorded_at REAL NOT NULL
+);
+CREATE INDEX events_by_silo ON events(silo, id);
+"""
+
+
+@dataclass(frozen=True)
+class Budget:
+    """A silo's target: no more than ε at δ, for neighbouring datasets as stated."""
+
+    epsilon: float
+    delta: float
+    neighbouring: Neighbouring
+    size: int | None
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One recorded event."""
+
+    id: int
+    silo: str
+    event: PrivacyEvent
+    label: str
+    round: int | None
+    recorded_at: float
+
+
+@dataclass(frozen=True)
+class SiloAccount:
+    """What a silo has spent and has left, as shown by `dpfl privacy ledger`."""
+
+    silo: str
+    budget: Budget
+    events: int
+    spent: EpsilonReport
+
+    @property
+    def remaining(self) -> float:
+        return max(self.budget.epsilon - self.spent.epsilon, 0.0)
+
+
+class Ledger:
+    """Per-silo (ε, δ) accounts persisted in one SQLite file.
+
+    `accountant` is the one budgets are enforced with: None means PLD wherever it can
+    analyse a silo's events and RDP otherwise. Any accountant can be asked for a report.
+
+    A silo's history is composed as a multiset of leaf events (composition bounds do
+    not depend on order), so a thousand recorded rounds of one step type cost one
+    self-composition. Multisets already shown to be within budget are remembered: ε
+    never falls when events are added, so recording anything still inside such a
+    multiset (a round of a plan checked with `can_afford`) needs no new accounting.
+    """
+
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        accountant: Accountant | str | None = None,
+        create: bool = True,
+    ) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise LedgerError(f"no ledger at {self.path}")
+        self.accountant = None if accountant is None else Accountant(accountant)
+        self._db = _open(self.path)
+        self._within_budget: dict[str, list[Counter[str]]] = {}
+
+    # -- silos ----------------------------------------------------------------------
+
+    def register_silo(
+        self,
+        silo: str,
+        *,
+        epsilon: float,
+        delta: float,
+        size: int | None = None,
+        neighbouring: Neighbouring = Neighbouring.ADD_REMOVE,
+    ) -> Budget:
+        """Open an account for `silo`. Registering it again with the same budget is a
+        no-op (a restarted run); a different budget is refused: budgets are fixed."""
+        if not silo or not isinstance(silo, str):
+            raise PrivacyParameterError("a silo needs a non-empty name")
+        if not (isinstance(epsilon, int | float) and 0 < epsilon < math.inf):
+            raise PrivacyParameterError(f"silo {silo!r}: ε budget must be > 0, got {epsilon!r}")
+        if size is not None and not (isinstance(size, int) and size > 0):
+            raise PrivacyParameterError(f"silo {silo!r}: size must be a positive integer")
+        check_delta(delta, dataset_size=size)
+        wanted = Budget(float(epsilon), float(delta), Neighbouring(neighbouring), size)
+        with self._write() as db:
+            existing = _budget_or_none(db, silo)
+            if existing is None:
+                db.execute(
+                    "INSERT INTO silos VALUES (?, ?, ?, ?, ?, ?)",
+                    (
+                        silo,
+                        wanted.epsilon,
+                        wanted.delta,
+                        size,
+                        wanted.neighbouring.value,
+                        time.time(),
+                    ),
+                )
+            elif existing != wanted:
+                raise LedgerError(
+                    f"silo {silo!r} is already registered with {_show_budget(existing)}; "
+                    f"refusing to change it to {_show_budget(wanted)}"
+                )
+        return wanted
+
+    def silos(self) -> list[str]:
+        return [row[0] for row in self._db.execute("SELECT silo FROM silos ORDER BY rowid")]
+
+    def budget(self, silo: str) -> Budget:
+        found = _budget_or_none(self._db, silo)
+        if found is None:
+            known = ", ".join(self.silos()) or "none"
+            raise LedgerError(f"no silo {silo!r} in ledger {self.path} (silos: {known})")
+        return found
+
+    # -- spending -------------------------------------------------------------------
+
+    def spent(
+        self, silo: str, *, delta: float | None = None, accountant: Accountant | str | None = None
+    ) -> EpsilonReport:
+        """ε the silo has spent at `delta` (default: its budget's δ)."""
+        budget = self.budget(silo)
+        return _composed_epsilon(
+            _key(_history(self._db, silo)),
+            budget.neighbouring,
+            budget.delta if delta is None else delta,
+            accountant or self.accountant,
+        )
+
+    def projected(self, silo: str, event: PrivacyEvent) -> EpsilonReport:
+        """ε the silo would have spent, at its δ, if `event` were recorded now."""
+        budget = self._budget_for(silo, event)
+        after = _history(self._db, silo) + _leaves(event)
+        report = self._epsilon(after, budget)
+        if report.epsilon <= budget.epsilon:
+            self._within_budget.setdefault(silo, []).append(after)
+        return report
+
+    def can_afford(self, silo: str, event: PrivacyEvent) -> bool:
+        """Whether `event` (e.g. every round still planned) fits in what is left."""
+        budget = self._budget_for(silo, event)
+        after = _history(self._db, silo) + _leaves(event)
+        return self._known_within(silo, after) or (
+            self.projected(silo, event).epsilon <= budget.epsilon
+        )
+
+    def affordable_repeats(self, silo: str, event: PrivacyEvent) -> int:
+        """How many more times `event` fits in the silo's budget (e.g. DP-SGD steps left)."""
+        budget = self._budget_for(silo, event)
+        spent = [
+            events.repeat(PrivacyEvent.from_json(leaf), n)
+            for leaf, n in _history(self._db, silo).items()
+        ]
+        return calibration.max_steps(
+            budget.epsilon,
+            budget.delta,
+            lambda count: events.compose([*spent, events.repeat(event, count)]),
+            accountant=self.accountant,
+        )
+
+    def record(
+        self, silo: str, event: PrivacyEvent, *, label: str = "", round: int | None = None
+    ) -> Entry:
+        """Charge `event` to `silo` and commit it durably; refuse if over budget.
+
+        Release the output the event paid for only after this returns.
+        """
+        budget = self._budget_for(silo, event)
+        with self._write() as db:  # the budget check and the insert are one transaction
+            before = _history(db, silo)
+            after = before + _leaves(event)
+            if not self._known_within(silo, after):
+                report = self._epsilon(after, budget)
+                if report.epsilon > budget.epsilon:
+                    raise BudgetExceededError(
+                        f"silo {silo!r}: {event.describe()} would bring ε to "
+                        f"{report.epsilon:.4g} > budget {budget.epsilon:g} at "
+                        f"δ={budget.delta:g} (spent so far "
+                        f"{self._epsilon(before, budget).epsilon:.4g}); nothing was recorded"
+                    )
+                self._within_budget.setdefault(silo, []).append(after)
+            recorded_at = time.time()
+            cursor = db.execute(
+                "INSERT INTO events (silo, round, label, event, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (silo, round, label, event.to_json(), recorded_at),
+            )
+        return Entry(int(cursor.lastrowid or 0), silo, event, label, round, recorded_at)
+
+    # -- reading --------------------------------------------------------------------
+
+    def entries(self, silo: str) -> list[Entry]:
+        self.budget(silo)
+        rows = self._db.execute(
+            "SELECT id, silo, event, label, round, recorded_at FROM events WHERE silo = ? "
+            "ORDER BY id",
+            (silo,),
+        )
+        return [
+            Entry(row[0], row[1], _parse_event(row[2], row[0]), row[3], row[4], row[5])
+            for row in rows
+        ]
+
+    def accounts(self, *, accountant: Accountant | str | None = None) -> list[SiloAccount]:
+        """Every silo's budget, number of recorded events and ε spent at its own δ."""
+        counts = dict(self._db.execute("SELECT silo, COUNT(*) FROM events GROUP BY silo"))
+        return [
+            SiloAccount(
+                silo,
+                self.budget(silo),
+                counts.get(silo, 0),
+                self.spent(silo, accountant=accountant),
+            )
+            for silo in self.silos()
+        ]
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Ledger:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def _budget_for(self, silo: str, event: PrivacyEvent) -> Budget:
+        budget = self.budget(silo)
+        if event.neighbouring is not budget.neighbouring:
+            raise PrivacyParameterError(
+                f"silo {silo!r} is accounted under {budget.neighbouring.description} "
+                f"neighbouring, but the event was analysed under "
+                f"{event.neighbouring.description}: {event.describe()}"
+            )
+        return budget
+
+    def _known_within(self, silo: str, history: Counter[str]) -> bool:
+        return any(history <= checked for checked in self._within_budget.get(silo, []))
+
+    def _epsilon(self, history: Counter[str], budget: Budget) -> EpsilonReport:
+        return _composed_epsilon(_key(history), budget.neighbouring, budget.delta, self.accountant)
+
+
+@functools.lru_cache(maxsize=1024)
+def _composed_epsilon(
+    history: tuple[tuple[str, int], ...],
+    neighbouring: Neighbouring,
+    delta: float,
+    accountant: Accountant | str | None,
+) -> EpsilonReport:
+    """ε of a multiset of leaf events. Cached: silos with equal histories (IID silos in
+    a simulation) and a `can_afford` followed by a `record` compute it once."""
+    parts = [events.repeat(PrivacyEvent.from_json(leaf), count) for leaf, count in history]
+    if not parts:
+        return EpsilonReport(0.0, delta, Accountant(accountant or Accountant.PLD), neighbouring)
+    return epsilon(events.compose(parts), delta, accountant)
+
+
+def _leaves(event: PrivacyEvent) -> Counter[str]:
+    """The event as a multiset of leaf events (serialised), top-level repeats multiplied out."""
+    counts: Counter[str] = Counter()
+
+    def walk(node: dpe.DpEvent, times: int) -> None:
+        if isinstance(node, dpe.NoOpDpEvent):
+            return
+        if isinstance(node, dpe.SelfComposedDpEvent):
+            walk(node.event, times * node.count)
+        elif isinstance(node, dpe.ComposedDpEvent):
+            for inner in node.events:
+                walk(inner, times)
+        else:
+            counts[PrivacyEvent(node, event.neighbouring).to_json()] += times
+
+    walk(event.dp_event, 1)
+    return counts
+
+
+def _key(history: Counter[str]) -> tuple[tuple[str, int], ...]:
+    return tuple(sorted(history.items()))
+
+
+def _history(db: sqlite3.Connection, silo: str) -> Counter[str]:
+    """A silo's recorded events as a multiset of leaf events."""
+    total: Counter[str] = Counter()
+    for row_id, text, count in db.execute(
+        "SELECT MIN(id), event, COUNT(*) FROM events WHERE silo = ? GROUP BY event", (silo,)
+    ):
+        for leaf, times in _leaves(_parse_event(text, row_id)).items():
+            total[leaf] += times * count
+    return total
+
+
+def _budget_or_none(db: sqlite3.Connection, silo: str) -> Budget | None:
+    row = db.execute(
+        "SELECT epsilon, delta, neighbouring, size FROM silos WHERE silo = ?", (silo,)
+    ).fetchone()
+    return None if row is None else Budget(row[0], row[1], Neighbouring(row[2]), row[3])
+
+
+def _parse_event(text: str, row_id: int) -> PrivacyEvent:
+    try:
+        return PrivacyEvent.from_json(text)
+    except PrivacyParameterError as exc:
+        raise LedgerError(f"ledger event #{row_id} is corrupt: {exc}") from exc
+
+
+def _show_budget(budget: Budget) -> str:
+    return f"(ε={budget.epsilon:g}, δ={budget.delta:g}, {budget.neighbouring.description})"
+
+
+def _open(path: Path) -> sqlite3.Connection:
+    """Open or create a ledger file; refuse, without touching it, anything that is not one."""
+    if path.is_dir():
+        raise LedgerError(f"{path} is a directory, not a ledger file")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
+    try:
+        app_id, version = _identity(db)
+        if app_id == 0 and _is_empty(db):
+            db.execute("PRAGMA journal_mode = WAL")
+            db.execute("BEGIN IMMEDIATE")
+            if _is_empty(db):  # another process may have created it meanwhile
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        db.execute(statement)
+                db.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
+                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
+            db.execute("COMMIT")
+            app_id, version = _identity(db)
+        if app_id != _APPLICATION_ID:
+            raise LedgerError(f"{path} is an SQLite file but not a dpfl ledger")
+        if version != _SCHEMA_VERSION:
+            raise LedgerError(
+                f"{path} is a dpfl ledger of schema {version}; this dpfl reads schema "
+                f"{_SCHEMA_VERSION}"
+            )
+        db.execute("PRAGMA synchronous = FULL")
+        db.execute("PRAGMA foreign_keys = ON")
+    except sqlite3.DatabaseError as exc:
+        db.close()
+        raise LedgerError(f"{path} is not a readable dpfl ledger: {exc}") from exc
+    except LedgerError:
+        db.close()
+        raise
+    return db
+
+
+def _is_empty(db: sqlite3.Connection) -> bool:
+    return int(db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]) == 0
+
+
+def _identity(db: sqlite3.Connection) -> tuple[int, int]:
+    app_id = db.execute("PRAGMA application_id").fetchone()[0]
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    return int(app_id), int(version)
