@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,8 +16,9 @@ from rich.table import Table
 
 from dpfl.privacy import PrivacyError, SiloAccount
 
-console = Console()
-errors = Console(stderr=True)
+# A pipe or a log file gets 120 columns: ledger tables are wider than 80.
+console = Console(width=None if sys.stdout.isatty() else 120)
+errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 
 # dp_accounting logs each Rényi order it drops as numerically unstable; dropping one is
 # sound (ε is a minimum over the rest), so the command line keeps quiet about it.
@@ -53,7 +55,7 @@ def accounts_table(title: str, accounts: list[SiloAccount], rdp: list[SiloAccoun
     for account, by_rdp in zip(accounts, rdp, strict=True):
         table.add_row(
             account.silo,
-            account.budget.neighbouring.description,
+            account.budget.neighbouring.description.removesuffix(" record"),
             f"{account.budget.epsilon:g}",
             f"{account.budget.delta:.2g}",
             str(account.events),

@@ -1,0 +1,217 @@
+"""The ledger: per-silo accounts, refusal past budget, durability across crashes."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from dpfl.privacy import (
+    BudgetExceededError,
+    DeltaTooLargeWarning,
+    Ledger,
+    LedgerError,
+    Neighbouring,
+    PrivacyParameterError,
+    epsilon,
+    events,
+)
+
+STEP = events.poisson_gaussian(0.01, 1.0, steps=10)  # one round of local DP-SGD
+
+
+@pytest.fixture
+def ledger(tmp_path: Path) -> Ledger:
+    ledger = Ledger(tmp_path / "study.sqlite")
+    ledger.register_silo("a", epsilon=1.0, delta=1e-5, size=5000)
+    ledger.register_silo("b", epsilon=3.0, delta=1e-6, size=20000)
+    return ledger
+
+
+def test_each_silo_composes_only_its_own_events(ledger: Ledger) -> None:
+    for _ in range(5):
+        ledger.record("a", STEP, label="round")
+    ledger.record("b", events.gaussian(10.0), label="dp mean")
+    expected_a = epsilon(events.repeat(STEP, 5), 1e-5)
+    assert ledger.spent("a") == expected_a
+    assert ledger.spent("b") == epsilon(events.gaussian(10.0), 1e-6)
+    assert [e.label for e in ledger.entries("a")] == ["round"] * 5
+    assert ledger.spent("a", accountant="rdp").epsilon > expected_a.epsilon
+
+
+def test_refuses_past_budget_and_writes_nothing(ledger: Ledger) -> None:
+    recorded = 0
+    while ledger.can_afford("a", STEP):
+        ledger.record("a", STEP, round=recorded)
+        recorded += 1
+    assert recorded > 0
+    with pytest.raises(BudgetExceededError, match=r"silo 'a'.*> budget 1 at δ=1e-05"):
+        ledger.record("a", STEP)
+    assert len(ledger.entries("a")) == recorded
+    assert ledger.spent("a").epsilon <= 1.0
+    assert epsilon(events.repeat(STEP, recorded + 1), 1e-5).epsilon > 1.0
+
+
+def test_a_plan_checked_up_front_is_recorded_round_by_round(ledger: Ledger) -> None:
+    rounds = ledger.affordable_repeats("a", STEP)
+    assert ledger.can_afford("a", events.repeat(STEP, rounds))
+    assert not ledger.can_afford("a", events.repeat(STEP, rounds + 1))
+    for r in range(rounds):
+        ledger.record("a", STEP, round=r)
+    assert ledger.spent("a").epsilon <= 1.0
+    with pytest.raises(BudgetExceededError):  # the plan's end is still enforced
+        ledger.record("a", STEP)
+
+
+def test_history_is_composed_as_a_multiset_of_leaf_events(ledger: Ledger) -> None:
+    """Ten rounds of 10 steps cost exactly what 100 steps do, in any grouping."""
+    single = events.poisson_gaussian(0.01, 1.0)
+    for _ in range(10):
+        ledger.record("a", STEP)
+    ledger.record("b", events.repeat(single, 100))
+    assert ledger.spent("a").epsilon == pytest.approx(
+        epsilon(events.poisson_gaussian(0.01, 1.0, steps=100), 1e-5).epsilon, rel=1e-12
+    )
+    assert ledger.spent("b").epsilon == pytest.approx(
+        epsilon(events.poisson_gaussian(0.01, 1.0, steps=100), 1e-6).epsilon, rel=1e-12
+    )
+
+
+def test_reopening_continues_from_what_was_spent(tmp_path: Path) -> None:
+    path = tmp_path / "study.sqlite"
+    with Ledger(path) as first:
+        first.register_silo("a", epsilon=1.0, delta=1e-5)
+        first.record("a", STEP)
+        spent = first.spent("a")
+    with Ledger(path) as again:
+        again.register_silo("a", epsilon=1.0, delta=1e-5)  # a restarted run: no-op
+        assert again.spent("a") == spent
+        again.record("a", STEP)
+        assert len(again.entries("a")) == 2
+        with pytest.raises(LedgerError, match="refusing to change"):
+            again.register_silo("a", epsilon=2.0, delta=1e-5)
+
+
+def test_events_must_match_the_silos_neighbouring_relation(ledger: Ledger) -> None:
+    with pytest.raises(PrivacyParameterError, match="add/remove one record neighbouring"):
+        ledger.record("a", events.fixed_size_gaussian(5000, 50, 1.0))
+    ledger.register_silo("c", epsilon=2.0, delta=1e-5, neighbouring=Neighbouring.REPLACE_ONE)
+    ledger.record("c", events.fixed_size_gaussian(5000, 50, 1.0, steps=10))
+    assert ledger.spent("c").accountant.value == "rdp"
+    assert ledger.spent("c").neighbouring is Neighbouring.REPLACE_ONE
+
+
+def test_bad_budgets_and_unknown_silos(ledger: Ledger) -> None:
+    with pytest.raises(PrivacyParameterError, match="ε budget"):
+        ledger.register_silo("x", epsilon=0.0, delta=1e-5)
+    with pytest.raises(PrivacyParameterError, match="δ must lie"):
+        ledger.register_silo("x", epsilon=1.0, delta=1.0)
+    with pytest.warns(DeltaTooLargeWarning, match="silo of 100 records"):
+        ledger.register_silo("small", epsilon=1.0, delta=0.05, size=100)
+    with pytest.raises(LedgerError, match=r"no silo 'nowhere'.*silos: a, b, small"):
+        ledger.record("nowhere", STEP)
+
+
+def test_files_that_are_not_ledgers_are_refused_untouched(tmp_path: Path) -> None:
+    text = tmp_path / "notes.sqlite"
+    text.write_text("patient records, not a ledger")
+    with pytest.raises(LedgerError, match="not a readable dpfl ledger"):
+        Ledger(text)
+    assert text.read_text() == "patient records, not a ledger"
+
+    foreign = tmp_path / "other.sqlite"
+    with sqlite3.connect(foreign) as db:
+        db.execute("CREATE TABLE patients (id INTEGER)")
+    before = foreign.read_bytes()
+    with pytest.raises(LedgerError, match="not a dpfl ledger"):
+        Ledger(foreign)
+    assert foreign.read_bytes() == before
+
+    with pytest.raises(LedgerError, match="is a directory"):
+        Ledger(tmp_path)
+    with pytest.raises(LedgerError, match="no ledger at"):
+        Ledger(tmp_path / "missing.sqlite", create=False)
+    assert not (tmp_path / "missing.sqlite").exists()
+
+
+def test_a_corrupted_event_row_is_reported(ledger: Ledger) -> None:
+    ledger.record("a", STEP)
+    with sqlite3.connect(ledger.path) as db:
+        db.execute("UPDATE events SET event = '{\"broken\": 1}'")
+    with pytest.raises(LedgerError, match="event #1 is corrupt"):
+        ledger.entries("a")
+
+
+_RECORDER = textwrap.dedent(
+    """
+    import sys
+    from dpfl.privacy import Ledger, events
+    ledger = Ledger(sys.argv[1], accountant="rdp")
+    ledger.register_silo("a", epsilon=1e6, delta=1e-5)
+    step = events.poisson_gaussian(0.01, 1.0)
+    while True:
+        entry = ledger.record("a", step, label="step")
+        print(entry.id, flush=True)  # only now may the update it paid for be released
+    """
+)
+
+
+def test_sigkill_while_recording_loses_no_committed_event(tmp_path: Path) -> None:
+    path = tmp_path / "study.sqlite"
+    process = subprocess.Popen(
+        [sys.executable, "-c", _RECORDER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    assert process.stdout is not None
+    released = [int(process.stdout.readline()) for _ in range(40)]
+    os.kill(process.pid, signal.SIGKILL)
+    process.wait(timeout=30)
+    assert process.returncode == -signal.SIGKILL
+
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    with Ledger(path) as reopened:
+        recorded = {entry.id for entry in reopened.entries("a")}
+        assert set(released) <= recorded
+        count = len(recorded)
+        reopened.record("a", events.poisson_gaussian(0.01, 1.0))
+        assert reopened.spent("a").epsilon == pytest.approx(
+            epsilon(events.poisson_gaussian(0.01, 1.0, steps=count + 1), 1e-5).epsilon
+        )
+
+
+_SPENDER = textwrap.dedent(
+    """
+    import sys
+    from dpfl.privacy import BudgetExceededError, Ledger, events
+    ledger = Ledger(sys.argv[1], accountant="rdp")
+    step = events.gaussian(4.0)
+    spent = 0
+    try:
+        while True:
+            ledger.record("a", step)
+            spent += 1
+    except BudgetExceededError:
+        print(spent)
+    """
+)
+
+
+def test_two_processes_cannot_overspend_one_budget(tmp_path: Path) -> None:
+    path = tmp_path / "study.sqlite"
+    with Ledger(path, accountant="rdp") as ledger:
+        ledger.register_silo("a", epsilon=3.0, delta=1e-5)
+        affordable = ledger.affordable_repeats("a", events.gaussian(4.0))
+    workers = [
+        subprocess.Popen([sys.executable, "-c", _SPENDER, str(path)], stdout=subprocess.PIPE)
+        for _ in range(2)
+    ]
+    counts = [int(w.communicate(timeout=120)[0]) for w in workers]
+    assert sum(counts) == affordable
+    with Ledger(path, accountant="rdp") as ledger:
+        assert ledger.spent("a").epsilon <= 3.0
