@@ -52,8 +52,10 @@ def test_epsilon_table_shows_both_accountants_and_the_relation() -> None:
 
 def test_calibrate_json_meets_the_target() -> None:
     data = _json(
-        ["privacy", "calibrate", "-e", "2", "-d", "1e-5", "-q", "0.02", "-T", "500"]
-        + ["--accountant", "rdp", "--json"]
+        [
+            *("privacy", "calibrate", "-e", "2", "-d", "1e-5", "-q", "0.02", "-T", "500"),
+            *("--accountant", "rdp", "--json"),
+        ]
     )
     sigma = data["noise_multiplier"]
     assert isinstance(sigma, float)
@@ -64,8 +66,10 @@ def test_calibrate_json_meets_the_target() -> None:
 
 def test_max_steps_json() -> None:
     data = _json(
-        ["privacy", "max-steps", "-e", "1", "-d", "1e-5", "-q", "0.01", "-s", "1.0"]
-        + ["--accountant", "rdp", "--json"]
+        [
+            *("privacy", "max-steps", "-e", "1", "-d", "1e-5", "-q", "0.01", "-s", "1.0"),
+            *("--accountant", "rdp", "--json"),
+        ]
     )
     steps = data["steps"]
     assert isinstance(steps, int)

@@ -150,7 +150,9 @@ def test_client_sampling_charges_at_least_kerkouche_for_one_step_rounds() -> Non
     q, sigma, rounds = 0.02, 1.0, 300
     previous = 0.0
     for rate in (0.1, 0.3, 0.6, 1.0):
-        exact = events.repeat(events.client_sampled(rate, events.poisson_gaussian(q, sigma)), rounds)
+        exact = events.repeat(
+            events.client_sampled(rate, events.poisson_gaussian(q, sigma)), rounds
+        )
         theirs = events.repeat(
             events.kerkouche_round(
                 client_rate=rate,

@@ -66,7 +66,9 @@ def test_loose_target_returns_the_noise_floor() -> None:
 
 @pytest.mark.parametrize("accountant", ["rdp", "pld"])
 def test_max_steps_is_exact(accountant: str) -> None:
-    steps = max_dpsgd_steps(1.0, 1e-5, sample_rate=0.01, noise_multiplier=1.0, accountant=accountant)
+    steps = max_dpsgd_steps(
+        1.0, 1e-5, sample_rate=0.01, noise_multiplier=1.0, accountant=accountant
+    )
     assert steps > 0
     assert _eps(0.01, 1.0, steps, 1e-5, accountant) <= 1.0
     assert _eps(0.01, 1.0, steps + 1, 1e-5, accountant) > 1.0

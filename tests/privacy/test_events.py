@@ -72,7 +72,9 @@ def test_kerkouche_round_is_q1_then_q2_steps() -> None:
     assert isinstance(event, dpe.ComposedDpEvent)
     first, rest = event.events
     assert first == dpe.PoissonSampledDpEvent(0.3 * 0.05, dpe.GaussianDpEvent(1.1))
-    assert rest == dpe.SelfComposedDpEvent(dpe.PoissonSampledDpEvent(0.05, dpe.GaussianDpEvent(1.1)), 3)
+    assert rest == dpe.SelfComposedDpEvent(
+        dpe.PoissonSampledDpEvent(0.05, dpe.GaussianDpEvent(1.1)), 3
+    )
 
 
 def test_client_sampling_at_rate_one_is_the_round_itself() -> None:
