@@ -1,0 +1,138 @@
+"""The one typed dataset object every loader, generator and transform returns.
+
+Deliberately small: features, labels, names, optional sites and official split, plus a
+description that says where the data came from and every transform applied to it, so a
+privacy datasheet can be written from the object alone.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TypeAlias
+
+import numpy as np
+import scipy.sparse as sp
+
+Features: TypeAlias = np.ndarray | sp.csr_matrix
+
+NONPRIVATE_MARK = "ε excludes preprocessing"
+"""Prefix of every preprocessing note whose transform read private data without DP."""
+
+
+class DataFormatError(ValueError):
+    """A data file is missing or malformed; the message names the file, line and column."""
+
+    def __init__(
+        self, path: Path | str, message: str, *, line: int | None = None, column: str | None = None
+    ) -> None:
+        where = str(path)
+        if line is not None:
+            where += f", line {line}"
+        if column is not None:
+            where += f", column {column!r}"
+        super().__init__(f"{where}: {message}")
+
+
+def require_file(path: Path) -> Path:
+    """Fail early, naming the file, rather than deep inside a parser."""
+    if not path.is_file():
+        raise DataFormatError(path, "file not found")
+    return path
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """Records (rows) with features, integer labels and optional per-record metadata.
+
+    `features` is float32: a dense array (n, d) for tables, (n, c, h, w) for images, or a
+    CSR matrix (n, d). NaN marks a value the source declares missing; call
+    `preprocess.zero_impute` (public, free) before training. `site_ids` index
+    `site_names`; `split` holds an official split name per record ("train", "test", ...).
+    `extra` carries per-record side columns that are not features (survival time, ...).
+    `preprocessing` lists every transform applied, in order; notes starting with
+    `NONPRIVATE_MARK` were fitted on private data without DP.
+    """
+
+    name: str
+    features: Features
+    labels: np.ndarray
+    feature_names: tuple[str, ...]
+    description: str
+    class_names: tuple[str, ...] = ()
+    site_ids: np.ndarray | None = None
+    site_names: tuple[str, ...] = ()
+    split: np.ndarray | None = None
+    extra: Mapping[str, np.ndarray] = field(default_factory=dict)
+    preprocessing: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        n = self.features.shape[0]
+        if self.features.dtype != np.float32:
+            raise ValueError(f"{self.name}: features must be float32, got {self.features.dtype}")
+        if sp.issparse(self.features) and not isinstance(self.features, sp.csr_matrix):
+            raise ValueError(f"{self.name}: sparse features must be CSR")
+        if self.labels.shape != (n,) or not np.issubdtype(self.labels.dtype, np.integer):
+            raise ValueError(
+                f"{self.name}: labels must be an integer vector of length {n}, "
+                f"got {self.labels.dtype} {self.labels.shape}"
+            )
+        if self.features.ndim == 2 and len(self.feature_names) != self.features.shape[1]:
+            raise ValueError(
+                f"{self.name}: {len(self.feature_names)} feature names for "
+                f"{self.features.shape[1]} feature columns"
+            )
+        if (
+            self.class_names
+            and n
+            and not 0 <= self.labels.min() <= self.labels.max() < len(self.class_names)
+        ):
+            raise ValueError(f"{self.name}: labels outside 0..{len(self.class_names) - 1}")
+        if self.site_ids is not None:
+            if self.site_ids.shape != (n,):
+                raise ValueError(f"{self.name}: site_ids must have length {n}")
+            if n and not 0 <= self.site_ids.min() <= self.site_ids.max() < len(self.site_names):
+                raise ValueError(f"{self.name}: site_ids outside 0..{len(self.site_names) - 1}")
+        if self.split is not None and self.split.shape != (n,):
+            raise ValueError(f"{self.name}: split must have length {n}")
+        for key, column in self.extra.items():
+            if column.shape[0] != n:
+                raise ValueError(f"{self.name}: extra column {key!r} must have length {n}")
+
+    def __len__(self) -> int:
+        return int(self.features.shape[0])
+
+    @property
+    def n_features(self) -> int:
+        return int(np.prod(self.features.shape[1:]))
+
+    @property
+    def privacy_caveats(self) -> tuple[str, ...]:
+        """The transforms a privacy datasheet must declare as outside ε."""
+        return tuple(p for p in self.preprocessing if p.startswith(NONPRIVATE_MARK))
+
+    def subset(self, indices: np.ndarray) -> Dataset:
+        """The records at `indices`, in that order (a silo's share, a split, ...)."""
+        idx = np.asarray(indices, dtype=np.int64)
+        return dataclasses.replace(
+            self,
+            features=self.features[idx],
+            labels=self.labels[idx],
+            site_ids=None if self.site_ids is None else self.site_ids[idx],
+            split=None if self.split is None else self.split[idx],
+            extra={k: v[idx] for k, v in self.extra.items()},
+        )
+
+    def official_split(self, name: str) -> Dataset:
+        """The records the source assigns to split `name` (e.g. MedMNIST's "val")."""
+        if self.split is None:
+            raise ValueError(f"{self.name} has no official split")
+        if name not in set(self.split.tolist()):
+            raise ValueError(f"{self.name} has no split {name!r}; it has {sorted(set(self.split))}")
+        return self.subset(np.flatnonzero(self.split == name))
+
+    def class_counts(self) -> np.ndarray:
+        size = max(len(self.class_names), int(self.labels.max(initial=-1)) + 1)
+        return np.bincount(self.labels, minlength=size)
