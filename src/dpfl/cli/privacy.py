@@ -128,7 +128,8 @@ def max_steps_command(
             return
         console.print(
             f"at most [bold]{steps}[/bold] steps (ε = {report.epsilon:.4f} ≤ "
-            f"{target_epsilon:g} at δ = {delta:g}, {report.accountant.value.upper()})"
+            f"{target_epsilon:g} at δ = {delta:g}, {report.accountant.value.upper()}, "
+            f"{report.neighbouring.description})"
         )
 
 

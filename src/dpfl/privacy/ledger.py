@@ -190,7 +190,7 @@ class Ledger:
         after = _history(self._db, silo) + _leaves(event)
         report = self._epsilon(after, budget)
         if report.epsilon <= budget.epsilon:
-            self._within_budget.setdefault(silo, []).append(after)
+            self._remember_within(silo, after)
         return report
 
     def can_afford(self, silo: str, event: PrivacyEvent) -> bool:
@@ -235,7 +235,7 @@ class Ledger:
                         f"δ={budget.delta:g} (spent so far "
                         f"{self._epsilon(before, budget).epsilon:.4g}); nothing was recorded"
                     )
-                self._within_budget.setdefault(silo, []).append(after)
+                self._remember_within(silo, after)
             recorded_at = time.time()
             cursor = db.execute(
                 "INSERT INTO events (silo, round, label, event, recorded_at)"
@@ -301,6 +301,11 @@ class Ledger:
                 f"{event.neighbouring.description}: {event.describe()}"
             )
         return budget
+
+    def _remember_within(self, silo: str, history: Counter[str]) -> None:
+        """Keep only maximal multisets: one that a newer one contains adds nothing."""
+        kept = [c for c in self._within_budget.get(silo, []) if not c <= history]
+        self._within_budget[silo] = [*kept, history]
 
     def _known_within(self, silo: str, history: Counter[str]) -> bool:
         return any(history <= checked for checked in self._within_budget.get(silo, []))
