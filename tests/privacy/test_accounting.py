@@ -144,6 +144,21 @@ def test_client_sampled_gaussian_matches_closed_form(rate: float) -> None:
     assert epsilon(event, 1e-5, "rdp").epsilon == pytest.approx(expected, rel=1e-9)
 
 
+@pytest.mark.parametrize(("rate", "sigma"), [(0.1, 1.0), (0.5, 2.0), (0.9, 0.8)])
+def test_client_sampled_pld_is_the_exact_mixture(rate: float, sigma: float) -> None:
+    """One round, one Gaussian release: ⊥ w.p. 1 - C scales the hockey-stick divergence by
+    C and leaves ε unamplified, so ε(δ) = ε_Gaussian(δ / C) exactly (Balle & Wang)."""
+    report = epsilon(events.client_sampled(rate, events.gaussian(sigma)), 1e-5)
+    assert report.accountant.value == "pld"
+    exact = get_epsilon_gaussian(sigma, 1e-5 / rate)
+    assert exact <= report.epsilon <= exact + 0.01
+
+
+def test_client_sampled_rounds_pld_is_tighter_than_rdp() -> None:
+    rounds = events.repeat(events.client_sampled(0.3, events.poisson_gaussian(0.02, 1.0)), 300)
+    assert epsilon(rounds, 1e-5).epsilon < epsilon(rounds, 1e-5, "rdp").epsilon
+
+
 def test_client_sampling_charges_at_least_kerkouche_for_one_step_rounds() -> None:
     """With one local step (FedSGD), Theorem 3.1 charges q1 = C·q; the exact charge for a
     silo that sends nothing when not sampled is larger (convexity), and rises with C."""

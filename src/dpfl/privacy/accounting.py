@@ -7,8 +7,8 @@ Two things are ours on top of `dp_accounting`:
 * (ε, δ) events (`ApproximateDpEvent`) are pulled out of the composition tree and added
   by basic composition: ε(δ) = ε_acc(δ - Σδ_i) + Σε_i, with ε_acc from the accountant
   on the rest. That is sound for any mix (basic composition of two mechanisms).
-* `ClientSampledDpEvent` is analysed under RDP by the exact mixture formula described
-  in `events.client_sampled`.
+* `ClientSampledDpEvent` is analysed exactly as the mixture described in
+  `events.client_sampled`, under both PLD and RDP.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from enum import StrEnum
 import numpy as np
 from dp_accounting import dp_event as dpe
 from dp_accounting import pld, rdp
+from dp_accounting.pld import privacy_loss_distribution
 from dp_accounting.privacy_accountant import PrivacyAccountant, UnsupportedEventError
 
 from dpfl.privacy.errors import PrivacyParameterError, UnsupportedAccountingError
@@ -86,12 +87,41 @@ class _RdpAccountant(rdp.RdpAccountant):  # type: ignore[misc]
         return error
 
 
+class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
+    """`dp_accounting`'s PLD accountant that also understands client-sampled rounds: their
+    PLD is the exact mixture C·PLD(round) + (1 - C)·identity (the ⊥ branch loses 0)."""
+
+    _pld: privacy_loss_distribution.PrivacyLossDistribution
+    _contains_non_dp_event: bool
+    _value_discretization_interval: float
+
+    def _maybe_compose(
+        self, event: dpe.DpEvent, count: int, do_compose: bool
+    ) -> PrivacyAccountant.CompositionErrorDetails | None:
+        if not isinstance(event, ClientSampledDpEvent):
+            return super()._maybe_compose(event, count, do_compose)
+        inner = _PldAccountant(self.neighboring_relation, self._value_discretization_interval)
+        error: PrivacyAccountant.CompositionErrorDetails | None = inner._maybe_compose(
+            event.event, 1, do_compose
+        )
+        if error is None and do_compose:
+            if inner._contains_non_dp_event:
+                self._contains_non_dp_event = True
+            else:
+                nothing_sent = privacy_loss_distribution.identity(
+                    self._value_discretization_interval
+                )
+                mixed = inner._pld.compute_mixture(nothing_sent, event.sampling_probability)
+                self._pld = self._pld.compose(mixed.self_compose(count))
+        return error
+
+
 def make_accountant(accountant: Accountant | str, neighbouring: Neighbouring) -> PrivacyAccountant:
     """A fresh `dp_accounting` accountant of the named kind."""
     kind = parse_accountant(accountant)
     relation = neighbouring.to_dp_accounting()
     if kind is Accountant.PLD:
-        return pld.PLDAccountant(relation, value_discretization_interval=PLD_DISCRETISATION)
+        return _PldAccountant(relation, value_discretization_interval=PLD_DISCRETISATION)
     return _RdpAccountant(list(RDP_ORDERS), relation)
 
 
