@@ -1,0 +1,1 @@
+"""Federated algorithms (one module each), aggregators and message accounting."""

@@ -1,0 +1,52 @@
+"""Wire encodings of model messages and their exact sizes.
+
+A message carries one flat parameter vector. FLOAT32 sends 32 bits a parameter; SIGN
+sends one bit a parameter, packed 8 to a byte (FL-SIGN's 32× saving). The sizes the
+simulator reports are `len(encode(...))` of these very encodings, so they are what a
+deployment sends (headers of the transport aside).
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import numpy as np
+import torch
+from torch import Tensor
+
+
+class Encoding(StrEnum):
+    FLOAT32 = "float32"
+    SIGN = "sign"
+
+
+def payload_bytes(encoding: Encoding, n_params: int) -> int:
+    """Bytes of one encoded vector of `n_params` parameters."""
+    if n_params < 0:
+        raise ValueError(f"a vector cannot have {n_params} parameters")
+    return 4 * n_params if encoding is Encoding.FLOAT32 else -(-n_params // 8)
+
+
+def encode(encoding: Encoding, vector: Tensor) -> bytes:
+    """Serialise a flat vector (SIGN: entries must be exactly ±1; +1 is bit 1)."""
+    if vector.ndim != 1:
+        raise ValueError(f"messages carry flat vectors, got shape {tuple(vector.shape)}")
+    values = vector.detach().cpu()
+    if encoding is Encoding.FLOAT32:
+        return values.to(torch.float32).numpy().astype("<f4").tobytes()
+    if not bool(((values == 1) | (values == -1)).all()):
+        raise ValueError("a sign message must hold only ±1")
+    return np.packbits((values > 0).numpy()).tobytes()
+
+
+def decode(encoding: Encoding, data: bytes, n_params: int) -> Tensor:
+    """Inverse of `encode`; refuses a payload of the wrong length."""
+    if len(data) != payload_bytes(encoding, n_params):
+        raise ValueError(
+            f"a {encoding.value} message of {n_params} parameters has "
+            f"{payload_bytes(encoding, n_params)} bytes, got {len(data)}"
+        )
+    if encoding is Encoding.FLOAT32:
+        return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
+    bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n_params)
+    return torch.from_numpy(bits.astype(np.float32) * 2 - 1)
