@@ -1,0 +1,261 @@
+"""Throughput of one silo's DP-SGD step: dpfl vs plain SGD vs Opacus, and stacked trials.
+
+Measured side by side in one process, on the same batches and thread count, interleaved
+so that a busy machine slows all three alike; each figure is the median over repeats.
+
+    .venv/bin/python benchmarks/bench_local.py [--json] [--threads N] [--repeats N]
+
+Ratios: `dp_over_plain_time_ratio` is dpfl's DP step time over a plain SGD step (goal
+≤ 2.5 for (a), (b)); `opacus_over_dpfl_time_ratio` > 1 means dpfl is faster.
+
+Cases (issue 4): (a) logistic regression, 240 features, batches of ~20; (b) Kerkouche's
+MLP 24,428→200→200→1 on sparse input, batches of ~300; (c) the small GroupNorm CNN on
+28×28×3, batches of ~64. Opacus gets dense input for (b) (its per-sample gradients do
+not take sparse tensors) and runs in its ghost-clipping mode there, because its standard
+mode would hold 300 × 4.9M per-sample gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from dpfl.data.sampling import PoissonSampler
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
+from dpfl.local.losses import Loss, bce, cross_entropy
+from dpfl.local.noise import SecureNoise, SeededNoise
+from dpfl.models import logistic_regression, mlp, small_cnn
+
+CONFIG = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.05)
+
+
+@dataclass
+class Case:
+    name: str
+    model: nn.Module
+    loss: Loss
+    x: Tensor  # what dpfl and plain SGD read (sparse for the MLP)
+    x_dense: Tensor  # what Opacus reads
+    y: Tensor
+    sample_rate: float
+    steps: int
+    opacus_mode: str = "hooks"
+
+
+def _cases() -> list[Case]:
+    g = torch.Generator().manual_seed(0)
+    cases = []
+    x = torch.randn(1000, 240, generator=g)
+    cases.append(
+        Case("a_logreg_240", logistic_regression(240), bce, x, x, (x[:, 0] > 0).float(), 0.02, 200)
+    )
+    n, d, nnz = 3000, 24_428, 30
+    rows = torch.arange(n).repeat_interleave(nnz)
+    cols = torch.randint(0, d, (n * nnz,), generator=g)
+    sparse = torch.sparse_coo_tensor(torch.stack([rows, cols]), torch.ones(n * nnz), (n, d))
+    sparse = sparse.coalesce()
+    y = (torch.rand(n, generator=g) < 0.03).float()
+    cases.append(Case("b_mlp_sparse_24428", mlp(d), bce, sparse, sparse, y, 0.1, 4, "ghost"))
+    images = torch.randn(640, 3, 28, 28, generator=g)
+    labels = torch.randint(0, 2, (640,), generator=g)
+    cnn = small_cnn(3, 28, 2)
+    cases.append(Case("c_cnn_28x28x3", cnn, cross_entropy, images, images, labels, 0.1, 8))
+    return cases
+
+
+def _time(fn: Callable[[], int]) -> float:
+    """Seconds per example for one call of `fn`, which returns how many it processed."""
+    start = time.perf_counter()
+    examples = fn()
+    return (time.perf_counter() - start) / max(examples, 1)
+
+
+class _Counting(PoissonSampler):
+    examples = 0
+
+    def sample(self) -> np.ndarray:
+        batch = super().sample()
+        self.examples += len(batch)
+        return batch
+
+
+def _dpfl(case: Case, secure: bool) -> Callable[[], int]:
+    dpsgd = DPSGD(case.model, case.loss, CONFIG)
+    params = parameters_of(case.model)
+    rng = np.random.default_rng(1)
+
+    def run() -> int:
+        sampler = _Counting(len(case.y), case.sample_rate, rng)
+        noise = SecureNoise() if secure else SeededNoise(0)
+        dpsgd.run(params, (case.x, case.y), sampler, case.steps, noise=noise)
+        return sampler.examples
+
+    return run
+
+
+def _plain(case: Case) -> Callable[[], int]:
+    model = copy.deepcopy(case.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=CONFIG.learning_rate)
+    sampler = PoissonSampler(len(case.y), case.sample_rate, np.random.default_rng(1))
+
+    def run() -> int:
+        examples = 0
+        for _ in range(case.steps):
+            idx = torch.from_numpy(sampler.sample())
+            optimizer.zero_grad()
+            case.loss(model(case.x.index_select(0, idx)), case.y[idx]).mean().backward()
+            optimizer.step()
+            examples += len(idx)
+        return examples
+
+    return run
+
+
+def _opacus(case: Case) -> Callable[[], int]:
+    from opacus import GradSampleModule
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizer, DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    expected = round(case.sample_rate * len(case.y))
+    sampler = PoissonSampler(len(case.y), case.sample_rate, np.random.default_rng(1))
+    x = case.x_dense.to_dense() if case.x_dense.is_sparse else case.x_dense
+    kwargs = {
+        "noise_multiplier": CONFIG.noise_multiplier,
+        "max_grad_norm": CONFIG.clip_norm,
+        "expected_batch_size": expected,
+    }
+    if case.opacus_mode == "ghost":
+        ghost = GradSampleModuleFastGradientClipping(
+            copy.deepcopy(case.model), max_grad_norm=CONFIG.clip_norm, use_ghost_clipping=True
+        )
+        sgd = torch.optim.SGD(ghost.parameters(), lr=CONFIG.learning_rate)
+        optimizer: DPOptimizer = DPOptimizerFastGradientClipping(sgd, **kwargs)
+        criterion = DPLossFastGradientClipping(
+            ghost, optimizer, _OpacusLoss(case.loss), loss_reduction="mean"
+        )
+    else:
+        model = GradSampleModule(copy.deepcopy(case.model))
+        optimizer = DPOptimizer(
+            torch.optim.SGD(model.parameters(), lr=CONFIG.learning_rate), **kwargs
+        )
+
+    def run() -> int:
+        examples = 0
+        for _ in range(case.steps):
+            idx = torch.from_numpy(sampler.sample())
+            xb, yb = x[idx], case.y[idx]
+            optimizer.zero_grad()
+            if case.opacus_mode == "ghost":
+                criterion(ghost(xb), yb).backward()
+            else:
+                case.loss(model(xb), yb).mean().backward()
+            optimizer.step()
+            examples += len(idx)
+        return examples
+
+    return run
+
+
+class _OpacusLoss(nn.Module):
+    """Opacus' ghost clipping wants a criterion module with a `reduction` attribute."""
+
+    def __init__(self, loss: Loss) -> None:
+        super().__init__()
+        self.loss = loss
+        self.reduction = "mean"  # Opacus switches it to "none" around each call
+
+    def forward(self, out: Tensor, target: Tensor) -> Tensor:
+        return self.loss(out, target)
+
+
+def _stacked_trials(trials: int, steps: int, repeats: int) -> tuple[float, float]:
+    """Median seconds for `trials` runs of case (a) as one stacked run, and one by one."""
+    g = torch.Generator().manual_seed(2)
+    x = torch.randn(1000, 240, generator=g)
+    data = (x, (x[:, 0] > 0).float())
+    model = logistic_regression(240)
+    dpsgd = DPSGD(model, bce, CONFIG)
+    inits = [parameters_of(model)] * trials
+
+    def samplers() -> list[PoissonSampler]:
+        return [PoissonSampler(1000, 0.02, np.random.default_rng(t)) for t in range(trials)]
+
+    def stacked() -> None:
+        noises = [SeededNoise(t) for t in range(trials)]
+        dpsgd.run_stacked(stack(inits), [data] * trials, samplers(), noises, steps)
+
+    def one_by_one() -> None:
+        for t, (init, sampler) in enumerate(zip(inits, samplers(), strict=True)):
+            dpsgd.run(init, data, sampler, steps, noise=SeededNoise(t))
+
+    seconds: dict[str, list[float]] = {"stacked": [], "one_by_one": []}
+    for fn in (stacked, one_by_one):
+        fn()  # warm-up
+    for _ in range(repeats):
+        for key, fn in (("stacked", stacked), ("one_by_one", one_by_one)):
+            start = time.perf_counter()
+            fn()
+            seconds[key].append(time.perf_counter() - start)
+    return statistics.median(seconds["stacked"]), statistics.median(seconds["one_by_one"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="intra-op threads for all three (1: tiny ops are not drowned in OpenMP waits)",
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    warnings.filterwarnings("ignore")
+    torch.manual_seed(0)
+    out: dict[str, float | int | str] = {"threads": args.threads, "repeats": args.repeats}
+    for case in _cases():
+        runners = {
+            "dpfl_dp": _dpfl(case, secure=False),
+            "dpfl_dp_secure_noise": _dpfl(case, secure=True),
+            "plain_sgd": _plain(case),
+            "opacus_dp": _opacus(case),
+        }
+        for run in runners.values():
+            run()  # warm-up
+        seconds: dict[str, list[float]] = {k: [] for k in runners}
+        for _ in range(args.repeats):
+            for key, run in runners.items():
+                seconds[key].append(_time(run))
+        rate = {k: 1.0 / statistics.median(v) for k, v in seconds.items()}
+        for key, value in rate.items():
+            out[f"{case.name}.{key}_examples_per_s"] = round(value, 1)
+        out[f"{case.name}.dp_over_plain_time_ratio"] = round(rate["plain_sgd"] / rate["dpfl_dp"], 3)
+        out[f"{case.name}.opacus_over_dpfl_time_ratio"] = round(
+            rate["dpfl_dp"] / rate["opacus_dp"], 3
+        )
+        out[f"{case.name}.opacus_mode"] = case.opacus_mode
+    stacked, one_by_one = _stacked_trials(trials=50, steps=50, repeats=args.repeats)
+    out["a_logreg_240.50_trials_stacked_s"] = round(stacked, 3)
+    out["a_logreg_240.50_trials_one_by_one_s"] = round(one_by_one, 3)
+    out["a_logreg_240.50_trials_one_by_one_over_stacked"] = round(one_by_one / stacked, 2)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        for key, value in out.items():
+            print(f"{key:60s} {value}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,229 @@
+"""DP-SGD at one silo, and the same for K silos × R trials as one stacked computation.
+
+One step (Owkin Alg. 1/2, Dopamine Alg. 1 lines 7-14): draw a batch with the sampler,
+sum the per-example gradients clipped to C, add N(0, σ²C²) to the sum, divide by the
+sampler's data-independent expected batch size (q·n for Poisson batches: the realised
+size is a private count), then v ← βv + g̃ and θ ← θ − ηv. Momentum only re-uses noisy
+gradients, so it is post-processing and costs nothing (Dopamine, App. C).
+
+The sampler declares the privacy event (ARCHITECTURE.md's one rule); `run` asks for it
+*before* the first step, so a sampler that cannot be accounted for (shuffled batches)
+stops the run instead of being reported wrongly, and returns it with the result for the
+caller to record in the silo's ledger.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import partial
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import vmap
+
+from dpfl.data.sampling import BatchSampler
+from dpfl.local.clipping import ClippedGradientSum, Params
+from dpfl.local.losses import Loss
+from dpfl.local.noise import NoiseSource, SecureNoise
+from dpfl.privacy import events
+
+__all__ = ["DPSGD", "DPSGDConfig", "LocalResult", "StackedResult", "parameters_of", "stack"]
+
+
+@dataclass(frozen=True)
+class DPSGDConfig:
+    """Clipping bound C, noise multiplier σ (noise std σ·C on the sum), step size, momentum."""
+
+    clip_norm: float
+    noise_multiplier: float
+    learning_rate: float
+    momentum: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.clip_norm <= 0 or self.learning_rate <= 0 or not 0 <= self.momentum < 1:
+            raise ValueError(f"invalid DP-SGD configuration {self}")
+
+
+@dataclass(frozen=True)
+class LocalResult:
+    """What one silo's local training produced and what it must record in its ledger."""
+
+    params: Params
+    velocity: Params
+    event: events.PrivacyEvent
+    metadata: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class StackedResult:
+    """`params` and `velocity` carry a leading member axis; one event per member."""
+
+    params: Params
+    velocity: Params
+    events: list[events.PrivacyEvent]
+    metadata: list[dict[str, Any]]
+
+
+def parameters_of(model: nn.Module) -> Params:
+    """Detached copies of a module's parameters, the state `DPSGD` trains."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def stack(members: Sequence[Params]) -> Params:
+    """Stack parameter dicts of identical architecture along a new leading axis."""
+    return {name: torch.stack([m[name] for m in members]) for name in members[0]}
+
+
+class DPSGD:
+    """DP-SGD for one architecture and loss; the parameters live outside the module."""
+
+    def __init__(self, model: nn.Module, loss: Loss, config: DPSGDConfig) -> None:
+        self.clipped_sum = ClippedGradientSum(model, loss)
+        self.config = config
+
+    def run(
+        self,
+        params: Params,
+        data: tuple[Tensor, Tensor],
+        sampler: BatchSampler,
+        steps: int,
+        *,
+        noise: NoiseSource | None = None,
+        velocity: Params | None = None,
+    ) -> LocalResult:
+        """`steps` DP-SGD steps on one silo's (x, y); x may be a sparse COO tensor.
+
+        Noise is cryptographically secure unless a `SeededNoise` is passed (research mode).
+        """
+        result = self._train(
+            {k: v.unsqueeze(0) for k, v in params.items()},
+            [data],
+            [sampler],
+            [noise or SecureNoise()],
+            steps,
+            None if velocity is None else {k: v.unsqueeze(0) for k, v in velocity.items()},
+        )
+        return LocalResult(
+            {k: v[0] for k, v in result.params.items()},
+            {k: v[0] for k, v in result.velocity.items()},
+            result.events[0],
+            result.metadata[0],
+        )
+
+    def run_stacked(
+        self,
+        params: Params,
+        datasets: Sequence[tuple[Tensor, Tensor]],
+        samplers: Sequence[BatchSampler],
+        noises: Sequence[NoiseSource],
+        steps: int,
+        velocity: Params | None = None,
+    ) -> StackedResult:
+        """Members (silos or trials) stacked on axis 0 of `params`, each with its own data,
+        sampler and noise; one `vmap`ped computation per step. Each member draws its batch
+        and noise exactly as a single `run` with the same sampler and noise would."""
+        members = len(datasets)
+        if not members == len(samplers) == len(noises) == next(iter(params.values())).shape[0]:
+            raise ValueError("need one dataset, sampler and noise source per stacked member")
+        if members > 1 and any(x.is_sparse for x, _ in datasets):
+            raise ValueError("stacked runs need dense inputs; run sparse silos one by one")
+        return self._train(params, datasets, samplers, noises, steps, velocity)
+
+    def _train(
+        self,
+        params: Params,
+        datasets: Sequence[tuple[Tensor, Tensor]],
+        samplers: Sequence[BatchSampler],
+        noises: Sequence[NoiseSource],
+        steps: int,
+        velocity: Params | None,
+    ) -> StackedResult:
+        cfg = self.config
+        declared = [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers]
+        dtype = next(iter(params.values())).dtype
+        scale = torch.tensor([s.expected_batch_size for s in samplers], dtype=dtype)
+        params = {k: v.detach().clone() for k, v in params.items()}
+        velocity = (
+            {k: torch.zeros_like(v) for k, v in params.items()}
+            if velocity is None
+            else dict(velocity)
+        )
+        stacked_sum = vmap(partial(self.clipped_sum, under_vmap=True), in_dims=(0, 0, 0, 0, None))
+        for _ in range(steps):
+            indices = [s.sample() for s in samplers]
+            if len(datasets) == 1:
+                x, y, mask = _batch(datasets[0], indices[0], dtype)
+                single, _ = self.clipped_sum(
+                    {k: v[0] for k, v in params.items()}, x, y, mask, cfg.clip_norm
+                )
+                sums = {k: v.unsqueeze(0) for k, v in single.items()}
+            else:
+                sums, _ = stacked_sum(
+                    params, *_stacked_batches(datasets, indices, dtype), cfg.clip_norm
+                )
+            for name, total in sums.items():
+                draws = [
+                    n.normal(tuple(total.shape[1:]), cfg.noise_multiplier * cfg.clip_norm, dtype)
+                    for n in noises
+                ]
+                g = torch.stack(draws) if len(draws) > 1 else draws[0].unsqueeze(0)
+                g.add_(total).div_(scale.reshape(-1, *[1] * (total.dim() - 1)))
+                if cfg.momentum:
+                    g.add_(velocity[name], alpha=cfg.momentum)
+                velocity[name] = g
+                params[name].sub_(g, alpha=cfg.learning_rate)
+        metadata = [
+            {
+                "mechanism": "dp-sgd",
+                "sampler": type(s).__name__,
+                "expected_batch_size": s.expected_batch_size,
+                "clip_norm": cfg.clip_norm,
+                "noise_multiplier": cfg.noise_multiplier,
+                "learning_rate": cfg.learning_rate,
+                "momentum": cfg.momentum,
+                "steps": steps,
+                "event": e.describe(),
+                **n.metadata(),
+            }
+            for s, n, e in zip(samplers, noises, declared, strict=True)
+        ]
+        return StackedResult(params, velocity, declared, metadata)
+
+
+def _batch(
+    data: tuple[Tensor, Tensor], idx: np.ndarray, dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """One silo's batch; an empty Poisson batch becomes one masked row (a noise-only step)."""
+    x, y = data
+    mask = torch.ones(len(idx), dtype=dtype)
+    if not len(idx):
+        idx, mask = np.zeros(1, np.int64), torch.zeros(1, dtype=dtype)
+    rows = torch.from_numpy(idx)
+    return x.index_select(0, rows), y.index_select(0, rows), mask
+
+
+def _stacked_batches(
+    datasets: Sequence[tuple[Tensor, Tensor]], indices: Sequence[np.ndarray], dtype: torch.dtype
+) -> tuple[Tensor, Tensor, Tensor]:
+    """Members' batches padded to a common length with masked copies of row 0, stacked.
+
+    Members that share one dataset (R trials on one silo) are gathered in one call.
+    """
+    width = max(1, *(len(i) for i in indices))
+    padded = np.zeros((len(indices), width), np.int64)
+    mask = np.zeros((len(indices), width))
+    for row, idx in enumerate(indices):
+        padded[row, : len(idx)] = idx
+        mask[row, : len(idx)] = 1.0
+    rows = torch.from_numpy(padded)
+    x0, y0 = datasets[0]
+    if all(x is x0 and y is y0 for x, y in datasets):
+        x = x0.index_select(0, rows.flatten()).reshape(*rows.shape, *x0.shape[1:])
+        y = y0.index_select(0, rows.flatten()).reshape(*rows.shape, *y0.shape[1:])
+    else:
+        x = torch.stack([d[0].index_select(0, r) for d, r in zip(datasets, rows, strict=True)])
+        y = torch.stack([d[1].index_select(0, r) for d, r in zip(datasets, rows, strict=True)])
+    return x, y, torch.from_numpy(mask).to(dtype)

@@ -1,0 +1,198 @@
+"""Per-example gradients and clipping: against autograd, and the sensitivity bound."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import Tensor, nn
+
+from dpfl.local.clipping import ClippedGradientSum
+from dpfl.local.dpsgd import parameters_of
+from dpfl.local.losses import Loss, bce, cross_entropy, focal, weighted_bce
+from dpfl.models import logistic_regression, mlp, small_cnn
+
+Case = tuple[nn.Module, Loss, Tensor, Tensor]
+
+
+def _binary(n: int, d: int, g: torch.Generator) -> tuple[Tensor, Tensor]:
+    return torch.randn(n, d, generator=g, dtype=torch.float64), (
+        torch.rand(n, generator=g, dtype=torch.float64) < 0.5
+    ).double()
+
+
+def _cases() -> dict[str, Callable[[], Case]]:
+    g = torch.Generator().manual_seed(0)
+
+    def logistic() -> Case:
+        torch.manual_seed(1)
+        return (logistic_regression(7).double(), bce, *_binary(5, 7, g))
+
+    def multinomial() -> Case:
+        torch.manual_seed(2)
+        x = torch.randn(5, 7, generator=g, dtype=torch.float64)
+        return logistic_regression(7, 4).double(), cross_entropy, x, torch.tensor([0, 3, 1, 2, 3])
+
+    def mlp_focal() -> Case:
+        torch.manual_seed(3)
+        return mlp(7, (6, 5)).double(), focal(0.75, 2.0), *_binary(5, 7, g)
+
+    def mlp_sparse_weighted() -> Case:
+        torch.manual_seed(4)
+        x, y = _binary(5, 40, g)
+        x = x * (torch.rand(5, 40, generator=g, dtype=torch.float64) < 0.1)
+        return mlp(40, (6,)).double(), weighted_bce(10.0), x.to_sparse(), y
+
+    def layernorm_mlp() -> Case:
+        torch.manual_seed(6)
+        return _layernorm_mlp().double(), bce, *_binary(5, 7, g)
+
+    def residual() -> Case:
+        torch.manual_seed(7)
+        return _Residual().double(), bce, *_binary(5, 7, g)
+
+    def cnn() -> Case:
+        torch.manual_seed(5)
+        x = torch.randn(4, 3, 8, 8, generator=g, dtype=torch.float64)
+        model = small_cnn(3, 8, 3, widths=(4, 8), groups=2).double()
+        return model, cross_entropy, x, torch.tensor([0, 2, 1, 2])
+
+    return {
+        "logistic": logistic,
+        "multinomial": multinomial,
+        "mlp_focal": mlp_focal,
+        "mlp_sparse_weighted": mlp_sparse_weighted,
+        "layernorm_mlp": layernorm_mlp,
+        "residual": residual,
+        "cnn": cnn,
+    }
+
+
+def _autograd(model: nn.Module, loss: Loss, x: Tensor, y: Tensor, i: int) -> dict[str, Tensor]:
+    """The gradient of example i alone, by ordinary backpropagation."""
+    xi = (x.to_dense() if x.is_sparse else x)[i : i + 1]
+    model.zero_grad()
+    loss(model(xi), y[i : i + 1]).sum().backward()
+    return {name: p.grad.clone() for name, p in model.named_parameters()}
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_per_example_gradients_equal_autograd_on_single_examples(name: str) -> None:
+    model, loss, x, y = _cases()[name]()
+    clipped = ClippedGradientSum(model, loss)
+    params = parameters_of(model)
+    n = y.shape[0]
+    _, norms = clipped(params, x, y, torch.ones(n, dtype=torch.float64), 1e9)
+    for i in range(n):
+        expected = _autograd(model, loss, x, y, i)
+        one_hot = (torch.arange(n) == i).double()
+        sums, _ = clipped(params, x, y, one_hot, 1e9)  # C so large nothing is clipped
+        for key, value in expected.items():
+            torch.testing.assert_close(sums[key], value, rtol=1e-10, atol=1e-12)
+        flat = torch.cat([v.flatten() for v in expected.values()])
+        torch.testing.assert_close(norms[i], flat.norm(), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name", list(_cases()))
+def test_clipping_scales_each_gradient_to_norm_c(name: str) -> None:
+    model, loss, x, y = _cases()[name]()
+    clipped = ClippedGradientSum(model, loss)
+    params = parameters_of(model)
+    n = y.shape[0]
+    _, norms = clipped(params, x, y, torch.ones(n, dtype=torch.float64), 1e9)
+    c = float(norms.min()) / 2  # every example is clipped
+    for i in range(n):
+        one_hot = (torch.arange(n) == i).double()
+        sums, _ = clipped(params, x, y, one_hot, c)
+        total = torch.cat([v.flatten() for v in sums.values()]).norm()
+        assert float(total) == pytest.approx(c, rel=1e-9)
+
+
+def test_sequential_models_go_layer_by_layer_and_others_through_vmap() -> None:
+    for model in (logistic_regression(3), mlp(3), small_cnn(), _layernorm_mlp()):
+        assert ClippedGradientSum(model, bce).layer_by_layer
+    assert not ClippedGradientSum(_Residual(), bce).layer_by_layer
+
+
+def _layernorm_mlp() -> nn.Module:
+    """A Sequential with a layer (LayerNorm) that has no dedicated rule: vjp fallback."""
+    return nn.Sequential(nn.Linear(7, 6), nn.LayerNorm(6), nn.Tanh(), nn.Linear(6, 1))
+
+
+class _Residual(nn.Module):
+    """A user's own module, not a Sequential: the generic vmap(grad) path."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Linear(7, 7)
+        self.head = nn.Linear(7, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.head(x + torch.tanh(self.inner(x)))
+
+
+def _moves_by_removal(
+    clipped: ClippedGradientSum, x: Tensor, y: Tensor, clip: float
+) -> tuple[Tensor, Tensor]:
+    """How far removing each example in turn moves the clipped sum, and the raw norms."""
+    params = parameters_of(clipped.model)
+    full = torch.ones(len(x), dtype=torch.float64)
+    total, norms = clipped(params, x, y, full, clip)
+    moved = []
+    for i in range(len(x)):
+        without, _ = clipped(params, x, y, full * (torch.arange(len(x)) != i), clip)
+        moved.append(torch.cat([(total[k] - without[k]).flatten() for k in total]).norm())
+    return torch.stack(moved), norms
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 12),
+    scale=st.floats(1e-3, 1e3),
+    clip=st.floats(1e-3, 1e2),
+    kind=st.sampled_from(["logistic", "mlp", "layernorm_mlp", "residual"]),
+)
+def test_removing_any_example_moves_the_clipped_sum_by_at_most_c(
+    seed: int, batch: int, scale: float, clip: float, kind: str
+) -> None:
+    """The DP-SGD sensitivity: each example's contribution has norm ≤ C, whatever the
+    data scale, batch, clipping bound or model."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = {
+        "logistic": logistic_regression(7),
+        "mlp": mlp(7, (5,)),
+        "layernorm_mlp": _layernorm_mlp(),
+        "residual": _Residual(),
+    }
+    model = model[kind].double()
+    x = scale * torch.randn(batch, 7, generator=g, dtype=torch.float64)
+    y = (torch.rand(batch, generator=g, dtype=torch.float64) < 0.5).double()
+    moved, _ = _moves_by_removal(ClippedGradientSum(model, bce), x, y, clip)
+    assert bool((moved <= clip * (1 + 1e-9)).all())
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**31 - 1),
+    batch=st.integers(1, 6),
+    scale=st.floats(1e-2, 1e2),
+    clip=st.floats(1e-3, 1e2),
+)
+def test_cnn_clipping_bounds_each_example_contribution(
+    seed: int, batch: int, scale: float, clip: float
+) -> None:
+    """The same sensitivity property through the Conv2d and GroupNorm rules."""
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    model = small_cnn(3, 8, 2, widths=(4,), groups=2).double()
+    x = scale * torch.randn(batch, 3, 8, 8, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 2, (batch,), generator=g)
+    clipped = ClippedGradientSum(model, cross_entropy)
+    moved, norms = _moves_by_removal(clipped, x, y, clip)
+    assert bool((moved <= clip * (1 + 1e-9)).all())
+    assert moved.tolist() == pytest.approx(norms.clamp(max=clip).tolist(), rel=1e-6, abs=1e-12)

@@ -1,0 +1,230 @@
+"""DP-SGD: the update it makes, the noise it adds, the event it declares, stacking."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from scipy import stats
+from torch import Tensor, nn
+
+from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler, ShuffledSampler
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
+from dpfl.local.losses import bce, cross_entropy
+from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
+from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
+from dpfl.privacy import Ledger, events
+from dpfl.privacy.errors import UnsupportedAccountingError
+
+
+def _data(n: int, d: int, seed: int) -> tuple[Tensor, Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g, dtype=torch.float64)
+    return x, (x[:, 0] + 0.5 * torch.randn(n, generator=g, dtype=torch.float64) > 0).double()
+
+
+class CountingNoise(NoiseSource):
+    """Counts noise draws: one per parameter tensor per step actually run."""
+
+    def __init__(self, seed: int) -> None:
+        self.inner = SeededNoise(seed)
+        self.draws = 0
+
+    def normal(self, shape: tuple[int, ...], std: float, dtype: torch.dtype) -> Tensor:
+        self.draws += 1
+        return self.inner.normal(shape, std, dtype)
+
+    def metadata(self) -> dict[str, Any]:
+        return self.inner.metadata()
+
+
+class CountingSampler(PoissonSampler):
+    def __init__(self, *args: Any) -> None:
+        super().__init__(*args)
+        self.draws = 0
+
+    def sample(self) -> np.ndarray:
+        self.draws += 1
+        return super().sample()
+
+
+def test_declared_event_equals_what_was_run() -> None:
+    x, y = _data(200, 5, 0)
+    model = mlp(5, (4,)).double()  # 4 parameter tensors
+    q, sigma, steps = 0.05, 1.3, 17
+    sampler = CountingSampler(200, q, np.random.default_rng(0))
+    noise = CountingNoise(0)
+    result = DPSGD(model, bce, DPSGDConfig(1.0, sigma, 0.1)).run(
+        parameters_of(model), (x, y), sampler, steps, noise=noise
+    )
+    assert sampler.draws == steps
+    assert noise.draws == steps * len(list(model.parameters()))
+    assert result.event == events.poisson_gaussian(q, sigma, steps=steps)
+    assert result.metadata["noise_multiplier"] == sigma
+    assert result.metadata["steps"] == steps
+
+
+def test_balanced_sampler_declares_half_the_noise_multiplier() -> None:
+    x, y = _data(200, 5, 1)
+    model = logistic_regression(5).double()
+    sampler = BalancedPoissonSampler(y.numpy(), 0.1, np.random.default_rng(0))
+    result = DPSGD(model, bce, DPSGDConfig(1.0, 1.08, 0.1)).run(
+        parameters_of(model), (x, y), sampler, 4, noise=SeededNoise(0)
+    )
+    assert result.event == events.poisson_gaussian(0.1, 0.54, steps=4)
+
+
+def test_runs_are_recorded_in_the_silo_ledger_with_their_true_cost(tmp_path: Path) -> None:
+    """The ledger charges what the sampler declared: balanced downsampling (σ/2 against
+    its 2C sensitivity) costs more ε than Poisson batches at the same σ."""
+    x, y = _data(200, 5, 1)
+    model = logistic_regression(5).double()
+    dpsgd = DPSGD(model, bce, DPSGDConfig(1.0, 2.0, 0.1))
+    ledger = Ledger(tmp_path / "ledger.sqlite")
+    rng = np.random.default_rng(0)
+    samplers = {
+        "poisson": PoissonSampler(200, 0.05, rng),
+        "balanced": BalancedPoissonSampler(y.numpy(), 0.05, rng),
+    }
+    for silo, sampler in samplers.items():
+        ledger.register_silo(silo, epsilon=50.0, delta=1e-5, size=200)
+        result = dpsgd.run(parameters_of(model), (x, y), sampler, 20, noise=SeededNoise(0))
+        assert ledger.can_afford(silo, result.event)
+        ledger.record(silo, result.event, label="local training")
+        [entry] = ledger.entries(silo)
+        assert entry.event == result.event
+    assert ledger.spent("balanced").epsilon > ledger.spent("poisson").epsilon
+
+
+def test_shuffled_batches_are_refused_before_any_step() -> None:
+    x, y = _data(50, 3, 2)
+    model = logistic_regression(3).double()
+    noise = CountingNoise(0)
+    with pytest.raises(UnsupportedAccountingError):
+        DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1)).run(
+            parameters_of(model),
+            (x, y),
+            ShuffledSampler(50, 10, np.random.default_rng(0)),
+            3,
+            noise=noise,
+        )
+    assert noise.draws == 0
+
+
+def test_batchnorm_models_are_refused() -> None:
+    model = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4), nn.Linear(4, 1))
+    with pytest.raises(MixesExamplesError, match="GroupNorm"):
+        DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1))
+
+
+def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
+    """With an (almost surely) empty batch the update is −η·noise/(q·n): recover the noise."""
+    d, sigma, clip, q, lr, steps = 2000, 1.7, 0.3, 1e-12, 0.5, 5
+    model = logistic_regression(d).double()
+    x, y = _data(1, d, 3)
+    params = parameters_of(model)
+    result = DPSGD(model, bce, DPSGDConfig(clip, sigma, lr)).run(
+        params, (x, y), PoissonSampler(1, q, np.random.default_rng(0)), steps, noise=SeededNoise(7)
+    )
+    draws = ((params["weight"] - result.params["weight"]) * q / lr / steps).flatten().numpy()
+    # The mean of `steps` independent N(0, (σC)²) has std σC/√steps.
+    sample = draws * np.sqrt(steps) / (sigma * clip)
+    assert stats.kstest(sample, "norm").pvalue > 0.01
+    # Variance: (N-1)s² ~ χ²(N-1); a two-sided 99% interval.
+    var_stat = (len(sample) - 1) * sample.var(ddof=1)
+    lo, hi = stats.chi2.ppf([0.005, 0.995], len(sample) - 1)
+    assert lo < var_stat < hi
+
+
+def test_update_is_clipped_sum_over_expected_batch_size_with_momentum() -> None:
+    """σ→0 and a huge C: two steps must equal autograd's Σ grads / (q·n) with momentum."""
+    n, q, lr, beta = 40, 0.25, 0.2, 0.9
+    x, y = _data(n, 4, 4)
+    model = logistic_regression(4).double()
+    start = parameters_of(model)
+    result = DPSGD(model, bce, DPSGDConfig(1e9, 1e-300, lr, beta)).run(
+        start, (x, y), PoissonSampler(n, q, np.random.default_rng(5)), 2, noise=SeededNoise(0)
+    )
+    replay = PoissonSampler(n, q, np.random.default_rng(5))
+    params = {k: v.clone().requires_grad_() for k, v in start.items()}
+    velocity = {k: torch.zeros_like(v) for k, v in start.items()}
+    for _ in range(2):
+        idx = torch.from_numpy(replay.sample())
+        out = torch.func.functional_call(model, params, (x[idx],))
+        grads = torch.autograd.grad(bce(out, y[idx]).sum(), list(params.values()))
+        with torch.no_grad():
+            for (k, p), g in zip(params.items(), grads, strict=True):
+                velocity[k] = beta * velocity[k] + g / (q * n)
+                p -= lr * velocity[k]
+    for k in start:
+        torch.testing.assert_close(result.params[k], params[k].detach(), rtol=1e-10, atol=1e-12)
+        torch.testing.assert_close(result.velocity[k], velocity[k], rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["logistic", "mlp_momentum", "cnn"])
+def test_stacked_trials_equal_the_same_trials_run_one_by_one(kind: str) -> None:
+    trials = 4
+    torch.manual_seed(0)
+    if kind == "cnn":
+        model: nn.Module = small_cnn(3, 8, 2, widths=(4,), groups=2).double()
+        g = torch.Generator().manual_seed(1)
+        data = (torch.randn(30, 3, 8, 8, generator=g, dtype=torch.float64), torch.arange(30) % 2)
+        loss, config = cross_entropy, DPSGDConfig(1.0, 1.0, 0.05)
+    else:
+        model = (mlp(6, (5,)) if kind == "mlp_momentum" else logistic_regression(6)).double()
+        data, loss = _data(30, 6, 1), bce
+        config = DPSGDConfig(0.5, 1.1, 0.1, 0.9 if kind == "mlp_momentum" else 0.0)
+    # Silos of different sizes (so different q·n normalisers and batch lengths).
+    datasets = [
+        (data[0][: 30 - 4 * t], data[1][: 30 - 4 * t]) if kind == "logistic" else data
+        for t in range(trials)
+    ]
+    inits = []
+    for t in range(trials):
+        torch.manual_seed(100 + t)
+        for p in model.parameters():
+            nn.init.normal_(p, std=0.3)
+        inits.append(parameters_of(model))
+    dpsgd = DPSGD(model, loss, config)
+
+    def sampler(t: int) -> PoissonSampler:
+        return PoissonSampler(len(datasets[t][1]), 0.2, np.random.default_rng(t))
+
+    one_by_one = [
+        dpsgd.run(inits[t], datasets[t], sampler(t), 6, noise=SeededNoise(t)) for t in range(trials)
+    ]
+    stacked = dpsgd.run_stacked(
+        stack(inits),
+        datasets,
+        [sampler(t) for t in range(trials)],
+        [SeededNoise(t) for t in range(trials)],
+        6,
+    )
+    for t in range(trials):
+        assert stacked.events[t] == one_by_one[t].event
+        for k in inits[0]:
+            torch.testing.assert_close(stacked.params[k][t], one_by_one[t].params[k])
+    # The trials really differ, so equality is not trivially shared state.
+    assert not torch.allclose(stacked.params[k][0], stacked.params[k][1])
+
+
+def test_secure_and_seeded_noise_are_recorded_in_metadata() -> None:
+    x, y = _data(20, 3, 6)
+    model = logistic_regression(3).double()
+    dpsgd = DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1))
+
+    def run(noise: NoiseSource) -> dict[str, Any]:
+        sampler = PoissonSampler(20, 0.5, np.random.default_rng(0))
+        return dpsgd.run(parameters_of(model), (x, y), sampler, 1, noise=noise).metadata
+
+    default = dpsgd.run(
+        parameters_of(model), (x, y), PoissonSampler(20, 0.5, np.random.default_rng(0)), 1
+    ).metadata
+    assert default["noise"] == "secure"
+    secure = run(SecureNoise())
+    assert secure["noise"] == "secure" and secure["secure"] is True and "seed" not in secure
+    seeded = run(SeededNoise(42))
+    assert seeded["noise"] == "seeded" and seeded["secure"] is False and seeded["seed"] == 42
