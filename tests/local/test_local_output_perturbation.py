@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+from dp_accounting import get_sigma_gaussian
 
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.losses import bce, cross_entropy, focal
@@ -130,8 +131,10 @@ def test_release_adds_noise_of_the_calibrated_std_and_declares_epsilon_delta() -
     model = logistic_regression(4).double()
     init = parameters_of(model)
     result = output_perturbation(model, init, (x, y), bce, config, SeededNoise(3))
-    expected_std = sensitivity(50, bce, config) * (1 + math.sqrt(2 * math.log(1e6))) / 0.8
-    assert result.metadata["noise_std"] == pytest.approx(expected_std)
+    expected_std = sensitivity(50, bce, config) * get_sigma_gaussian(0.8, 1e-6)
+    assert result.metadata["noise_std"] == pytest.approx(expected_std, rel=1e-8)
+    # the analytic Gaussian needs less noise than the paper's (1 + √(2 ln 1/δ))/ε factor
+    assert expected_std < sensitivity(50, bce, config) * (1 + math.sqrt(2 * math.log(1e6))) / 0.8
     assert result.event == events.approximate_dp(0.8, 1e-6)
     minimum = approximate_minimizer(model, init, x, y, bce, config)
     replay = SeededNoise(3)
@@ -149,8 +152,6 @@ def test_float32_models_get_float32_parameters_noised_before_rounding() -> None:
 
 
 def test_refuses_what_the_derivation_does_not_cover() -> None:
-    with pytest.raises(ValueError, match="ε ≤"):
-        AOPConfig(50.0, 1e-5, 1.0, 1e-3, 1.0)
     config = AOPConfig(1.0, 1e-5, 1.0, 1e-3, 1.0)
     x, y = _data(10, 5)
     with pytest.raises(ValueError, match="convex"):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from dp_accounting import get_epsilon_gaussian
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -12,6 +13,7 @@ from dpfl.privacy import (
     calibrate_noise,
     epsilon,
     events,
+    gaussian_noise_multiplier,
     max_dpsgd_steps,
 )
 from dpfl.privacy.calibration import NOISE_FLOOR, NOISE_TOLERANCE
@@ -99,3 +101,11 @@ def test_impossible_calibration_requests(kwargs: dict[str, float], message: str)
             sample_rate=request["sample_rate"],
             steps=int(request["steps"]),
         )
+
+
+@pytest.mark.parametrize("target", [0.1, 1.0, 8.0, 40.0])
+def test_analytic_gaussian_noise_meets_any_epsilon(target: float) -> None:
+    sigma = gaussian_noise_multiplier(target, 1e-6)
+    assert epsilon(events.gaussian(sigma), 1e-6, "pld").epsilon <= target + 0.01
+    assert get_epsilon_gaussian(sigma, 1e-6) <= target
+    assert get_epsilon_gaussian(sigma * (1 - 1e-6), 1e-6) > target

@@ -29,9 +29,9 @@ Let F_D = n·J_D = Σ_i ℓ(θ; d_i) + (Λ/2)‖θ‖², which is Λ-strongly co
    so ‖θ*_D' − θ*_D‖ ≤ L/Λ.  (The term A*STAR leave out; AMP's b₁ covers it.)
 3. Triangle inequality, the larger neighbour having n + 1 records:
    Δ = ‖θ̂_D − θ̂_D'‖ ≤ (L + nγ + (n + 1)γ) / Λ = (L + (2n + 1)γ) / Λ.
-4. Gaussian mechanism: with σ = Δ(1 + √(2 ln(1/δ)))/ε the privacy loss is
-   N(s²/2, s²), s = Δ/σ, and P[loss > ε] ≤ exp(−(ε/s − s/2)²/2) ≤ δ as long as
-   s ≤ 2, i.e. ε ≤ 2(1 + √(2 ln(1/δ))); beyond that the formula is refused.
+4. Gaussian mechanism: σ = Δ·σ₁(ε, δ), σ₁ the noise multiplier of the analytic
+   Gaussian mechanism (Balle & Wang 2018), exactly (ε, δ)-DP for every ε. A*STAR's
+   factor (1 + √(2 ln 1/δ))/ε is larger, and valid only for ε ≤ 2(1 + √(2 ln 1/δ)).
 
 For logistic regression on rows clipped to ‖x‖ ≤ R (a per-record map, free of privacy
 cost), the gradient of ℓ with respect to (W, b) is (p − y) ⊗ (x, 1), so L = √(R² + 1)
@@ -50,7 +50,7 @@ from torch import Tensor, nn
 from dpfl.local.clipping import Params
 from dpfl.local.losses import Loss, bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise
-from dpfl.privacy import events
+from dpfl.privacy import events, gaussian_noise_multiplier
 
 __all__ = [
     "AOPConfig",
@@ -84,11 +84,6 @@ class AOPConfig:
             raise ValueError(f"need ε > 0 and 0 < δ < 1, got {self.epsilon}, {self.delta}")
         if min(self.regularization, self.gradient_tolerance, self.feature_norm_bound) <= 0:
             raise ValueError("Λ, γ and R must be positive")
-        if self.epsilon > 2 * (1 + math.sqrt(2 * math.log(1 / self.delta))):
-            raise ValueError(
-                f"σ = Δ(1 + √(2 ln 1/δ))/ε is only (ε, δ)-DP for ε ≤ 2(1 + √(2 ln 1/δ)); "
-                f"ε = {self.epsilon} is outside that range"
-            )
 
 
 @dataclass(frozen=True)
@@ -113,18 +108,15 @@ def sensitivity(n: int, loss: Loss, config: AOPConfig) -> float:
     return (lip + (2 * n + 1) * config.gradient_tolerance) / config.regularization
 
 
-def _gaussian_factor(config: AOPConfig) -> float:
-    return (1.0 + math.sqrt(2.0 * math.log(1.0 / config.delta))) / config.epsilon
-
-
 def noise_std(n: int, loss: Loss, config: AOPConfig) -> float:
     """σ that makes θ̂ + N(0, σ²I) (ε, δ)-DP (step 4 of the derivation)."""
-    return sensitivity(n, loss, config) * _gaussian_factor(config)
+    return sensitivity(n, loss, config) * gaussian_noise_multiplier(config.epsilon, config.delta)
 
 
 def paper_noise_std(n: int, config: AOPConfig) -> float:
     """A*STAR's σ = (nγ/Λ)(1 + √(2 ln 1/δ))/ε, which omits the L/Λ of the minimiser."""
-    return n * config.gradient_tolerance / config.regularization * _gaussian_factor(config)
+    factor = (1.0 + math.sqrt(2.0 * math.log(1.0 / config.delta))) / config.epsilon
+    return n * config.gradient_tolerance / config.regularization * factor
 
 
 def clip_rows(x: Tensor, bound: float) -> Tensor:

@@ -18,6 +18,7 @@ from dpfl.privacy.accounting import Accountant, DeltaTooLargeWarning, EpsilonRep
 from dpfl.privacy.calibration import (
     calibrate_dpsgd_noise,
     calibrate_noise,
+    gaussian_noise_multiplier,
     max_dpsgd_steps,
     max_steps,
 )
@@ -50,6 +51,7 @@ __all__ = [
     "calibrate_noise",
     "epsilon",
     "events",
+    "gaussian_noise_multiplier",
     "max_dpsgd_steps",
     "max_steps",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TypeVar
 
+from dp_accounting import get_epsilon_gaussian, get_sigma_gaussian
 from dp_accounting.mechanism_calibration import (
     ExplicitBracketInterval,
     calibrate_dp_mechanism,
@@ -75,6 +76,20 @@ def calibrate_noise(
     )
     while not within(sigma):  # never return a σ whose ε exceeds the target
         sigma += tolerance
+    return sigma
+
+
+def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
+    """σ/Δ of the one-shot Gaussian mechanism that is exactly (ε, δ)-DP at any ε.
+
+    The analytic Gaussian mechanism (Balle & Wang 2018, via `dp_accounting`); the classical
+    √(2 ln(1.25/δ))/ε or (1 + √(2 ln 1/δ))/ε over-noise and hold only for small ε. The
+    root is nudged up until the analytic ε is within the target.
+    """
+    _check_target(epsilon, delta)
+    sigma = float(get_sigma_gaussian(epsilon, delta))
+    while get_epsilon_gaussian(sigma, delta) > epsilon:
+        sigma *= 1 + 1e-9
     return sigma
 
 
