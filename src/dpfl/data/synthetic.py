@@ -125,9 +125,11 @@ def synthetic_ehr(
     (as in the paper), one-hot gender (3) and admission type (4), then 24,419 binary
     codes. Hospital h draws codes from a Zipf-like popularity tilted by its own
     prescribing factors, and has its own case-mix (age, admission type, baseline risk).
-    The death log-odds are linear in the features plus interactions (age x emergency,
-    products of two latent code scores, a threshold on a third), with the intercept set
-    so that about `positive_rate` die; each record's true death probability is in
+    The death log-odds carry most of their signal in interactions (see `_ehr_logit`:
+    drug classes of common codes whose effect flips sign with age or admission type, a
+    drug-drug interaction, age x emergency) on top of weak linear effects, so that an
+    MLP beats logistic regression; the intercept is set so that about `positive_rate`
+    die; each record's true death probability is in
     `extra["true_risk"]` (the Bayes-optimal score). `split` is an 80/20 train/test split
     per hospital; `size_scale` shrinks every hospital (for tests) keeping the shape.
     """
@@ -169,31 +171,7 @@ def synthetic_ehr(
     raw_mrci = 2 + 2.2 * n_codes + rng.normal(0, 4, n)  # complexity grows with medications
     mrci = np.clip((raw_mrci - EHR_MRCI_RANGE[0]) / (EHR_MRCI_RANGE[1] - EHR_MRCI_RANGE[0]), 0, 1)
 
-    # Risk: linear effects of common-enough codes + interactions through latent scores.
-    # Effects sit on codes drawn by popularity, so that they occur often enough to learn.
-    def common_codes(k: int) -> np.ndarray:
-        return rng.choice(EHR_CODES, k, replace=False, p=popularity / popularity.sum())
-
-    beta = np.zeros(EHR_CODES)
-    beta[common_codes(400)] = rng.normal(0.4, 0.35, 400)
-    # Disjoint codes for the first two scores: for binary codes x_j² = x_j, so any shared
-    # code would turn part of their product into a linear term.
-    latent = np.zeros((EHR_CODES, 3))
-    paired = common_codes(300)
-    latent[paired[:150], 0] = rng.normal(0, 1, 150)
-    latent[paired[150:], 1] = rng.normal(0, 1, 150)
-    latent[common_codes(150), 2] = rng.normal(0, 1, 150)
-    scores = code_matrix @ latent
-    emergency = admission == 0
-    logit = (
-        code_matrix @ beta
-        + 3.0 * age
-        + 1.5 * mrci
-        + 1.5 * age * emergency
-        + 0.6 * scores[:, 0] * scores[:, 1]
-        + 1.5 * (scores[:, 2] > 1.0)
-        + rng.normal(0, 0.3, n_hospitals)[hospital]
-    )
+    logit = _ehr_logit(rng, code_matrix, popularity, age, mrci, admission, hospital)
     risk = 1 / (1 + np.exp(-(logit + _intercept_for_rate(logit, positive_rate))))
     labels = (rng.random(n) < risk).astype(np.int64)
 
@@ -220,6 +198,71 @@ def synthetic_ehr(
             "2-60; 80/20 train/test per hospital."
         ),
     )
+
+
+def _ehr_logit(
+    rng: np.random.Generator,
+    code_matrix: sp.csr_matrix,
+    popularity: np.ndarray,
+    age: np.ndarray,
+    mrci: np.ndarray,
+    admission: np.ndarray,
+    hospital: np.ndarray,
+) -> np.ndarray:
+    """Death log-odds (up to the intercept) of `synthetic_ehr`.
+
+    Most of the signal is in interactions that logistic regression cannot represent but
+    that a small MLP learns from a moderate sample, because they live in a few dense
+    features and in four "drug classes" of common codes:
+
+    * classes: four disjoint sets of common codes (popularity ranks 2-61, each code in
+      under 30% of admissions), each grown until about half the admissions hold at
+      least one of its codes (8-16 codes each); `on[:, k]` is +1 if an admission holds
+      class k, else -1;
+    * class 2 is harmful for old patients and protective for young ones (sign flip with
+      standardised age); class 3 is harmful in emergency admissions and protective in
+      the others. As each class is held by about half the admissions, these terms have
+      almost no main effect, so a linear model misses them;
+    * classes 0 and 1 interact (drug-drug): log-odds +1.7 with both, +0.3 with neither,
+      -1.0 with exactly one; a linear model only sees the small main effects;
+    * linear: age, MRCI, a weak sparse part on 100 codes drawn by popularity, and the
+      hospital's own baseline; plus the age x emergency-admission interaction.
+
+    At 40 hospitals x size 0.5 (66k training records, codes seen >= 300 times), tuned L2
+    logistic regression reaches a test AUROC of about 0.80, a 64-64 MLP about 0.88 and
+    the true risk about 0.95 (tests/data/test_synthetic_ehr.py).
+    """
+    n, n_hospitals = len(age), int(hospital.max()) + 1
+    beta = np.zeros(EHR_CODES)
+    linear = rng.choice(EHR_CODES, 100, replace=False, p=popularity / popularity.sum())
+    beta[linear] = rng.normal(0.1, 0.3, len(linear))
+
+    prevalence = np.bincount(code_matrix.indices, minlength=EHR_CODES) / n
+    ranked = np.argsort(-popularity)[1:61]
+    pool = [int(j) for j in rng.permutation(ranked) if prevalence[j] < 0.3]
+    membership = np.zeros((EHR_CODES, 4))
+    for k in range(4):
+        absent = 1.0  # share of admissions without the class, codes taken as independent
+        while absent > 0.5 and pool:
+            j = pool.pop()
+            membership[j, k] = 1.0
+            absent *= 1 - prevalence[j]
+    on = np.where(code_matrix @ membership > 0, 1.0, -1.0)
+
+    std_age = (age - 0.6) / 0.18
+    emergency = admission == 0
+    logit: np.ndarray = (
+        code_matrix @ beta
+        + 1.5 * age
+        + 0.5 * mrci
+        + 1.5 * age * emergency
+        + 1.5 * std_age * on[:, 2]
+        + 1.5 * np.where(emergency, 1.0, -1.0) * on[:, 3]
+        + 0.35 * (on[:, 0] + on[:, 1])
+        + 1.0 * on[:, 0] * on[:, 1]
+        + rng.normal(0, 0.3, n_hospitals)[hospital]
+    )
+    return logit
 
 
 def _intercept_for_rate(logit: np.ndarray, rate: float) -> float:
