@@ -314,6 +314,14 @@ class Ledger:
         return _composed_epsilon(_key(history), budget.neighbouring, budget.delta, self.accountant)
 
 
+def plan_epsilon(
+    event: PrivacyEvent, delta: float, accountant: Accountant | str | None = None
+) -> EpsilonReport:
+    """ε of `event` computed exactly as a ledger would for a fresh silo, through the same
+    cache: checking the plan against that budget afterwards costs nothing more."""
+    return _composed_epsilon(_key(_leaves(event)), event.neighbouring, delta, accountant)
+
+
 @functools.lru_cache(maxsize=1024)
 def _composed_epsilon(
     history: tuple[tuple[str, int], ...],

@@ -1,0 +1,1 @@
+"""Engines that run federated algorithms: `simulation` (in one process, the default)."""

@@ -1,0 +1,335 @@
+"""The in-process simulator: every silo and trial of a federated run in one process.
+
+What it adds around an algorithm's rounds:
+
+* privacy: one ledger account per (silo, trial), with the silo's (ε, δ) budget. The
+  whole plan (every round the silo could take part in) is checked before round 0, so an
+  unaffordable run fails before it touches data; each event is recorded during the
+  round, before the update it paid for is aggregated. With `calibrate=True`, σ is the
+  least noise that keeps every silo's plan within its budget.
+* determinism: every generator and noise source is derived from (seed, trial, silo,
+  round), so a run repeats bit for bit, trials stacked together equal trials run alone,
+  and a run resumed from its checkpoint ends with the same model as an uninterrupted one.
+* metrics each `eval_every` rounds on the union of the silos' test sets, per silo at the
+  end; bytes sent and received per silo; a rich progress bar; Ctrl-C stops after the
+  current round with the ledger and results intact.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import Tensor
+from torch.func import functional_call
+
+from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
+from dpfl.federation.metrics import classification_metrics
+from dpfl.federation.silo import Silo
+from dpfl.local.clipping import Params
+from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
+from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibrate_noise, events
+from dpfl.privacy.ledger import plan_epsilon
+
+
+@dataclass
+class SimulationResult:
+    """A finished (or interrupted) run: models stacked over trials, metrics, ε, bytes."""
+
+    algorithm: str
+    noise_multiplier: float
+    trials: int
+    rounds_completed: int
+    params: Params
+    history: list[dict[str, Any]]
+    silo_metrics: list[dict[str, dict[str, float]]]
+    epsilon: list[dict[str, EpsilonReport]]
+    traffic: dict[str, dict[str, int]]
+    ledger_path: Path
+    interrupted: bool = False
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def final_metrics(self, trial: int = 0) -> dict[str, float]:
+        """Metrics of the last evaluated round of `trial` on the union of test sets."""
+        mine = [h for h in self.history if h["trial"] == trial]
+        if not mine:
+            raise ValueError("no round was evaluated (no test sets, or no round completed)")
+        metrics: dict[str, float] = mine[-1]["metrics"]
+        return metrics
+
+
+def account(silo: Silo, trial: int) -> str:
+    """The ledger account of a silo in one trial: trials are separate runs on the same
+    records, each with the silo's budget (releasing several trials' models composes them)."""
+    return f"{silo.name}/trial-{trial}"
+
+
+def simulate(
+    algorithm: DPSGDAlgorithm,
+    silos: Sequence[Silo],
+    *,
+    rounds: int,
+    trials: int = 1,
+    seed: int = 0,
+    epsilon_budget: float | None = None,
+    delta: float = 1e-5,
+    budgets: Mapping[str, tuple[float, float]] | None = None,
+    calibrate: bool = False,
+    ledger: Ledger | str | Path | None = None,
+    research_noise: bool = True,
+    progress: bool = True,
+    checkpoint: str | Path | None = None,
+    eval_every: int = 1,
+) -> SimulationResult:
+    """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
+
+    Budgets: `budgets[name] = (ε, δ)` per silo, else (`epsilon_budget`, `delta`) for all;
+    with no ε given, each account's budget is what the plan spends. `research_noise`
+    uses seeded noise (reproducible, for research); False draws from the CSPRNG.
+    """
+    _check_run(silos, rounds, trials, eval_every)
+    targets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
+    if calibrate:
+        algorithm = algorithm.with_noise(_calibrated_sigma(algorithm, silos, rounds, targets))
+    book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+    start, state, history, traffic = 0, algorithm.initial_state(silos, trials), [], {}
+    fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
+    if checkpoint is not None and Path(checkpoint).exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["fingerprint"] != fingerprint:
+            raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
+        start, state, history, traffic = (
+            saved["round"] + 1,
+            saved["state"],
+            saved["history"],
+            saved["traffic"],
+        )
+    _open_accounts(book, algorithm, silos, trials, rounds - start, targets)
+
+    def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
+        book.record(account(silos[k], trial), event, label=algorithm.name, round=current)
+
+    def traffic_of(trial: int, k: int, down: int, up: int) -> None:
+        totals = traffic.setdefault(account(silos[k], trial), {"down": 0, "up": 0, "messages": 0})
+        totals["down"] += down
+        totals["up"] += up
+        totals["messages"] += (down > 0) + (up > 0)
+
+    interrupted, current = False, start
+    bar = Progress(
+        TextColumn(f"{algorithm.name}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[status]}"),
+        TimeElapsedColumn(),
+        disable=not progress,
+        transient=False,
+    )
+    with bar:
+        task = bar.add_task("rounds", total=rounds, completed=start, status="")
+        try:
+            for current in range(start, rounds):
+                context = RoundContext(
+                    round=current,
+                    trials=trials,
+                    rng=functools.partial(_rng, seed, current),
+                    noise=functools.partial(_noise, research_noise, seed, current),
+                    charge=charge,
+                    traffic=traffic_of,
+                )
+                state = algorithm.run_round(state, silos, context)
+                if (current + 1) % eval_every == 0 or current == rounds - 1:
+                    history += _evaluate(algorithm, state, silos, current)
+                if checkpoint is not None:
+                    _save(checkpoint, fingerprint, current, state, history, traffic)
+                bar.update(task, advance=1, status=_status(book, silos, history))
+        except KeyboardInterrupt:
+            interrupted = True
+    completed = current + (0 if interrupted else 1)
+    return SimulationResult(
+        algorithm=algorithm.name,
+        noise_multiplier=algorithm.dpsgd.noise_multiplier,
+        trials=trials,
+        rounds_completed=completed,
+        params=algorithm.global_params(state),
+        history=history,
+        silo_metrics=_per_silo_metrics(algorithm, state, silos),
+        epsilon=[{s.name: book.spent(account(s, r)) for s in silos} for r in range(trials)],
+        traffic=traffic,
+        ledger_path=book.path,
+        interrupted=interrupted,
+        metadata={"seed": seed, "research_noise": research_noise, "rounds": rounds},
+    )
+
+
+def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int) -> None:
+    if not silos:
+        raise ValueError("need at least one silo")
+    names = [s.name for s in silos]
+    if len(set(names)) != len(names):
+        raise ValueError(f"silo names must be unique, got {names}")
+    if rounds < 1 or trials < 1 or eval_every < 1:
+        raise ValueError("rounds, trials and eval_every must be ≥ 1")
+
+
+def _calibrated_sigma(
+    algorithm: DPSGDAlgorithm,
+    silos: Sequence[Silo],
+    rounds: int,
+    targets: Mapping[str, tuple[float | None, float]],
+) -> float:
+    """The least σ that keeps every silo's whole plan within its budget."""
+    sigmas: dict[tuple[str, float, float], float] = {}
+    for silo in silos:
+        eps, delta = targets[silo.name]
+        if eps is None:
+            raise ValueError("calibrate=True needs an ε budget for every silo")
+
+        def plan(sigma: float, silo: Silo = silo) -> events.PrivacyEvent:
+            return events.repeat(algorithm.with_noise(sigma).participation_event(silo), rounds)
+
+        key = (plan(1.0).to_json(), eps, delta)
+        if key not in sigmas:
+            sigmas[key] = calibrate_noise(eps, delta, plan)
+    return max(sigmas.values())
+
+
+def _open_accounts(
+    book: Ledger,
+    algorithm: DPSGDAlgorithm,
+    silos: Sequence[Silo],
+    trials: int,
+    rounds_left: int,
+    targets: Mapping[str, tuple[float | None, float]],
+) -> None:
+    """Register every (silo, trial) account and check that the rest of the plan fits."""
+    for silo in silos:
+        plan = events.repeat(algorithm.participation_event(silo), rounds_left)
+        eps, delta = targets[silo.name]
+        budget = eps if eps is not None else plan_epsilon(plan, delta).epsilon
+        for trial in range(trials):
+            name = account(silo, trial)
+            book.register_silo(name, epsilon=budget, delta=delta, size=silo.size)
+            if not book.can_afford(name, plan):
+                raise ValueError(
+                    f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
+                    f"ε={budget:g} at δ={delta:g} (ε would be "
+                    f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
+                    "rounds, or pass calibrate=True"
+                )
+
+
+def _rng(seed: int, round_: int, trial: int, silo: int) -> np.random.Generator:
+    return np.random.default_rng([seed, trial, silo + 1, round_, 0])
+
+
+def _noise(research: bool, seed: int, round_: int, trial: int, silo: int) -> NoiseSource:
+    if not research:
+        return SecureNoise()
+    state = np.random.SeedSequence([seed, trial, silo + 1, round_, 1]).generate_state(1)
+    return SeededNoise(int(state[0]))
+
+
+def _probabilities(logits: Tensor) -> np.ndarray:
+    if logits.shape[-1] == 1:
+        return torch.sigmoid(logits.squeeze(-1)).double().numpy()
+    return torch.softmax(logits.double(), dim=-1).numpy()
+
+
+def _scores(algorithm: DPSGDAlgorithm, params: Params, x: Tensor) -> np.ndarray:
+    with torch.no_grad():
+        return _probabilities(functional_call(algorithm.model, params, (x,)))
+
+
+def _evaluate(
+    algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo], round_: int
+) -> list[dict[str, Any]]:
+    tested = [s for s in silos if s.x_test is not None and s.y_test is not None]
+    if not tested:
+        return []
+    x = torch.cat([s.x_test for s in tested if s.x_test is not None])
+    y = torch.cat([s.y_test for s in tested if s.y_test is not None]).numpy()
+    stacked = algorithm.global_params(state)
+    trials = next(iter(stacked.values())).shape[0]
+    return [
+        {
+            "round": round_,
+            "trial": r,
+            "metrics": classification_metrics(
+                y, _scores(algorithm, {k: v[r] for k, v in stacked.items()}, x)
+            ),
+        }
+        for r in range(trials)
+    ]
+
+
+def _per_silo_metrics(
+    algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo]
+) -> list[dict[str, dict[str, float]]]:
+    stacked = algorithm.global_params(state)
+    trials = next(iter(stacked.values())).shape[0]
+    return [
+        {
+            s.name: classification_metrics(
+                s.y_test.numpy(),
+                _scores(algorithm, {k: v[r] for k, v in stacked.items()}, s.x_test),
+            )
+            for s in silos
+            if s.x_test is not None and s.y_test is not None
+        }
+        for r in range(trials)
+    ]
+
+
+def _status(book: Ledger, silos: Sequence[Silo], history: list[dict[str, Any]]) -> str:
+    """Largest ε spent in trial 0 (RDP: cheap, and an upper bound on the PLD figure)."""
+    spent = max(book.spent(account(s, 0), accountant=Accountant.RDP).epsilon for s in silos)
+    accuracy = history[-1]["metrics"]["accuracy"] if history else math.nan
+    return f"ε ≤ {spent:.3f}  accuracy {accuracy:.3f}"
+
+
+def _ledger_path(ledger: str | Path | None) -> Path:
+    if ledger is not None:
+        return Path(ledger)
+    return Path(tempfile.mkdtemp(prefix="dpfl-run-")) / "ledger.sqlite"
+
+
+def _fingerprint(
+    algorithm: DPSGDAlgorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool
+) -> str:
+    text = repr((algorithm, [(s.name, s.size) for s in silos], trials, seed, research))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _save(
+    path: str | Path,
+    fingerprint: str,
+    round_: int,
+    state: State,
+    history: list[dict[str, Any]],
+    traffic: dict[str, dict[str, int]],
+) -> None:
+    """Write the checkpoint atomically: a crash leaves the previous one intact."""
+    target = Path(path)
+    partial = target.with_suffix(target.suffix + ".partial")
+    torch.save(
+        {
+            "fingerprint": fingerprint,
+            "round": round_,
+            "state": state,
+            "history": history,
+            "traffic": traffic,
+        },
+        partial,
+    )
+    os.replace(partial, target)

@@ -1,0 +1,142 @@
+"""What every federated algorithm provides, and what an engine gives it each round.
+
+An algorithm owns its state (stacked over independent trials on axis 0) and one
+`run_round`. It never touches a ledger or an RNG directly: the engine's `RoundContext`
+hands it seeded generators and noise sources derived from (seed, trial, silo, round),
+so a run repeats bit for bit and can resume from any round, and a `charge` callback
+that records a silo's event in the ledger. The one rule: charge a silo's event before
+its update is used by anyone else.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Self
+
+import numpy as np
+from torch import nn
+
+from dpfl.data.sampling import PoissonSampler
+from dpfl.federation.silo import Silo
+from dpfl.local.clipping import Params
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
+from dpfl.local.losses import Loss
+from dpfl.local.noise import NoiseSource
+from dpfl.privacy import events
+
+State = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RoundContext:
+    """Everything an algorithm may use in one round besides its state and the silos."""
+
+    round: int
+    trials: int
+    rng: Callable[[int, int], np.random.Generator]
+    """rng(trial, silo index) for this round; silo index -1 is the server's."""
+    noise: Callable[[int, int], NoiseSource]
+    """noise(trial, silo index): the silo's noise source for this round."""
+    charge: Callable[[int, int, events.PrivacyEvent], None]
+    """charge(trial, silo index, event): record in the ledger; raises if over budget."""
+    traffic: Callable[[int, int, int, int], None]
+    """traffic(trial, silo index, bytes down, bytes up) of this round's messages."""
+
+
+@dataclass(frozen=True)
+class DPSGDAlgorithm(ABC):
+    """An algorithm whose silos train locally with Poisson DP-SGD."""
+
+    model: nn.Module
+    loss: Loss
+    dpsgd: DPSGDConfig
+    expected_batch_size: float = 16.0
+
+    name = "abstract"
+
+    def __post_init__(self) -> None:
+        if self.expected_batch_size <= 0:
+            raise ValueError(f"expected batch size must be > 0, got {self.expected_batch_size}")
+
+    def sample_rate(self, silo: Silo) -> float:
+        """q = B / n: the expected batch of B records over the silo's n."""
+        rate = self.expected_batch_size / silo.size
+        if rate > 1:
+            raise ValueError(
+                f"silo {silo.name!r} has {silo.size} records, fewer than the expected batch "
+                f"size {self.expected_batch_size:g}"
+            )
+        return rate
+
+    def with_noise(self, noise_multiplier: float) -> Self:
+        """The same algorithm with another σ (the engine calibrates σ to a budget)."""
+        return dataclasses.replace(
+            self, dpsgd=dataclasses.replace(self.dpsgd, noise_multiplier=noise_multiplier)
+        )
+
+    def initial_global(self, trials: int) -> Params:
+        """The model's initial parameters, identical in every trial."""
+        start = parameters_of(self.model)
+        return {k: v.unsqueeze(0).repeat(trials, *[1] * v.dim()) for k, v in start.items()}
+
+    @abstractmethod
+    def local_steps(self, silo: Silo) -> int:
+        """DP-SGD steps a silo runs each time it takes part in a round."""
+
+    def participation_event(self, silo: Silo) -> events.PrivacyEvent:
+        """What one participation costs the silo: `local_steps` Poisson DP-SGD steps."""
+        return events.poisson_gaussian(
+            self.sample_rate(silo), self.dpsgd.noise_multiplier, steps=self.local_steps(silo)
+        )
+
+    @abstractmethod
+    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
+        """State before round 0, stacked over `trials`."""
+
+    @abstractmethod
+    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
+        """One round for every trial."""
+
+    def train(
+        self,
+        starts: Sequence[Params],
+        members: Sequence[tuple[int, int]],
+        silos: Sequence[Silo],
+        context: RoundContext,
+    ) -> list[Params]:
+        """Local DP-SGD for each (trial, silo) member from its start parameters; members
+        with the same number of steps and dense data run as one stacked computation.
+        Each member's declared event is charged before its parameters are returned."""
+        trainer = DPSGD(self.model, self.loss, self.dpsgd)
+        results: list[Params | None] = [None] * len(members)
+        groups: dict[tuple[int, bool], list[int]] = {}
+        for i, (_, k) in enumerate(members):
+            sparse = silos[k].x.is_sparse
+            groups.setdefault((self.local_steps(silos[k]), sparse), []).append(i)
+        for (steps, sparse), indices in groups.items():
+            batches = [[i] for i in indices] if sparse else [indices]
+            for batch in batches:
+                chosen = [members[i] for i in batch]
+                outcome = trainer.run_stacked(
+                    stack([starts[i] for i in batch]),
+                    [(silos[k].x, silos[k].y) for _, k in chosen],
+                    [
+                        PoissonSampler(silos[k].size, self.sample_rate(silos[k]), context.rng(r, k))
+                        for r, k in chosen
+                    ],
+                    [context.noise(r, k) for r, k in chosen],
+                    steps,
+                )
+                for j, (i, (r, k)) in enumerate(zip(batch, chosen, strict=True)):
+                    context.charge(r, k, outcome.events[j])
+                    results[i] = {name: v[j] for name, v in outcome.params.items()}
+        assert all(r is not None for r in results)  # every member belongs to one group
+        return [r for r in results if r is not None]
+
+    def global_params(self, state: State) -> Params:
+        """The model to evaluate, stacked over trials."""
+        params: Params = state["global"]
+        return params

@@ -1,0 +1,177 @@
+"""The simulator with FedAvg-DP and cyclic DP: learning, exact ledger ε, determinism,
+resumption, budgets, client sampling, traffic and interruption."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from dp_accounting.pld import privacy_loss_distribution
+from sklearn.datasets import load_breast_cancer
+
+from dpfl.data import partition
+from dpfl.engines.simulation import account, simulate
+from dpfl.federation.algorithms import Cyclic, FedAvg, RoundContext, State
+from dpfl.federation.silo import Silo
+from dpfl.local.dpsgd import DPSGDConfig
+from dpfl.local.losses import bce
+from dpfl.models import logistic_regression
+from dpfl.privacy import Ledger
+from dpfl.privacy.accounting import PLD_DISCRETISATION
+
+# Public standardisation constants would be declared in a real study; here the whole
+# table is only a test fixture, so its own moments are fine.
+_X, _Y = load_breast_cancer(return_X_y=True)
+_X = (_X - _X.mean(0)) / _X.std(0)
+CONFIG = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
+
+
+def _silos(n: int = 3) -> list[Silo]:
+    silos = []
+    for k, idx in enumerate(partition.iid_stratified(_Y, n, seed=0)):
+        cut = int(0.8 * len(idx))
+        silos.append(
+            Silo.from_arrays(f"h{k}", _X[idx[:cut]], _Y[idx[:cut]], _X[idx[cut:]], _Y[idx[cut:]])
+        )
+    return silos
+
+
+def _fedavg(**kwargs: object) -> FedAvg:
+    torch.manual_seed(0)
+    return FedAvg(model=logistic_regression(30), loss=bce, dpsgd=CONFIG, **kwargs)  # type: ignore[arg-type]
+
+
+def _cyclic() -> Cyclic:
+    torch.manual_seed(0)
+    return Cyclic(model=logistic_regression(30), loss=bce, dpsgd=CONFIG, steps_per_visit=5)
+
+
+@pytest.mark.parametrize("make", [_fedavg, _cyclic], ids=["fedavg", "cyclic"])
+def test_algorithms_learn_on_breast_cancer_over_three_silos(make) -> None:  # type: ignore[no-untyped-def]
+    result = simulate(make(), _silos(), rounds=8, progress=False)
+    majority = max(np.mean(_Y), 1 - np.mean(_Y))
+    assert result.final_metrics()["accuracy"] > majority + 0.25
+    assert result.final_metrics()["auroc"] > 0.95
+    assert set(result.silo_metrics[0]) == {"h0", "h1", "h2"}
+
+
+@pytest.mark.parametrize("make", [_fedavg, _cyclic], ids=["fedavg", "cyclic"])
+def test_ledger_epsilon_equals_an_independent_composition(make, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    algorithm = make()
+    silos = _silos()
+    result = simulate(algorithm, silos, rounds=4, ledger=tmp_path / "l.sqlite", progress=False)
+    for silo in silos:
+        q = 16 / silo.size
+        steps = 4 * algorithm.local_steps(silo)
+        expected = (
+            privacy_loss_distribution.from_gaussian_mechanism(
+                1.0, sampling_prob=q, value_discretization_interval=PLD_DISCRETISATION
+            )
+            .self_compose(steps)
+            .get_epsilon_for_delta(1e-5)
+        )
+        assert result.epsilon[0][silo.name].epsilon == pytest.approx(expected, rel=1e-9)
+    with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
+        assert len(ledger.entries(account(silos[0], 0))) == 4
+
+
+def test_same_seed_same_model_bit_for_bit() -> None:
+    silos = _silos()
+    first = simulate(_fedavg(), silos, rounds=3, trials=2, seed=5, progress=False)
+    again = simulate(_fedavg(), silos, rounds=3, trials=2, seed=5, progress=False)
+    other = simulate(_fedavg(), silos, rounds=3, trials=2, seed=6, progress=False)
+    for name in first.params:
+        assert torch.equal(first.params[name], again.params[name])
+        assert not torch.equal(first.params[name], other.params[name])
+        assert not torch.equal(first.params[name][0], first.params[name][1])  # trials differ
+
+
+def test_resuming_from_a_checkpoint_ends_with_the_same_model(tmp_path: Path) -> None:
+    silos = _silos()
+    whole = simulate(_fedavg(), silos, rounds=5, seed=1, progress=False)
+    checkpoint = tmp_path / "run.pt"
+    simulate(_fedavg(), silos, rounds=2, seed=1, checkpoint=checkpoint, progress=False)
+    resumed = simulate(_fedavg(), silos, rounds=5, seed=1, checkpoint=checkpoint, progress=False)
+    for name in whole.params:
+        assert torch.equal(whole.params[name], resumed.params[name])
+    with pytest.raises(ValueError, match="different run"):
+        simulate(_fedavg(), silos, rounds=5, seed=2, checkpoint=checkpoint, progress=False)
+
+
+def test_a_plan_over_budget_fails_before_training_and_calibration_fits_it() -> None:
+    silos = _silos()
+    with pytest.raises(ValueError, match=r"would exceed ε=1.*calibrate=True"):
+        simulate(_fedavg(), silos, rounds=10, epsilon_budget=1.0, progress=False)
+    result = simulate(
+        _fedavg(), silos, rounds=10, epsilon_budget=1.0, calibrate=True, progress=False
+    )
+    spent = [report.epsilon for report in result.epsilon[0].values()]
+    assert max(spent) <= 1.0
+    assert max(spent) > 0.99  # the least noise: the tightest silo is at its budget
+    assert result.noise_multiplier > 1.0
+
+
+def test_client_sampling_charges_the_rounds_a_silo_took_part_in(tmp_path: Path) -> None:
+    silos = _silos()
+    algorithm = _fedavg(clients_per_round=2)
+    result = simulate(algorithm, silos, rounds=6, ledger=tmp_path / "l.sqlite", progress=False)
+    with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
+        taken = {s.name: len(ledger.entries(account(s, 0))) for s in silos}
+    assert sum(taken.values()) == 2 * 6
+    for silo in silos:
+        assert result.traffic[account(silo, 0)]["messages"] == 2 * taken[silo.name]
+        steps = taken[silo.name] * algorithm.local_steps(silo)
+        expected = (
+            privacy_loss_distribution.from_gaussian_mechanism(
+                1.0, sampling_prob=16 / silo.size, value_discretization_interval=PLD_DISCRETISATION
+            )
+            .self_compose(steps)
+            .get_epsilon_for_delta(1e-5)
+        )
+        assert result.epsilon[0][silo.name].epsilon == pytest.approx(expected, rel=1e-9)
+
+
+def test_traffic_is_one_float32_model_each_way_per_participation() -> None:
+    silos = _silos()
+    for algorithm in (_fedavg(), _cyclic()):
+        result = simulate(algorithm, silos, rounds=3, progress=False)
+        for silo in silos:
+            assert result.traffic[account(silo, 0)] == {
+                "down": 3 * 124,
+                "up": 3 * 124,
+                "messages": 6,
+            }
+
+
+@dataclass(frozen=True)
+class _StopsInRoundTwo(FedAvg):
+    def run_round(self, state: State, silos: list[Silo], context: RoundContext) -> State:  # type: ignore[override]
+        if context.round == 2:
+            raise KeyboardInterrupt
+        return super().run_round(state, silos, context)
+
+
+def test_ctrl_c_stops_cleanly_with_the_ledger_intact(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    algorithm = _StopsInRoundTwo(model=logistic_regression(30), loss=bce, dpsgd=CONFIG)
+    silos = _silos()
+    result = simulate(algorithm, silos, rounds=5, ledger=tmp_path / "l.sqlite", progress=False)
+    assert result.interrupted
+    assert result.rounds_completed == 2
+    with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
+        assert all(len(ledger.entries(account(s, 0))) == 2 for s in silos)
+
+
+def test_bad_runs_are_refused() -> None:
+    silos = _silos()
+    with pytest.raises(ValueError, match="unique"):
+        simulate(_fedavg(), [silos[0], silos[0]], rounds=1, progress=False)
+    with pytest.raises(ValueError, match="≥ 1"):
+        simulate(_fedavg(), silos, rounds=0, progress=False)
+    with pytest.raises(ValueError, match="fewer than the expected batch"):
+        simulate(_fedavg(expected_batch_size=1000.0), silos, rounds=1, progress=False)
+    with pytest.raises(ValueError, match="NaN"):
+        Silo.from_arrays("bad", np.array([[np.nan, 1.0]]), np.array([1]))
