@@ -175,3 +175,17 @@ def test_bad_runs_are_refused() -> None:
         simulate(_fedavg(expected_batch_size=1000.0), silos, rounds=1, progress=False)
     with pytest.raises(ValueError, match="NaN"):
         Silo.from_arrays("bad", np.array([[np.nan, 1.0]]), np.array([1]))
+
+
+def test_non_private_reference_learns_and_charges_nothing(tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    algorithm = FedAvg(
+        model=logistic_regression(30), loss=bce, dpsgd=DPSGDConfig.non_private(learning_rate=0.5)
+    )
+    result = simulate(algorithm, _silos(), rounds=5, ledger=tmp_path / "l.sqlite", progress=False)
+    assert result.final_metrics()["accuracy"] > 0.9
+    assert result.epsilon == [{}]
+    with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
+        assert ledger.silos() == []
+    with pytest.raises(ValueError, match="needs a private algorithm"):
+        simulate(algorithm, _silos(), rounds=1, epsilon_budget=1.0, calibrate=True, progress=False)

@@ -44,7 +44,8 @@ from dpfl.privacy.ledger import plan_epsilon
 
 @dataclass
 class SimulationResult:
-    """A finished (or interrupted) run: models stacked over trials, metrics, ε, bytes."""
+    """A finished (or interrupted) run: models stacked over trials, metrics, ε per silo
+    from the ledger (empty for a non-private run: its ε is unbounded), bytes."""
 
     algorithm: str
     noise_multiplier: float
@@ -100,6 +101,8 @@ def simulate(
     _check_run(silos, rounds, trials, eval_every)
     targets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
     if calibrate:
+        if not algorithm.private:
+            raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
         algorithm = algorithm.with_noise(_calibrated_sigma(algorithm, silos, rounds, targets))
     book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
     start, state, history, traffic = 0, algorithm.initial_state(silos, trials), [], {}
@@ -114,7 +117,8 @@ def simulate(
             saved["history"],
             saved["traffic"],
         )
-    _open_accounts(book, algorithm, silos, trials, rounds - start, targets)
+    if algorithm.private:
+        _open_accounts(book, algorithm, silos, trials, rounds - start, targets)
 
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
         book.record(account(silos[k], trial), event, label=algorithm.name, round=current)
@@ -152,7 +156,7 @@ def simulate(
                     history += _evaluate(algorithm, state, silos, current)
                 if checkpoint is not None:
                     _save(checkpoint, fingerprint, current, state, history, traffic)
-                bar.update(task, advance=1, status=_status(book, silos, history))
+                bar.update(task, advance=1, status=_status(book, silos, history, algorithm.private))
         except KeyboardInterrupt:
             interrupted = True
     completed = current + (0 if interrupted else 1)
@@ -164,7 +168,10 @@ def simulate(
         params=algorithm.global_params(state),
         history=history,
         silo_metrics=_per_silo_metrics(algorithm, state, silos),
-        epsilon=[{s.name: book.spent(account(s, r)) for s in silos} for r in range(trials)],
+        epsilon=[
+            {s.name: book.spent(account(s, r)) for s in silos} if algorithm.private else {}
+            for r in range(trials)
+        ],
         traffic=traffic,
         ledger_path=book.path,
         interrupted=interrupted,
@@ -251,50 +258,71 @@ def _scores(algorithm: DPSGDAlgorithm, params: Params, x: Tensor) -> np.ndarray:
         return _probabilities(functional_call(algorithm.model, params, (x,)))
 
 
+def _silo_scores(
+    algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo]
+) -> list[tuple[Silo, list[np.ndarray]]]:
+    """Each tested silo's test-set scores under its own model, one array per trial."""
+    scored = []
+    for k, silo in enumerate(silos):
+        if silo.x_test is None:
+            continue
+        stacked = algorithm.silo_params(state, k)
+        trials = next(iter(stacked.values())).shape[0]
+        scored.append(
+            (
+                silo,
+                [
+                    _scores(algorithm, {n: v[r] for n, v in stacked.items()}, silo.x_test)
+                    for r in range(trials)
+                ],
+            )
+        )
+    return scored
+
+
 def _evaluate(
     algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo], round_: int
 ) -> list[dict[str, Any]]:
-    tested = [s for s in silos if s.x_test is not None and s.y_test is not None]
-    if not tested:
+    """Metrics on the union of the silos' test sets (each scored by its silo's model)."""
+    scored = _silo_scores(algorithm, state, silos)
+    if not scored:
         return []
-    x = torch.cat([s.x_test for s in tested if s.x_test is not None])
-    y = torch.cat([s.y_test for s in tested if s.y_test is not None]).numpy()
-    stacked = algorithm.global_params(state)
-    trials = next(iter(stacked.values())).shape[0]
+    labels = np.concatenate([s.y_test.numpy() for s, _ in scored if s.y_test is not None])
     return [
         {
             "round": round_,
             "trial": r,
             "metrics": classification_metrics(
-                y, _scores(algorithm, {k: v[r] for k, v in stacked.items()}, x)
+                labels, np.concatenate([scores[r] for _, scores in scored])
             ),
         }
-        for r in range(trials)
+        for r in range(len(scored[0][1]))
     ]
 
 
 def _per_silo_metrics(
     algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo]
 ) -> list[dict[str, dict[str, float]]]:
-    stacked = algorithm.global_params(state)
-    trials = next(iter(stacked.values())).shape[0]
+    scored = _silo_scores(algorithm, state, silos)
+    trials = len(scored[0][1]) if scored else 0
     return [
         {
-            s.name: classification_metrics(
-                s.y_test.numpy(),
-                _scores(algorithm, {k: v[r] for k, v in stacked.items()}, s.x_test),
-            )
-            for s in silos
-            if s.x_test is not None and s.y_test is not None
+            silo.name: classification_metrics(silo.y_test.numpy(), scores[r])
+            for silo, scores in scored
+            if silo.y_test is not None
         }
         for r in range(trials)
     ]
 
 
-def _status(book: Ledger, silos: Sequence[Silo], history: list[dict[str, Any]]) -> str:
+def _status(
+    book: Ledger, silos: Sequence[Silo], history: list[dict[str, Any]], private: bool
+) -> str:
     """Largest ε spent in trial 0 (RDP: cheap, and an upper bound on the PLD figure)."""
-    spent = max(book.spent(account(s, 0), accountant=Accountant.RDP).epsilon for s in silos)
     accuracy = history[-1]["metrics"]["accuracy"] if history else math.nan
+    if not private:
+        return f"non-private  accuracy {accuracy:.3f}"
+    spent = max(book.spent(account(s, 0), accountant=Accountant.RDP).epsilon for s in silos)
     return f"ε ≤ {spent:.3f}  accuracy {accuracy:.3f}"
 
 

@@ -14,6 +14,7 @@ caller to record in the silo's ledger.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -35,7 +36,11 @@ __all__ = ["DPSGD", "DPSGDConfig", "LocalResult", "StackedResult", "parameters_o
 
 @dataclass(frozen=True)
 class DPSGDConfig:
-    """Clipping bound C, noise multiplier σ (noise std σ·C on the sum), step size, momentum."""
+    """Clipping bound C, noise multiplier σ (noise std σ·C on the sum), step size, momentum.
+
+    σ = 0 is the non-private reference (FL-STANDARD, FL-SIGN, F): no noise and no privacy
+    event; `NON_PRIVATE` also sets C = ∞ so that nothing is clipped.
+    """
 
     clip_norm: float
     noise_multiplier: float
@@ -43,8 +48,22 @@ class DPSGDConfig:
     momentum: float = 0.0
 
     def __post_init__(self) -> None:
-        if self.clip_norm <= 0 or self.learning_rate <= 0 or not 0 <= self.momentum < 1:
+        if (
+            self.clip_norm <= 0
+            or self.noise_multiplier < 0
+            or self.learning_rate <= 0
+            or not 0 <= self.momentum < 1
+        ):
             raise ValueError(f"invalid DP-SGD configuration {self}")
+
+    @property
+    def private(self) -> bool:
+        return self.noise_multiplier > 0
+
+    @classmethod
+    def non_private(cls, learning_rate: float, momentum: float = 0.0) -> DPSGDConfig:
+        """Plain minibatch SGD on the same Poisson batches: the non-private baseline."""
+        return cls(math.inf, 0.0, learning_rate, momentum)
 
 
 @dataclass(frozen=True)
@@ -53,13 +72,14 @@ class LocalResult:
 
     params: Params
     velocity: Params
-    event: events.PrivacyEvent
+    event: events.PrivacyEvent | None  # None for a non-private run
     metadata: dict[str, Any]
 
 
 @dataclass(frozen=True)
 class StackedResult:
-    """`params` and `velocity` carry a leading member axis; one event per member."""
+    """`params` and `velocity` carry a leading member axis; one event per member (none
+    for a non-private run)."""
 
     params: Params
     velocity: Params
@@ -109,7 +129,7 @@ class DPSGD:
         return LocalResult(
             {k: v[0] for k, v in result.params.items()},
             {k: v[0] for k, v in result.velocity.items()},
-            result.events[0],
+            result.events[0] if result.events else None,
             result.metadata[0],
         )
 
@@ -142,7 +162,9 @@ class DPSGD:
         velocity: Params | None,
     ) -> StackedResult:
         cfg = self.config
-        declared = [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers]
+        declared = (
+            [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers] if cfg.private else []
+        )
         dtype = next(iter(params.values())).dtype
         scale = torch.tensor([s.expected_batch_size for s in samplers], dtype=dtype)
         params = {k: v.detach().clone() for k, v in params.items()}
@@ -165,19 +187,23 @@ class DPSGD:
                     params, *_stacked_batches(datasets, indices, dtype), cfg.clip_norm
                 )
             for name, total in sums.items():
-                draws = [
-                    n.normal(tuple(total.shape[1:]), cfg.noise_multiplier * cfg.clip_norm, dtype)
-                    for n in noises
-                ]
-                g = torch.stack(draws) if len(draws) > 1 else draws[0].unsqueeze(0)
-                g.add_(total).div_(scale.reshape(-1, *[1] * (total.dim() - 1)))
+                g = total.clone()
+                if cfg.private:
+                    draws = [
+                        n.normal(
+                            tuple(total.shape[1:]), cfg.noise_multiplier * cfg.clip_norm, dtype
+                        )
+                        for n in noises
+                    ]
+                    g.add_(torch.stack(draws) if len(draws) > 1 else draws[0].unsqueeze(0))
+                g.div_(scale.reshape(-1, *[1] * (total.dim() - 1)))
                 if cfg.momentum:
                     g.add_(velocity[name], alpha=cfg.momentum)
                 velocity[name] = g
                 params[name].sub_(g, alpha=cfg.learning_rate)
         metadata = [
             {
-                "mechanism": "dp-sgd",
+                "mechanism": "dp-sgd" if cfg.private else "sgd (non-private)",
                 "sampler": type(s).__name__,
                 "expected_batch_size": s.expected_batch_size,
                 "clip_norm": cfg.clip_norm,
@@ -185,10 +211,15 @@ class DPSGD:
                 "learning_rate": cfg.learning_rate,
                 "momentum": cfg.momentum,
                 "steps": steps,
-                "event": e.describe(),
+                "event": described,
                 **n.metadata(),
             }
-            for s, n, e in zip(samplers, noises, declared, strict=True)
+            for s, n, described in zip(
+                samplers,
+                noises,
+                [e.describe() for e in declared] or ["none (non-private)"] * len(samplers),
+                strict=True,
+            )
         ]
         return StackedResult(params, velocity, declared, metadata)
 

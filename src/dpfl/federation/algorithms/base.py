@@ -61,6 +61,11 @@ class DPSGDAlgorithm(ABC):
         if self.expected_batch_size <= 0:
             raise ValueError(f"expected batch size must be > 0, got {self.expected_batch_size}")
 
+    @property
+    def private(self) -> bool:
+        """False for the non-private references (σ = 0): nothing is charged, ε is ∞."""
+        return self.dpsgd.private
+
     def sample_rate(self, silo: Silo) -> float:
         """q = B / n: the expected batch of B records over the silo's n."""
         rate = self.expected_batch_size / silo.size
@@ -131,12 +136,18 @@ class DPSGDAlgorithm(ABC):
                     steps,
                 )
                 for j, (i, (r, k)) in enumerate(zip(batch, chosen, strict=True)):
-                    context.charge(r, k, outcome.events[j])
+                    if self.private:
+                        context.charge(r, k, outcome.events[j])
                     results[i] = {name: v[j] for name, v in outcome.params.items()}
         assert all(r is not None for r in results)  # every member belongs to one group
         return [r for r in results if r is not None]
 
     def global_params(self, state: State) -> Params:
-        """The model to evaluate, stacked over trials."""
+        """The shared model, stacked over trials."""
         params: Params = state["global"]
         return params
+
+    def silo_params(self, state: State, k: int) -> Params:
+        """The model silo k uses, stacked over trials: the shared one unless the algorithm
+        personalises (MR-MTL, Ditto, finetuning, local training override this)."""
+        return self.global_params(state)
