@@ -33,7 +33,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import Tensor
 from torch.func import functional_call
 
-from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
+from dpfl.federation.algorithms.base import Algorithm, RoundContext, State
 from dpfl.federation.metrics import classification_metrics
 from dpfl.federation.silo import Silo
 from dpfl.local.clipping import Params
@@ -48,7 +48,7 @@ class SimulationResult:
     from the ledger (empty for a non-private run: its ε is unbounded), bytes."""
 
     algorithm: str
-    noise_multiplier: float
+    noise_multiplier: float | None
     trials: int
     rounds_completed: int
     params: Params
@@ -76,7 +76,7 @@ def account(silo: Silo, trial: int) -> str:
 
 
 def simulate(
-    algorithm: DPSGDAlgorithm,
+    algorithm: Algorithm,
     silos: Sequence[Silo],
     *,
     rounds: int,
@@ -162,7 +162,7 @@ def simulate(
     completed = current + (0 if interrupted else 1)
     return SimulationResult(
         algorithm=algorithm.name,
-        noise_multiplier=algorithm.dpsgd.noise_multiplier,
+        noise_multiplier=algorithm.noise_multiplier,
         trials=trials,
         rounds_completed=completed,
         params=algorithm.global_params(state),
@@ -190,7 +190,7 @@ def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int)
 
 
 def _calibrated_sigma(
-    algorithm: DPSGDAlgorithm,
+    algorithm: Algorithm,
     silos: Sequence[Silo],
     rounds: int,
     targets: Mapping[str, tuple[float | None, float]],
@@ -213,7 +213,7 @@ def _calibrated_sigma(
 
 def _open_accounts(
     book: Ledger,
-    algorithm: DPSGDAlgorithm,
+    algorithm: Algorithm,
     silos: Sequence[Silo],
     trials: int,
     rounds_left: int,
@@ -253,13 +253,13 @@ def _probabilities(logits: Tensor) -> np.ndarray:
     return torch.softmax(logits.double(), dim=-1).numpy()
 
 
-def _scores(algorithm: DPSGDAlgorithm, params: Params, x: Tensor) -> np.ndarray:
+def _scores(algorithm: Algorithm, params: Params, x: Tensor) -> np.ndarray:
     with torch.no_grad():
         return _probabilities(functional_call(algorithm.model, params, (x,)))
 
 
 def _silo_scores(
-    algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo]
+    algorithm: Algorithm, state: State, silos: Sequence[Silo]
 ) -> list[tuple[Silo, list[np.ndarray]]]:
     """Each tested silo's test-set scores under its own model, one array per trial."""
     scored = []
@@ -281,7 +281,7 @@ def _silo_scores(
 
 
 def _evaluate(
-    algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo], round_: int
+    algorithm: Algorithm, state: State, silos: Sequence[Silo], round_: int
 ) -> list[dict[str, Any]]:
     """Metrics on the union of the silos' test sets (each scored by its silo's model)."""
     scored = _silo_scores(algorithm, state, silos)
@@ -301,7 +301,7 @@ def _evaluate(
 
 
 def _per_silo_metrics(
-    algorithm: DPSGDAlgorithm, state: State, silos: Sequence[Silo]
+    algorithm: Algorithm, state: State, silos: Sequence[Silo]
 ) -> list[dict[str, dict[str, float]]]:
     scored = _silo_scores(algorithm, state, silos)
     trials = len(scored[0][1]) if scored else 0
@@ -333,7 +333,7 @@ def _ledger_path(ledger: str | Path | None) -> Path:
 
 
 def _fingerprint(
-    algorithm: DPSGDAlgorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool
+    algorithm: Algorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool
 ) -> str:
     text = repr((algorithm, [(s.name, s.size) for s in silos], trials, seed, research))
     return hashlib.sha256(text.encode()).hexdigest()

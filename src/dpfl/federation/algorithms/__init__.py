@@ -1,7 +1,7 @@
 """Federated algorithms of the seed papers, one module each."""
 
-from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
+from dpfl.federation.algorithms.base import Algorithm, DPSGDAlgorithm, RoundContext, State
 from dpfl.federation.algorithms.cyclic import Cyclic
 from dpfl.federation.algorithms.fedavg import FedAvg
 
-__all__ = ["Cyclic", "DPSGDAlgorithm", "FedAvg", "RoundContext", "State"]
+__all__ = ["Algorithm", "Cyclic", "DPSGDAlgorithm", "FedAvg", "RoundContext", "State"]

@@ -46,8 +46,57 @@ class RoundContext:
     """traffic(trial, silo index, bytes down, bytes up) of this round's messages."""
 
 
+class Algorithm(ABC):
+    """What the engines need of any algorithm."""
+
+    name = "abstract"
+    model: nn.Module
+
+    @property
+    @abstractmethod
+    def private(self) -> bool:
+        """False for non-private references: nothing is charged and ε is unbounded."""
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        """σ of the silos' Gaussian noise, where there is one."""
+        return None
+
+    def with_noise(self, noise_multiplier: float) -> Self:
+        """The same algorithm with another σ, for calibration to a budget."""
+        raise ValueError(f"{self.name} has no noise multiplier to calibrate")
+
+    @abstractmethod
+    def participation_event(self, silo: Silo) -> events.PrivacyEvent:
+        """What one round of taking part costs the silo (the engine checks the whole plan
+        of `rounds` such events against the silo's budget before round 0)."""
+
+    @abstractmethod
+    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
+        """State before round 0, stacked over `trials`."""
+
+    @abstractmethod
+    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
+        """One round for every trial; charge each silo's event before its update is used."""
+
+    def initial_global(self, trials: int) -> Params:
+        """The model's initial parameters, identical in every trial."""
+        start = parameters_of(self.model)
+        return {k: v.unsqueeze(0).repeat(trials, *[1] * v.dim()) for k, v in start.items()}
+
+    def global_params(self, state: State) -> Params:
+        """The shared model, stacked over trials."""
+        params: Params = state["global"]
+        return params
+
+    def silo_params(self, state: State, k: int) -> Params:
+        """The model silo k uses, stacked over trials: the shared one unless the algorithm
+        personalises (MR-MTL, Ditto, finetuning, local training override this)."""
+        return self.global_params(state)
+
+
 @dataclass(frozen=True)
-class DPSGDAlgorithm(ABC):
+class DPSGDAlgorithm(Algorithm):
     """An algorithm whose silos train locally with Poisson DP-SGD."""
 
     model: nn.Module
@@ -55,16 +104,17 @@ class DPSGDAlgorithm(ABC):
     dpsgd: DPSGDConfig
     expected_batch_size: float = 16.0
 
-    name = "abstract"
-
     def __post_init__(self) -> None:
         if self.expected_batch_size <= 0:
             raise ValueError(f"expected batch size must be > 0, got {self.expected_batch_size}")
 
     @property
     def private(self) -> bool:
-        """False for the non-private references (σ = 0): nothing is charged, ε is ∞."""
         return self.dpsgd.private
+
+    @property
+    def noise_multiplier(self) -> float | None:
+        return self.dpsgd.noise_multiplier
 
     def sample_rate(self, silo: Silo) -> float:
         """q = B / n: the expected batch of B records over the silo's n."""
@@ -77,15 +127,9 @@ class DPSGDAlgorithm(ABC):
         return rate
 
     def with_noise(self, noise_multiplier: float) -> Self:
-        """The same algorithm with another σ (the engine calibrates σ to a budget)."""
         return dataclasses.replace(
             self, dpsgd=dataclasses.replace(self.dpsgd, noise_multiplier=noise_multiplier)
         )
-
-    def initial_global(self, trials: int) -> Params:
-        """The model's initial parameters, identical in every trial."""
-        start = parameters_of(self.model)
-        return {k: v.unsqueeze(0).repeat(trials, *[1] * v.dim()) for k, v in start.items()}
 
     @abstractmethod
     def local_steps(self, silo: Silo) -> int:
@@ -96,14 +140,6 @@ class DPSGDAlgorithm(ABC):
         return events.poisson_gaussian(
             self.sample_rate(silo), self.dpsgd.noise_multiplier, steps=self.local_steps(silo)
         )
-
-    @abstractmethod
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        """State before round 0, stacked over `trials`."""
-
-    @abstractmethod
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        """One round for every trial."""
 
     def train(
         self,
@@ -141,13 +177,3 @@ class DPSGDAlgorithm(ABC):
                     results[i] = {name: v[j] for name, v in outcome.params.items()}
         assert all(r is not None for r in results)  # every member belongs to one group
         return [r for r in results if r is not None]
-
-    def global_params(self, state: State) -> Params:
-        """The shared model, stacked over trials."""
-        params: Params = state["global"]
-        return params
-
-    def silo_params(self, state: State, k: int) -> Params:
-        """The model silo k uses, stacked over trials: the shared one unless the algorithm
-        personalises (MR-MTL, Ditto, finetuning, local training override this)."""
-        return self.global_params(state)
