@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from sklearn.datasets import load_breast_cancer
+
+from dpfl.data.partition import iid_stratified
+from dpfl.federation.silo import Silo
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DPFL_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -20,3 +25,23 @@ def shared_data() -> Path:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but the shared data directory {SHARED_DATA} is missing")
     pytest.skip(f"shared data not found at {SHARED_DATA} (set DPFL_SHARED_DATA to use it)")
+
+
+@pytest.fixture(scope="session")
+def breast_cancer_silos() -> Callable[[int], list[Silo]]:
+    """scikit-learn's breast-cancer table in n IID silos, 80/20 train/test in each.
+
+    Standardised with the table's own moments: acceptable for a test fixture; a study
+    would declare public constants instead (dpfl.data.preprocess)."""
+    x, y = load_breast_cancer(return_X_y=True)
+    x = (x - x.mean(0)) / x.std(0)
+
+    def make(n: int = 3) -> list[Silo]:
+        silos = []
+        for k, idx in enumerate(iid_stratified(y, n, seed=0)):
+            cut = int(0.8 * len(idx))
+            train, test = idx[:cut], idx[cut:]
+            silos.append(Silo.from_arrays(f"h{k}", x[train], y[train], x[test], y[test]))
+        return silos
+
+    return make

@@ -58,6 +58,10 @@ class SimulationResult:
     traffic: dict[str, dict[str, int]]
     ledger_path: Path
     interrupted: bool = False
+    stopped_by_budget: bool = False
+    """The algorithm stops at its budget (Dopamine) and fewer rounds than asked fitted."""
+    views: list[dict[str, dict[str, EpsilonReport]]] = field(default_factory=list)
+    """Per trial, silo and view: ε against observers other than the server."""
     metadata: dict[str, Any] = field(default_factory=dict)
 
     def final_metrics(self, trial: int = 0) -> dict[str, float]:
@@ -69,10 +73,11 @@ class SimulationResult:
         return metrics
 
 
-def account(silo: Silo, trial: int) -> str:
+def account(silo: Silo, trial: int, view: str | None = None) -> str:
     """The ledger account of a silo in one trial: trials are separate runs on the same
-    records, each with the silo's budget (releasing several trials' models composes them)."""
-    return f"{silo.name}/trial-{trial}"
+    records, each with the silo's budget (releasing several trials' models composes them).
+    A `view` account records what another observer (e.g. the other hospitals) learns."""
+    return f"{silo.name}/trial-{trial}" + ("" if view is None else f"/{view}")
 
 
 def simulate(
@@ -117,11 +122,23 @@ def simulate(
             saved["history"],
             saved["traffic"],
         )
+    stopped_by_budget = False
     if algorithm.private:
-        _open_accounts(book, algorithm, silos, trials, rounds - start, targets)
+        if algorithm.stops_at_budget:
+            affordable = start + _affordable_rounds(book, algorithm, silos, rounds - start, targets)
+            if affordable <= start:
+                raise ValueError(
+                    f"{algorithm.name}: no further round fits every silo's budget; a round "
+                    "costs more than what is left (add noise or raise the budget)"
+                )
+            stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
+        _open_accounts(book, algorithm, silos, trials, (rounds, rounds - start), targets)
 
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
         book.record(account(silos[k], trial), event, label=algorithm.name, round=current)
+
+    def charge_view(trial: int, k: int, view: str, event: events.PrivacyEvent) -> None:
+        book.record(account(silos[k], trial, view), event, label=algorithm.name, round=current)
 
     def traffic_of(trial: int, k: int, down: int, up: int) -> None:
         totals = traffic.setdefault(account(silos[k], trial), {"down": 0, "up": 0, "messages": 0})
@@ -149,6 +166,7 @@ def simulate(
                     rng=functools.partial(_rng, seed, current),
                     noise=functools.partial(_noise, research_noise, seed, current),
                     charge=charge,
+                    charge_view=charge_view,
                     traffic=traffic_of,
                 )
                 state = algorithm.run_round(state, silos, context)
@@ -175,6 +193,16 @@ def simulate(
         traffic=traffic,
         ledger_path=book.path,
         interrupted=interrupted,
+        stopped_by_budget=stopped_by_budget,
+        views=[
+            {
+                s.name: {v: book.spent(account(s, r, v)) for v in algorithm.view_events(s, silos)}
+                for s in silos
+            }
+            for r in range(trials)
+        ]
+        if algorithm.private
+        else [{} for _ in range(trials)],
         metadata={"seed": seed, "research_noise": research_noise, "rounds": rounds},
     )
 
@@ -211,29 +239,69 @@ def _calibrated_sigma(
     return max(sigmas.values())
 
 
+def _affordable_rounds(
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[Silo],
+    rounds_left: int,
+    targets: Mapping[str, tuple[float | None, float]],
+) -> int:
+    """How many of the `rounds_left` rounds every silo can afford. The first trial's
+    account stands for all trials: they spend alike."""
+    counts = []
+    for silo in silos:
+        eps, delta = targets[silo.name]
+        if eps is None:
+            raise ValueError(f"{algorithm.name} stops at a budget: give every silo an ε")
+        name = account(silo, 0)
+        book.register_silo(name, epsilon=eps, delta=delta, size=silo.size)
+        per_round = algorithm.participation_event(silo)
+        fits = book.can_afford(name, events.repeat(per_round, rounds_left))
+        counts.append(rounds_left if fits else book.affordable_repeats(name, per_round))
+    return min(counts)
+
+
 def _open_accounts(
     book: Ledger,
     algorithm: Algorithm,
     silos: Sequence[Silo],
     trials: int,
-    rounds_left: int,
+    rounds: tuple[int, int],
     targets: Mapping[str, tuple[float | None, float]],
 ) -> None:
-    """Register every (silo, trial) account and check that the rest of the plan fits."""
+    """Register every (silo, trial) account and check that the rest of the plan fits.
+
+    `rounds` is (all rounds of the run, rounds still to run). Budgets not given are what
+    the whole plan spends, so a resumed run registers the same budgets again."""
+    total, left = rounds
     for silo in silos:
-        plan = events.repeat(algorithm.participation_event(silo), rounds_left)
+        per_round = algorithm.participation_event(silo)
         eps, delta = targets[silo.name]
-        budget = eps if eps is not None else plan_epsilon(plan, delta).epsilon
+        budget = eps if eps is not None else _spent_by(per_round, total, delta)
+        plan = events.repeat(per_round, left)
         for trial in range(trials):
             name = account(silo, trial)
             book.register_silo(name, epsilon=budget, delta=delta, size=silo.size)
             if not book.can_afford(name, plan):
                 raise ValueError(
-                    f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
+                    f"{name}: {left} more rounds of {plan.describe()} would exceed "
                     f"ε={budget:g} at δ={delta:g} (ε would be "
                     f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
                     "rounds, or pass calibrate=True"
                 )
+            for view, seen in algorithm.view_events(silo, silos).items():
+                observed = account(silo, trial, view)
+                book.register_silo(
+                    observed, epsilon=_spent_by(seen, total, delta), delta=delta, size=silo.size
+                )
+                if not book.can_afford(observed, events.repeat(seen, left)):  # verifies the plan
+                    raise AssertionError(f"{observed}: a view's budget is its whole plan")
+
+
+def _spent_by(per_round: events.PrivacyEvent, rounds: int, delta: float) -> float:
+    """ε of `rounds` rounds, as the budget of an account that only records (never refuses
+    within the plan; the factor absorbs the last floating-point digit)."""
+    return plan_epsilon(events.repeat(per_round, rounds), delta).epsilon * (1 + 1e-9)
 
 
 def _rng(seed: int, round_: int, trial: int, silo: int) -> np.random.Generator:

@@ -13,6 +13,7 @@ Two things are ours on top of `dp_accounting`:
 
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 from dataclasses import dataclass
@@ -22,7 +23,11 @@ import numpy as np
 from dp_accounting import dp_event as dpe
 from dp_accounting import pld, rdp
 from dp_accounting.pld import privacy_loss_distribution
-from dp_accounting.privacy_accountant import PrivacyAccountant, UnsupportedEventError
+from dp_accounting.privacy_accountant import (
+    NeighboringRelation,
+    PrivacyAccountant,
+    UnsupportedEventError,
+)
 
 from dpfl.privacy.errors import PrivacyParameterError, UnsupportedAccountingError
 from dpfl.privacy.events import (
@@ -98,6 +103,16 @@ class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
     def _maybe_compose(
         self, event: dpe.DpEvent, count: int, do_compose: bool
     ) -> PrivacyAccountant.CompositionErrorDetails | None:
+        if _is_sampled_gaussian(event) and event.event.noise_multiplier > 0:
+            if do_compose:  # the same PLD dp_accounting builds, built once per process
+                leaf = _sampled_gaussian_pld(
+                    event.event.noise_multiplier,
+                    event.sampling_probability,
+                    self.neighboring_relation,
+                    self._value_discretization_interval,
+                )
+                self._pld = self._pld.compose(leaf.self_compose(count))
+            return None
         if not isinstance(event, ClientSampledDpEvent):
             return super()._maybe_compose(event, count, do_compose)
         inner = _PldAccountant(self.neighboring_relation, self._value_discretization_interval)
@@ -114,6 +129,26 @@ class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
                 mixed = inner._pld.compute_mixture(nothing_sent, event.sampling_probability)
                 self._pld = self._pld.compose(mixed.self_compose(count))
         return error
+
+
+def _is_sampled_gaussian(event: dpe.DpEvent) -> bool:
+    return isinstance(event, dpe.PoissonSampledDpEvent) and isinstance(
+        event.event, dpe.GaussianDpEvent
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _sampled_gaussian_pld(
+    sigma: float, rate: float, relation: NeighboringRelation, interval: float
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """PLD of one Poisson-sampled Gaussian step. Building it is the costly part of PLD
+    accounting (seconds for large q); PLDs are immutable, so one per (σ, q) is kept."""
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=sigma,
+        value_discretization_interval=interval,
+        sampling_prob=rate,
+        neighboring_relation=relation,
+    )
 
 
 def make_accountant(accountant: Accountant | str, neighbouring: Neighbouring) -> PrivacyAccountant:

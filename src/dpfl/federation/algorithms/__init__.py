@@ -3,5 +3,14 @@
 from dpfl.federation.algorithms.base import Algorithm, DPSGDAlgorithm, RoundContext, State
 from dpfl.federation.algorithms.cyclic import Cyclic
 from dpfl.federation.algorithms.fedavg import FedAvg
+from dpfl.federation.algorithms.fedsgd_secure import FedSGDSecure
 
-__all__ = ["Algorithm", "Cyclic", "DPSGDAlgorithm", "FedAvg", "RoundContext", "State"]
+__all__ = [
+    "Algorithm",
+    "Cyclic",
+    "DPSGDAlgorithm",
+    "FedAvg",
+    "FedSGDSecure",
+    "RoundContext",
+    "State",
+]

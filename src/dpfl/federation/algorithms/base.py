@@ -22,7 +22,7 @@ from torch import nn
 from dpfl.data.sampling import PoissonSampler
 from dpfl.federation.silo import Silo
 from dpfl.local.clipping import Params
-from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, LocalResult, parameters_of, stack
 from dpfl.local.losses import Loss
 from dpfl.local.noise import NoiseSource
 from dpfl.privacy import events
@@ -41,7 +41,10 @@ class RoundContext:
     noise: Callable[[int, int], NoiseSource]
     """noise(trial, silo index): the silo's noise source for this round."""
     charge: Callable[[int, int, events.PrivacyEvent], None]
-    """charge(trial, silo index, event): record in the ledger; raises if over budget."""
+    """charge(trial, silo index, event): record in the silo's account (its budget binds)."""
+    charge_view: Callable[[int, int, str, events.PrivacyEvent], None]
+    """charge_view(trial, silo index, view, event): record what another observer (e.g. the
+    other hospitals) can learn, in the silo's account for that view."""
     traffic: Callable[[int, int, int, int], None]
     """traffic(trial, silo index, bytes down, bytes up) of this round's messages."""
 
@@ -51,6 +54,9 @@ class Algorithm(ABC):
 
     name = "abstract"
     model: nn.Module
+    stops_at_budget = False
+    """True: run until a silo's next round would pass its budget, then return the last
+    model (Dopamine); False: the whole plan must fit the budget before round 0."""
 
     @property
     @abstractmethod
@@ -70,6 +76,11 @@ class Algorithm(ABC):
     def participation_event(self, silo: Silo) -> events.PrivacyEvent:
         """What one round of taking part costs the silo (the engine checks the whole plan
         of `rounds` such events against the silo's budget before round 0)."""
+
+    def view_events(self, silo: Silo, silos: Sequence[Silo]) -> dict[str, events.PrivacyEvent]:
+        """Per round, what observers other than the server learn, when that differs from
+        `participation_event` (which binds the budget). Recorded, never enforced."""
+        return {}
 
     @abstractmethod
     def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
@@ -148,11 +159,27 @@ class DPSGDAlgorithm(Algorithm):
         silos: Sequence[Silo],
         context: RoundContext,
     ) -> list[Params]:
-        """Local DP-SGD for each (trial, silo) member from its start parameters; members
-        with the same number of steps and dense data run as one stacked computation.
-        Each member's declared event is charged before its parameters are returned."""
-        trainer = DPSGD(self.model, self.loss, self.dpsgd)
-        results: list[Params | None] = [None] * len(members)
+        """Local DP-SGD for each (trial, silo) member; each member's declared event is
+        charged before its parameters are returned (see `train_local`)."""
+        return [result.params for result in self.train_local(starts, members, silos, context)]
+
+    def train_local(
+        self,
+        starts: Sequence[Params],
+        members: Sequence[tuple[int, int]],
+        silos: Sequence[Silo],
+        context: RoundContext,
+        *,
+        config: DPSGDConfig | None = None,
+        velocities: Sequence[Params] | None = None,
+        charge: bool = True,
+    ) -> list[LocalResult]:
+        """Local DP-SGD for each (trial, silo) member from its start parameters (and
+        momentum); members with the same number of steps and dense data run as one stacked
+        computation. Each member's declared event is charged before it is returned, unless
+        `charge=False` for an algorithm that charges an aggregate-level event itself."""
+        trainer = DPSGD(self.model, self.loss, config or self.dpsgd)
+        results: list[LocalResult | None] = [None] * len(members)
         groups: dict[tuple[int, bool], list[int]] = {}
         for i, (_, k) in enumerate(members):
             sparse = silos[k].x.is_sparse
@@ -170,10 +197,17 @@ class DPSGDAlgorithm(Algorithm):
                     ],
                     [context.noise(r, k) for r, k in chosen],
                     steps,
+                    None if velocities is None else stack([velocities[i] for i in batch]),
                 )
                 for j, (i, (r, k)) in enumerate(zip(batch, chosen, strict=True)):
-                    if self.private:
-                        context.charge(r, k, outcome.events[j])
-                    results[i] = {name: v[j] for name, v in outcome.params.items()}
+                    event = outcome.events[j] if outcome.events else None
+                    if charge and event is not None:
+                        context.charge(r, k, event)
+                    results[i] = LocalResult(
+                        {name: v[j] for name, v in outcome.params.items()},
+                        {name: v[j] for name, v in outcome.velocity.items()},
+                        event,
+                        outcome.metadata[j],
+                    )
         assert all(r is not None for r in results)  # every member belongs to one group
         return [r for r in results if r is not None]
