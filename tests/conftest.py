@@ -6,6 +6,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from sklearn.datasets import load_breast_cancer
 
@@ -38,7 +39,8 @@ def breast_cancer_silos() -> Callable[[int], list[Silo]]:
 
     def make(n: int = 3) -> list[Silo]:
         silos = []
-        for k, idx in enumerate(iid_stratified(y, n, seed=0)):
+        for k, members in enumerate(iid_stratified(y, n, seed=0)):
+            idx = np.random.default_rng(k).permutation(members)  # the table is ordered
             cut = int(0.8 * len(idx))
             train, test = idx[:cut], idx[cut:]
             silos.append(Silo.from_arrays(f"h{k}", x[train], y[train], x[test], y[test]))

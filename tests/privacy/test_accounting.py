@@ -113,6 +113,10 @@ def test_basic_composition_of_approximate_events() -> None:
     assert epsilon(mixed, 1e-5).epsilon == pytest.approx(expected, rel=1e-12)
     with pytest.raises(PrivacyParameterError, match="already use δ"):
         epsilon(events.approximate_dp(0.25, 1e-5, count=4), 1e-5)
+    # with nothing else to pay for, the events' own total δ is a valid target
+    assert epsilon(events.approximate_dp(0.25, 1e-6, count=4), 4e-6).epsilon == 1.0
+    with pytest.raises(PrivacyParameterError, match="already use δ"):
+        epsilon(events.compose([dpsgd, events.approximate_dp(0.25, 1e-6, count=4)]), 4e-6)
 
 
 def test_fixed_size_sampling_falls_back_to_rdp_and_costs_more_than_poisson() -> None:

@@ -22,10 +22,11 @@ import hashlib
 import math
 import os
 import tempfile
-from collections.abc import Mapping, Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import numpy as np
 import torch
@@ -40,6 +41,8 @@ from dpfl.local.clipping import Params
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibrate_noise, events
 from dpfl.privacy.ledger import plan_epsilon
+
+_T = TypeVar("_T")
 
 
 @dataclass
@@ -163,8 +166,8 @@ def simulate(
                 context = RoundContext(
                     round=current,
                     trials=trials,
-                    rng=functools.partial(_rng, seed, current),
-                    noise=functools.partial(_noise, research_noise, seed, current),
+                    rng=_Streams(seed, current, _rng),
+                    noise=_Streams(seed, current, functools.partial(_noise, research_noise)),
                     charge=charge,
                     charge_view=charge_view,
                     traffic=traffic_of,
@@ -174,7 +177,9 @@ def simulate(
                     history += _evaluate(algorithm, state, silos, current)
                 if checkpoint is not None:
                     _save(checkpoint, fingerprint, current, state, history, traffic)
-                bar.update(task, advance=1, status=_status(book, silos, history, algorithm.private))
+                if progress:
+                    bar.update(task, status=_status(book, silos, history, algorithm.private))
+                bar.update(task, advance=1)
         except KeyboardInterrupt:
             interrupted = True
     completed = current + (0 if interrupted else 1)
@@ -304,14 +309,29 @@ def _spent_by(per_round: events.PrivacyEvent, rounds: int, delta: float) -> floa
     return plan_epsilon(events.repeat(per_round, rounds), delta).epsilon * (1 + 1e-9)
 
 
-def _rng(seed: int, round_: int, trial: int, silo: int) -> np.random.Generator:
-    return np.random.default_rng([seed, trial, silo + 1, round_, 0])
+class _Streams(Generic[_T]):
+    """Independent random streams for one round: the n-th call for (trial, silo) gets the
+    n-th stream of that pair, so no two draws (batches, noise) of a round ever share
+    randomness, and the same calls in the same order repeat exactly (and on resume)."""
+
+    def __init__(self, seed: int, round_: int, make: Callable[[list[int]], _T]) -> None:
+        self._seed, self._round, self._make = seed, round_, make
+        self._calls: Counter[tuple[int, int]] = Counter()
+
+    def __call__(self, trial: int, silo: int) -> _T:
+        call = self._calls[trial, silo]
+        self._calls[trial, silo] += 1
+        return self._make([self._seed, trial, silo + 1, self._round, call])
 
 
-def _noise(research: bool, seed: int, round_: int, trial: int, silo: int) -> NoiseSource:
+def _rng(key: list[int]) -> np.random.Generator:
+    return np.random.default_rng([*key, 0])
+
+
+def _noise(research: bool, key: list[int]) -> NoiseSource:
     if not research:
         return SecureNoise()
-    state = np.random.SeedSequence([seed, trial, silo + 1, round_, 1]).generate_state(1)
+    state = np.random.SeedSequence([*key, 1]).generate_state(1)
     return SeededNoise(int(state[0]))
 
 

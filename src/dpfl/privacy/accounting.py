@@ -206,13 +206,14 @@ def epsilon(
     check_delta(delta)
     kind = choose_accountant(event, accountant)
     accountable, basic_epsilon, basic_delta = split_basic_composition(event.dp_event)
-    if basic_delta >= delta:
+    only_basic = isinstance(accountable, dpe.NoOpDpEvent)
+    if basic_delta > delta or (basic_delta == delta and not only_basic):
         raise PrivacyParameterError(
-            f"the (ε, δ) events alone already use δ={basic_delta:g}, not below the target "
-            f"δ={delta:g}"
+            f"the (ε, δ) events alone already use δ={basic_delta:g}, leaving nothing of the "
+            f"target δ={delta:g} for the rest"
         )
     value = basic_epsilon
-    if not isinstance(accountable, dpe.NoOpDpEvent):
+    if not only_basic:
         acc = make_accountant(kind, event.neighbouring)
         try:
             acc.compose(accountable)

@@ -37,9 +37,9 @@ class RoundContext:
     round: int
     trials: int
     rng: Callable[[int, int], np.random.Generator]
-    """rng(trial, silo index) for this round; silo index -1 is the server's."""
+    """rng(trial, silo index): a new independent stream at every call (silo -1: server)."""
     noise: Callable[[int, int], NoiseSource]
-    """noise(trial, silo index): the silo's noise source for this round."""
+    """noise(trial, silo index): a new independent noise source at every call."""
     charge: Callable[[int, int, events.PrivacyEvent], None]
     """charge(trial, silo index, event): record in the silo's account (its budget binds)."""
     charge_view: Callable[[int, int, str, events.PrivacyEvent], None]

