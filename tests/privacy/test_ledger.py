@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import sqlite3
@@ -215,3 +216,14 @@ def test_two_processes_cannot_overspend_one_budget(tmp_path: Path) -> None:
     assert sum(counts) == affordable
     with Ledger(path, accountant="rdp") as ledger:
         assert ledger.spent("a").epsilon <= 3.0
+
+
+def test_an_account_without_budget_records_and_reports_but_never_refuses(tmp_path: Path) -> None:
+    with Ledger(tmp_path / "study.sqlite") as ledger:
+        ledger.register_silo("research", epsilon=math.inf, delta=1e-5)
+        big = events.poisson_gaussian(0.5, 0.5, steps=50)
+        assert ledger.can_afford("research", big)
+        ledger.record("research", big)
+        assert ledger.spent("research") == epsilon(big, 1e-5)
+    with Ledger(tmp_path / "study.sqlite") as reopened:
+        assert reopened.budget("research").epsilon == math.inf

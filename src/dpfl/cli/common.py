@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 import warnings
 from collections.abc import Iterator
@@ -56,12 +57,12 @@ def accounts_table(title: str, accounts: list[SiloAccount], rdp: list[SiloAccoun
         table.add_row(
             account.silo,
             account.budget.neighbouring.description.removesuffix(" record"),
-            f"{account.budget.epsilon:g}",
+            _bound(account.budget.epsilon),
             f"{account.budget.delta:.2g}",
             str(account.events),
             f"{account.spent.epsilon:.4f} ({account.spent.accountant.value.upper()})",
             f"{by_rdp.spent.epsilon:.4f}",
-            f"{account.remaining:.4f}",
+            _bound(account.remaining, ".4f"),
         )
     return table
 
@@ -70,12 +71,17 @@ def account_json(account: SiloAccount, rdp: SiloAccount) -> dict[str, Any]:
     return {
         "silo": account.silo,
         "neighbouring": account.budget.neighbouring.value,
-        "epsilon_budget": account.budget.epsilon,
+        "epsilon_budget": None if math.isinf(account.budget.epsilon) else account.budget.epsilon,
         "delta": account.budget.delta,
         "size": account.budget.size,
         "events": account.events,
         "epsilon": account.spent.epsilon,
         "accountant": account.spent.accountant.value,
         "epsilon_rdp": rdp.spent.epsilon,
-        "epsilon_remaining": account.remaining,
+        "epsilon_remaining": None if math.isinf(account.remaining) else account.remaining,
     }
+
+
+def _bound(value: float, spec: str = "g") -> str:
+    """A budget figure, or "none" for an account that records without a limit."""
+    return "none" if math.isinf(value) else format(value, spec)

@@ -53,6 +53,43 @@ def breast_cancer_wisconsin() -> Dataset:
     )
 
 
+WDBC_RANGES: dict[str, tuple[float, float]] = {
+    "mean radius": (6.9, 29),
+    "mean texture": (9.7, 40),
+    "mean perimeter": (43, 190),
+    "mean area": (140, 2600),
+    "mean smoothness": (0.052, 0.17),
+    "mean compactness": (0.019, 0.35),
+    "mean concavity": (0, 0.43),
+    "mean concave points": (0, 0.21),
+    "mean symmetry": (0.1, 0.31),
+    "mean fractal dimension": (0.049, 0.098),
+    "radius error": (0.11, 2.9),
+    "texture error": (0.36, 4.9),
+    "perimeter error": (0.75, 22),
+    "area error": (6.8, 550),
+    "smoothness error": (0.0017, 0.032),
+    "compactness error": (0.0022, 0.14),
+    "concavity error": (0, 0.4),
+    "concave points error": (0, 0.053),
+    "symmetry error": (0.0078, 0.079),
+    "fractal dimension error": (0.00089, 0.03),
+    "worst radius": (7.9, 37),
+    "worst texture": (12, 50),
+    "worst perimeter": (50, 260),
+    "worst area": (180, 4300),
+    "worst smoothness": (0.071, 0.23),
+    "worst compactness": (0.027, 1.1),
+    "worst concavity": (0, 1.3),
+    "worst concave points": (0, 0.3),
+    "worst symmetry": (0.15, 0.67),
+    "worst fractal dimension": (0.055, 0.21),
+}
+"""Declared bounds of the 30 WDBC features, for `preprocess.scale_to_ranges`: the published
+table's range of each feature rounded outward to two significant digits. A study declares
+such constants in advance (here the whole table is public), so scaling reads no record."""
+
+
 HEART_COLUMNS = (
     "age", "sex", "cp", "trestbps", "chol", "fbs", "restecg",
     "thalach", "exang", "oldpeak", "slope", "ca", "thal",

@@ -40,7 +40,6 @@ from dpfl.federation.silo import Silo
 from dpfl.local.clipping import Params
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibrate_noise, events
-from dpfl.privacy.ledger import plan_epsilon
 
 _T = TypeVar("_T")
 
@@ -55,17 +54,50 @@ class SimulationResult:
     trials: int
     rounds_completed: int
     params: Params
+    """The shared model, stacked over trials."""
+    silo_models: dict[str, Params]
+    """Each silo's model, stacked over trials (the shared one unless personalised)."""
     history: list[dict[str, Any]]
     silo_metrics: list[dict[str, dict[str, float]]]
-    epsilon: list[dict[str, EpsilonReport]]
+    accounts: list[dict[str, dict[str | None, str]]]
+    """Per trial and silo, the ledger account of each view (None: the server's, which the
+    budget binds); empty for a non-private run."""
     traffic: dict[str, dict[str, int]]
     ledger_path: Path
     interrupted: bool = False
     stopped_by_budget: bool = False
     """The algorithm stops at its budget (Dopamine) and fewer rounds than asked fitted."""
-    views: list[dict[str, dict[str, EpsilonReport]]] = field(default_factory=list)
-    """Per trial, silo and view: ε against observers other than the server."""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @functools.cached_property
+    def epsilon(self) -> list[dict[str, EpsilonReport]]:
+        """Per trial and silo: ε spent at the silo's δ, read off the ledger (computed on
+        first use: a sweep that only needs the models does not pay for the accounting)."""
+        return [{silo: reports[None] for silo, reports in trial.items()} for trial in self._reports]
+
+    @functools.cached_property
+    def views(self) -> list[dict[str, dict[str, EpsilonReport]]]:
+        """Per trial, silo and view: ε against observers other than the server."""
+        return [
+            {
+                silo: {view: r for view, r in reports.items() if view is not None}
+                for silo, reports in trial.items()
+            }
+            for trial in self._reports
+        ]
+
+    @functools.cached_property
+    def _reports(self) -> list[dict[str, dict[str | None, EpsilonReport]]]:
+        if not any(self.accounts):
+            return [{} for _ in self.accounts]
+        with Ledger(self.ledger_path, create=False) as book:
+            return [
+                {
+                    silo: {view: book.spent(name) for view, name in names.items()}
+                    for silo, names in trial.items()
+                }
+                for trial in self.accounts
+            ]
 
     def final_metrics(self, trial: int = 0) -> dict[str, float]:
         """Metrics of the last evaluated round of `trial` on the union of test sets."""
@@ -135,7 +167,7 @@ def simulate(
                     "costs more than what is left (add noise or raise the budget)"
                 )
             stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-        _open_accounts(book, algorithm, silos, trials, (rounds, rounds - start), targets)
+        _open_accounts(book, algorithm, silos, trials, rounds - start, targets)
 
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
         book.record(account(silos[k], trial), event, label=algorithm.name, round=current)
@@ -189,25 +221,25 @@ def simulate(
         trials=trials,
         rounds_completed=completed,
         params=algorithm.global_params(state),
+        silo_models={s.name: algorithm.silo_params(state, k) for k, s in enumerate(silos)},
         history=history,
         silo_metrics=_per_silo_metrics(algorithm, state, silos),
-        epsilon=[
-            {s.name: book.spent(account(s, r)) for s in silos} if algorithm.private else {}
+        accounts=[
+            {
+                s.name: {
+                    None: account(s, r),
+                    **{v: account(s, r, v) for v in algorithm.view_events(s, silos)},
+                }
+                for s in silos
+            }
+            if algorithm.private
+            else {}
             for r in range(trials)
         ],
         traffic=traffic,
         ledger_path=book.path,
         interrupted=interrupted,
         stopped_by_budget=stopped_by_budget,
-        views=[
-            {
-                s.name: {v: book.spent(account(s, r, v)) for v in algorithm.view_events(s, silos)}
-                for s in silos
-            }
-            for r in range(trials)
-        ]
-        if algorithm.private
-        else [{} for _ in range(trials)],
         metadata={"seed": seed, "research_noise": research_noise, "rounds": rounds},
     )
 
@@ -271,42 +303,31 @@ def _open_accounts(
     algorithm: Algorithm,
     silos: Sequence[Silo],
     trials: int,
-    rounds: tuple[int, int],
+    rounds_left: int,
     targets: Mapping[str, tuple[float | None, float]],
 ) -> None:
     """Register every (silo, trial) account and check that the rest of the plan fits.
 
-    `rounds` is (all rounds of the run, rounds still to run). Budgets not given are what
-    the whole plan spends, so a resumed run registers the same budgets again."""
-    total, left = rounds
+    A silo without an ε budget gets an account that records without limit (a research
+    run at a fixed σ, its ε read off afterwards); so do the views, which never bind."""
     for silo in silos:
-        per_round = algorithm.participation_event(silo)
+        plan = events.repeat(algorithm.participation_event(silo), rounds_left)
         eps, delta = targets[silo.name]
-        budget = eps if eps is not None else _spent_by(per_round, total, delta)
-        plan = events.repeat(per_round, left)
+        budget = math.inf if eps is None else eps
         for trial in range(trials):
             name = account(silo, trial)
             book.register_silo(name, epsilon=budget, delta=delta, size=silo.size)
             if not book.can_afford(name, plan):
                 raise ValueError(
-                    f"{name}: {left} more rounds of {plan.describe()} would exceed "
+                    f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
                     f"ε={budget:g} at δ={delta:g} (ε would be "
                     f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
                     "rounds, or pass calibrate=True"
                 )
-            for view, seen in algorithm.view_events(silo, silos).items():
-                observed = account(silo, trial, view)
+            for view in algorithm.view_events(silo, silos):
                 book.register_silo(
-                    observed, epsilon=_spent_by(seen, total, delta), delta=delta, size=silo.size
+                    account(silo, trial, view), epsilon=math.inf, delta=delta, size=silo.size
                 )
-                if not book.can_afford(observed, events.repeat(seen, left)):  # verifies the plan
-                    raise AssertionError(f"{observed}: a view's budget is its whole plan")
-
-
-def _spent_by(per_round: events.PrivacyEvent, rounds: int, delta: float) -> float:
-    """ε of `rounds` rounds, as the budget of an account that only records (never refuses
-    within the plan; the factor absorbs the last floating-point digit)."""
-    return plan_epsilon(events.repeat(per_round, rounds), delta).epsilon * (1 + 1e-9)
 
 
 class _Streams(Generic[_T]):

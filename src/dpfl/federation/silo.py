@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import scipy.sparse as sp
 import torch
 from torch import Tensor
+
+from dpfl.data.dataset import Dataset
+from dpfl.data.partition import per_silo_splits
 
 
 @dataclass(frozen=True)
@@ -62,6 +67,49 @@ class Silo:
             None if x_test is None else features(x_test),
             None if y_test is None else labels(y_test),
         )
+
+
+def silos_from_dataset(
+    dataset: Dataset,
+    partition: Sequence[np.ndarray],
+    *,
+    test_fraction: float = 0.2,
+    seed: int = 0,
+    names: Sequence[str] | None = None,
+) -> list[Silo]:
+    """One silo per part of `partition` (index arrays, e.g. from `dpfl.data.partition`),
+    each split into stratified train/test (Kerkouche: 80/20 per hospital). Sparse CSR
+    features become sparse COO tensors. Refuses NaN: impute first (publicly)."""
+    if not 0 < test_fraction < 1:
+        raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+    if names is not None and len(names) != len(partition):
+        raise ValueError(f"{len(names)} names for {len(partition)} silos")
+    splits = per_silo_splits(
+        list(partition), dataset.labels, [1 - test_fraction, test_fraction], seed
+    )
+    labels = torch.as_tensor(dataset.labels.astype(np.int64))
+    silos = []
+    for k, (train, test) in enumerate(splits):
+        name = names[k] if names is not None else f"silo-{k}"
+        silos.append(
+            Silo(
+                name,
+                _features(dataset, train),
+                labels[train],
+                _features(dataset, test),
+                labels[test],
+            )
+        )
+    return silos
+
+
+def _features(dataset: Dataset, rows: np.ndarray) -> Tensor:
+    chosen = dataset.features[rows]
+    if sp.issparse(chosen):
+        coo = sp.coo_matrix(chosen)
+        indices = torch.as_tensor(np.vstack([coo.row, coo.col]).astype(np.int64))
+        return torch.sparse_coo_tensor(indices, coo.data, coo.shape, dtype=torch.float32)
+    return torch.as_tensor(np.asarray(chosen, dtype=np.float32))
 
 
 def _check_pair(name: str, part: str, x: Tensor, y: Tensor) -> None:

@@ -130,11 +130,16 @@ class Ledger:
         neighbouring: Neighbouring = Neighbouring.ADD_REMOVE,
     ) -> Budget:
         """Open an account for `silo`. Registering it again with the same budget is a
-        no-op (a restarted run); a different budget is refused: budgets are fixed."""
+        no-op (a restarted run); a different budget is refused: budgets are fixed. An ε of
+        `math.inf` opens an account that records and reports but never refuses (a
+        research run at a fixed σ, whose ε is read off afterwards)."""
         if not silo or not isinstance(silo, str):
             raise PrivacyParameterError("a silo needs a non-empty name")
-        if not (isinstance(epsilon, int | float) and 0 < epsilon < math.inf):
-            raise PrivacyParameterError(f"silo {silo!r}: ε budget must be > 0, got {epsilon!r}")
+        if not (isinstance(epsilon, int | float) and 0 < epsilon <= math.inf):
+            raise PrivacyParameterError(
+                f"silo {silo!r}: ε budget must be > 0 (math.inf: no budget, record only), "
+                f"got {epsilon!r}"
+            )
         if size is not None and not (isinstance(size, int) and size > 0):
             raise PrivacyParameterError(f"silo {silo!r}: size must be a positive integer")
         check_delta(delta, dataset_size=size)
@@ -197,8 +202,10 @@ class Ledger:
         """Whether `event` (e.g. every round still planned) fits in what is left."""
         budget = self._budget_for(silo, event)
         after = _history(self._db, silo) + _leaves(event)
-        return self._known_within(silo, after) or (
-            self.projected(silo, event).epsilon <= budget.epsilon
+        return (
+            budget.epsilon == math.inf
+            or self._known_within(silo, after)
+            or (self.projected(silo, event).epsilon <= budget.epsilon)
         )
 
     def affordable_repeats(self, silo: str, event: PrivacyEvent) -> int:
@@ -226,7 +233,7 @@ class Ledger:
         with self._write() as db:  # the budget check and the insert are one transaction
             before = _history(db, silo)
             after = before + _leaves(event)
-            if not self._known_within(silo, after):
+            if budget.epsilon < math.inf and not self._known_within(silo, after):
                 report = self._epsilon(after, budget)
                 if report.epsilon > budget.epsilon:
                     raise BudgetExceededError(
@@ -312,14 +319,6 @@ class Ledger:
 
     def _epsilon(self, history: Counter[str], budget: Budget) -> EpsilonReport:
         return _composed_epsilon(_key(history), budget.neighbouring, budget.delta, self.accountant)
-
-
-def plan_epsilon(
-    event: PrivacyEvent, delta: float, accountant: Accountant | str | None = None
-) -> EpsilonReport:
-    """ε of `event` computed exactly as a ledger would for a fresh silo, through the same
-    cache: checking the plan against that budget afterwards costs nothing more."""
-    return _composed_epsilon(_key(_leaves(event)), event.neighbouring, delta, accountant)
 
 
 @functools.lru_cache(maxsize=1024)

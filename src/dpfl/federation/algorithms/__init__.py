@@ -4,18 +4,26 @@ from dpfl.federation.algorithms.aop import AOP
 from dpfl.federation.algorithms.base import Algorithm, DPSGDAlgorithm, RoundContext, State
 from dpfl.federation.algorithms.centralized import Centralized
 from dpfl.federation.algorithms.cyclic import Cyclic
+from dpfl.federation.algorithms.ditto import Ditto
 from dpfl.federation.algorithms.fedavg import FedAvg
 from dpfl.federation.algorithms.fedsgd_secure import FedSGDSecure
+from dpfl.federation.algorithms.finetune import Finetune
+from dpfl.federation.algorithms.local import Local
+from dpfl.federation.algorithms.mrmtl import MRMTL
 from dpfl.federation.algorithms.sign import Sign
 
 __all__ = [
     "AOP",
+    "MRMTL",
     "Algorithm",
     "Centralized",
     "Cyclic",
     "DPSGDAlgorithm",
+    "Ditto",
     "FedAvg",
     "FedSGDSecure",
+    "Finetune",
+    "Local",
     "RoundContext",
     "Sign",
     "State",

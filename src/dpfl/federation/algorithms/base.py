@@ -25,6 +25,7 @@ from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, LocalResult, parameters_of, stack
 from dpfl.local.losses import Loss
 from dpfl.local.noise import NoiseSource
+from dpfl.local.regularised import ProximalDPSGD
 from dpfl.privacy import events
 
 State = dict[str, Any]
@@ -172,13 +173,18 @@ class DPSGDAlgorithm(Algorithm):
         *,
         config: DPSGDConfig | None = None,
         velocities: Sequence[Params] | None = None,
+        anchors: Sequence[Params] | None = None,
+        strength: float = 0.0,
         charge: bool = True,
     ) -> list[LocalResult]:
         """Local DP-SGD for each (trial, silo) member from its start parameters (and
         momentum); members with the same number of steps and dense data run as one stacked
-        computation. Each member's declared event is charged before it is returned, unless
-        `charge=False` for an algorithm that charges an aggregate-level event itself."""
+        computation. With `anchors`, every noisy gradient is pulled towards the member's
+        anchor with `strength` λ (MR-MTL, Ditto: `ProximalDPSGD`). Each member's declared
+        event is charged before it is returned, unless `charge=False` for an algorithm
+        that charges an aggregate-level event itself."""
         trainer = DPSGD(self.model, self.loss, config or self.dpsgd)
+        proximal = None if anchors is None else ProximalDPSGD(trainer, strength)
         results: list[LocalResult | None] = [None] * len(members)
         groups: dict[tuple[int, bool], list[int]] = {}
         for i, (_, k) in enumerate(members):
@@ -188,16 +194,20 @@ class DPSGDAlgorithm(Algorithm):
             batches = [[i] for i in indices] if sparse else [indices]
             for batch in batches:
                 chosen = [members[i] for i in batch]
-                outcome = trainer.run_stacked(
-                    stack([starts[i] for i in batch]),
-                    [(silos[k].x, silos[k].y) for _, k in chosen],
-                    [
-                        PoissonSampler(silos[k].size, self.sample_rate(silos[k]), context.rng(r, k))
-                        for r, k in chosen
-                    ],
-                    [context.noise(r, k) for r, k in chosen],
-                    steps,
-                    None if velocities is None else stack([velocities[i] for i in batch]),
+                start = stack([starts[i] for i in batch])
+                data = [(silos[k].x, silos[k].y) for _, k in chosen]
+                samplers = [
+                    PoissonSampler(silos[k].size, self.sample_rate(silos[k]), context.rng(r, k))
+                    for r, k in chosen
+                ]
+                noises = [context.noise(r, k) for r, k in chosen]
+                velocity = None if velocities is None else stack([velocities[i] for i in batch])
+                outcome = (
+                    trainer.run_stacked(start, data, samplers, noises, steps, velocity)
+                    if proximal is None or anchors is None
+                    else proximal.run_stacked(
+                        start, stack([anchors[i] for i in batch]), data, samplers, noises, steps
+                    )
                 )
                 for j, (i, (r, k)) in enumerate(zip(batch, chosen, strict=True)):
                     event = outcome.events[j] if outcome.events else None

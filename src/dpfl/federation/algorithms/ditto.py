@@ -4,13 +4,14 @@ Each round a silo does two things on its own data: FedAvg's local DP-SGD on the 
 model w (averaged by the server as in FedAvg), and as many DP-SGD steps on its personal
 model v_k ← v_k − η(g̃_k + λ(v_k − w)), the MR-MTL step with the global model of the
 round as anchor. Both touch the silo's records, so a participation costs twice a FedAvg
-round: the seed's point that Ditto pays for its 2× local iterations (Fig. 3).
+round: the seed's point that Ditto pays for its 2× local iterations (Fig. 3). The
+second pass asks the round's context for its generators and noise again, and so gets
+fresh, independent streams: replaying the first pass's batches and noise would not be
+the two independently sampled Gaussian mechanisms that the ledger composes.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import functools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -22,16 +23,6 @@ from dpfl.federation.silo import Silo
 from dpfl.privacy import events
 
 
-def one_stream_per_silo(context: RoundContext) -> RoundContext:
-    """The round's context with each (trial, silo)'s generator and noise source made
-    once and reused, so a silo's second pass continues its streams instead of replaying
-    them: a replayed stream would give both passes the same batches and noise, which
-    two independently sampled Gaussian mechanisms do not describe."""
-    return dataclasses.replace(
-        context, rng=functools.cache(context.rng), noise=functools.cache(context.noise)
-    )
-
-
 @dataclass(frozen=True)
 class Ditto(MRMTL):
     name = "ditto"
@@ -41,14 +32,17 @@ class Ditto(MRMTL):
         return events.repeat(super().participation_event(silo), 2)
 
     def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        context = one_stream_per_silo(context)
         members = every_silo(context.trials, len(silos))
         global_model = FedAvg.run_round(self, state, silos, context)["global"]
-        personal = self.train_towards(
+        personal = self.train_local(
             member_params(state["personal"], members),
-            [{name: v[r] for name, v in state["global"].items()} for r, _ in members],
             members,
             silos,
             context,
+            anchors=[{name: v[r] for name, v in state["global"].items()} for r, _ in members],
+            strength=self.strength,
         )
-        return {"global": global_model, "personal": restack(personal, context.trials, len(silos))}
+        return {
+            "global": global_model,
+            "personal": restack([p.params for p in personal], context.trials, len(silos)),
+        }
