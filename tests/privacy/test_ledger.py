@@ -227,3 +227,14 @@ def test_an_account_without_budget_records_and_reports_but_never_refuses(tmp_pat
         assert ledger.spent("research") == epsilon(big, 1e-5)
     with Ledger(tmp_path / "study.sqlite") as reopened:
         assert reopened.budget("research").epsilon == math.inf
+
+
+def test_record_many_commits_all_or_nothing(ledger: Ledger) -> None:
+    ledger.register_silo("tight", epsilon=0.05, delta=1e-5)
+    entries = ledger.record_many([("a", STEP), ("b", STEP), ("a", STEP)], round=0)
+    assert [e.silo for e in entries] == ["a", "b", "a"]
+    assert ledger.spent("a") == epsilon(events.repeat(STEP, 2), 1e-5)
+    with pytest.raises(BudgetExceededError, match="silo 'tight'"):
+        ledger.record_many([("a", STEP), ("tight", STEP)], round=1)
+    assert len(ledger.entries("a")) == 2  # the batch was refused whole
+    assert ledger.entries("tight") == []

@@ -172,6 +172,13 @@ def simulate(
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
         book.record(account(silos[k], trial), event, label=algorithm.name, round=current)
 
+    def charge_many(charges: Sequence[tuple[int, int, events.PrivacyEvent]]) -> None:
+        book.record_many(
+            [(account(silos[k], trial), event) for trial, k, event in charges],
+            label=algorithm.name,
+            round=current,
+        )
+
     def charge_view(trial: int, k: int, view: str, event: events.PrivacyEvent) -> None:
         book.record(account(silos[k], trial, view), event, label=algorithm.name, round=current)
 
@@ -201,6 +208,7 @@ def simulate(
                     rng=_Streams(seed, current, _rng),
                     noise=_Streams(seed, current, functools.partial(_noise, research_noise)),
                     charge=charge,
+                    charge_many=charge_many,
                     charge_view=charge_view,
                     traffic=traffic_of,
                 )

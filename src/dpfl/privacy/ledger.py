@@ -20,7 +20,7 @@ import math
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -229,27 +229,56 @@ class Ledger:
 
         Release the output the event paid for only after this returns.
         """
-        budget = self._budget_for(silo, event)
-        with self._write() as db:  # the budget check and the insert are one transaction
-            before = _history(db, silo)
-            after = before + _leaves(event)
-            if budget.epsilon < math.inf and not self._known_within(silo, after):
-                report = self._epsilon(after, budget)
-                if report.epsilon > budget.epsilon:
-                    raise BudgetExceededError(
-                        f"silo {silo!r}: {event.describe()} would bring ε to "
-                        f"{report.epsilon:.4g} > budget {budget.epsilon:g} at "
-                        f"δ={budget.delta:g} (spent so far "
-                        f"{self._epsilon(before, budget).epsilon:.4g}); nothing was recorded"
-                    )
-                self._remember_within(silo, after)
+        return self.record_many([(silo, event)], label=label, round=round)[0]
+
+    def record_many(
+        self,
+        charges: Sequence[tuple[str, PrivacyEvent]],
+        *,
+        label: str = "",
+        round: int | None = None,
+    ) -> list[Entry]:
+        """Charge several (silo, event) pairs in ONE durable transaction: all are recorded
+        or, if any silo would pass its budget, none is. One commit for a round's silos
+        instead of one each; release their outputs only after this returns."""
+        budgets = [self._budget_for(silo, event) for silo, event in charges]
+        entries = []
+        with self._write() as db:  # the budget checks and the inserts are one transaction
+            pending: dict[str, Counter[str]] = {}
+            for (silo, event), budget in zip(charges, budgets, strict=True):
+                before = pending.get(silo, _history(db, silo))
+                after = pending[silo] = before + _leaves(event)
+                self._check_within(silo, event, before, after, budget)
             recorded_at = time.time()
-            cursor = db.execute(
-                "INSERT INTO events (silo, round, label, event, recorded_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (silo, round, label, event.to_json(), recorded_at),
+            for silo, event in charges:
+                cursor = db.execute(
+                    "INSERT INTO events (silo, round, label, event, recorded_at)"
+                    " VALUES (?, ?, ?, ?, ?)",
+                    (silo, round, label, event.to_json(), recorded_at),
+                )
+                entries.append(
+                    Entry(int(cursor.lastrowid or 0), silo, event, label, round, recorded_at)
+                )
+        return entries
+
+    def _check_within(
+        self,
+        silo: str,
+        event: PrivacyEvent,
+        before: Counter[str],
+        after: Counter[str],
+        budget: Budget,
+    ) -> None:
+        if budget.epsilon == math.inf or self._known_within(silo, after):
+            return
+        report = self._epsilon(after, budget)
+        if report.epsilon > budget.epsilon:
+            raise BudgetExceededError(
+                f"silo {silo!r}: {event.describe()} would bring ε to {report.epsilon:.4g} > "
+                f"budget {budget.epsilon:g} at δ={budget.delta:g} (spent so far "
+                f"{self._epsilon(before, budget).epsilon:.4g}); nothing was recorded"
             )
-        return Entry(int(cursor.lastrowid or 0), silo, event, label, round, recorded_at)
+        self._remember_within(silo, after)
 
     # -- reading --------------------------------------------------------------------
 

@@ -43,6 +43,8 @@ class RoundContext:
     """noise(trial, silo index): a new independent noise source at every call."""
     charge: Callable[[int, int, events.PrivacyEvent], None]
     """charge(trial, silo index, event): record in the silo's account (its budget binds)."""
+    charge_many: Callable[[Sequence[tuple[int, int, events.PrivacyEvent]]], None]
+    """charge_many([(trial, silo index, event), ...]): the same for many, in one commit."""
     charge_view: Callable[[int, int, str, events.PrivacyEvent], None]
     """charge_view(trial, silo index, view, event): record what another observer (e.g. the
     other hospitals) can learn, in the silo's account for that view."""
@@ -209,10 +211,12 @@ class DPSGDAlgorithm(Algorithm):
                         start, stack([anchors[i] for i in batch]), data, samplers, noises, steps
                     )
                 )
-                for j, (i, (r, k)) in enumerate(zip(batch, chosen, strict=True)):
+                if charge and outcome.events:
+                    context.charge_many(
+                        [(r, k, e) for (r, k), e in zip(chosen, outcome.events, strict=True)]
+                    )
+                for j, i in enumerate(batch):
                     event = outcome.events[j] if outcome.events else None
-                    if charge and event is not None:
-                        context.charge(r, k, event)
                     results[i] = LocalResult(
                         {name: v[j] for name, v in outcome.params.items()},
                         {name: v[j] for name, v in outcome.velocity.items()},

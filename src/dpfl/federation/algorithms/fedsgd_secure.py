@@ -67,9 +67,10 @@ class FedSGDSecure(DPSGDAlgorithm):
             charge=False,  # each share alone is weak: the secure sum is what is released
         )
         message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in glob.values()))
+        if self.private:
+            context.charge_many([(r, k, self.participation_event(silos[k])) for r, k in members])
         for r, k in members:
             if self.private:
-                context.charge(r, k, self.participation_event(silos[k]))
                 for view, event in self.view_events(silos[k], silos).items():
                     context.charge_view(r, k, view, event)
             context.traffic(r, k, message, message)
