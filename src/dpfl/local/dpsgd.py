@@ -174,6 +174,7 @@ class DPSGD:
             else dict(velocity)
         )
         stacked_sum = vmap(partial(self.clipped_sum, under_vmap=True), in_dims=(0, 0, 0, 0, None))
+        pool = _Pool(datasets) if len(datasets) > 1 else None
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
             if len(datasets) == 1:
@@ -183,9 +184,8 @@ class DPSGD:
                 )
                 sums = {k: v.unsqueeze(0) for k, v in single.items()}
             else:
-                sums, _ = stacked_sum(
-                    params, *_stacked_batches(datasets, indices, dtype), cfg.clip_norm
-                )
+                assert pool is not None
+                sums, _ = stacked_sum(params, *pool.batches(indices, dtype), cfg.clip_norm)
             for name, total in sums.items():
                 g = total.clone()
                 if cfg.private:
@@ -236,25 +236,34 @@ def _batch(
     return x.index_select(0, rows), y.index_select(0, rows), mask
 
 
-def _stacked_batches(
-    datasets: Sequence[tuple[Tensor, Tensor]], indices: Sequence[np.ndarray], dtype: torch.dtype
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Members' batches padded to a common length with masked copies of row 0, stacked.
+class _Pool:
+    """The members' datasets laid end to end once per run, so that each step gathers every
+    member's batch with one `index_select` (members that share one dataset, R trials on
+    one silo, share it without copying)."""
 
-    Members that share one dataset (R trials on one silo) are gathered in one call.
-    """
-    width = max(1, *(len(i) for i in indices))
-    padded = np.zeros((len(indices), width), np.int64)
-    mask = np.zeros((len(indices), width))
-    for row, idx in enumerate(indices):
-        padded[row, : len(idx)] = idx
-        mask[row, : len(idx)] = 1.0
-    rows = torch.from_numpy(padded)
-    x0, y0 = datasets[0]
-    if all(x is x0 and y is y0 for x, y in datasets):
-        x = x0.index_select(0, rows.flatten()).reshape(*rows.shape, *x0.shape[1:])
-        y = y0.index_select(0, rows.flatten()).reshape(*rows.shape, *y0.shape[1:])
-    else:
-        x = torch.stack([d[0].index_select(0, r) for d, r in zip(datasets, rows, strict=True)])
-        y = torch.stack([d[1].index_select(0, r) for d, r in zip(datasets, rows, strict=True)])
-    return x, y, torch.from_numpy(mask).to(dtype)
+    def __init__(self, datasets: Sequence[tuple[Tensor, Tensor]]) -> None:
+        x0, y0 = datasets[0]
+        if all(x is x0 and y is y0 for x, y in datasets):
+            self.x, self.y = x0, y0
+            self.offsets = np.zeros(len(datasets), np.int64)
+        else:
+            self.x = torch.cat([x for x, _ in datasets])
+            self.y = torch.cat([y for _, y in datasets])
+            sizes = [len(y) for _, y in datasets]
+            self.offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+
+    def batches(
+        self, indices: Sequence[np.ndarray], dtype: torch.dtype
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """Members' batches padded to a common length with masked copies of their first
+        record, stacked: x [members, width, ...], y [members, width], mask [members, width]."""
+        width = max(1, *(len(i) for i in indices))
+        padded = np.repeat(self.offsets[:, None], width, axis=1)
+        mask = np.zeros((len(indices), width))
+        for row, idx in enumerate(indices):
+            padded[row, : len(idx)] += idx
+            mask[row, : len(idx)] = 1.0
+        rows = torch.from_numpy(padded.reshape(-1))
+        x = self.x.index_select(0, rows).reshape(*padded.shape, *self.x.shape[1:])
+        y = self.y.index_select(0, rows).reshape(*padded.shape, *self.y.shape[1:])
+        return x, y, torch.from_numpy(mask).to(dtype)

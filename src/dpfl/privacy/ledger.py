@@ -117,6 +117,7 @@ class Ledger:
         self.accountant = None if accountant is None else Accountant(accountant)
         self._db = _open(self.path)
         self._within_budget: dict[str, list[Counter[str]]] = {}
+        self._budgets: dict[str, Budget] = {}
 
     # -- silos ----------------------------------------------------------------------
 
@@ -169,10 +170,13 @@ class Ledger:
         return [row[0] for row in self._db.execute("SELECT silo FROM silos ORDER BY rowid")]
 
     def budget(self, silo: str) -> Budget:
+        if silo in self._budgets:  # budgets never change once registered
+            return self._budgets[silo]
         found = _budget_or_none(self._db, silo)
         if found is None:
             known = ", ".join(self.silos()) or "none"
             raise LedgerError(f"no silo {silo!r} in ledger {self.path} (silos: {known})")
+        self._budgets[silo] = found
         return found
 
     # -- spending -------------------------------------------------------------------
@@ -244,9 +248,9 @@ class Ledger:
         budgets = [self._budget_for(silo, event) for silo, event in charges]
         entries = []
         with self._write() as db:  # the budget checks and the inserts are one transaction
-            pending: dict[str, Counter[str]] = {}
+            pending = _histories(db, [silo for silo, _ in charges])
             for (silo, event), budget in zip(charges, budgets, strict=True):
-                before = pending.get(silo, _history(db, silo))
+                before = pending[silo]
                 after = pending[silo] = before + _leaves(event)
                 self._check_within(silo, event, before, after, budget)
             recorded_at = time.time()
@@ -367,6 +371,13 @@ def _composed_epsilon(
 
 def _leaves(event: PrivacyEvent) -> Counter[str]:
     """The event as a multiset of leaf events (serialised), top-level repeats multiplied out."""
+    return Counter(dict(_leaf_counts(event.to_json())))
+
+
+@functools.lru_cache(maxsize=4096)
+def _leaf_counts(text: str) -> tuple[tuple[str, int], ...]:
+    """Cached by the serialised event: a round charges many silos the same few events."""
+    event = PrivacyEvent.from_json(text)
     counts: Counter[str] = Counter()
 
     def walk(node: dpe.DpEvent, times: int) -> None:
@@ -381,7 +392,7 @@ def _leaves(event: PrivacyEvent) -> Counter[str]:
             counts[PrivacyEvent(node, event.neighbouring).to_json()] += times
 
     walk(event.dp_event, 1)
-    return counts
+    return tuple(counts.items())
 
 
 def _key(history: Counter[str]) -> tuple[tuple[str, int], ...]:
@@ -390,13 +401,26 @@ def _key(history: Counter[str]) -> tuple[tuple[str, int], ...]:
 
 def _history(db: sqlite3.Connection, silo: str) -> Counter[str]:
     """A silo's recorded events as a multiset of leaf events."""
-    total: Counter[str] = Counter()
-    for row_id, text, count in db.execute(
-        "SELECT MIN(id), event, COUNT(*) FROM events WHERE silo = ? GROUP BY event", (silo,)
+    return _histories(db, [silo])[silo]
+
+
+def _histories(db: sqlite3.Connection, silos: Sequence[str]) -> dict[str, Counter[str]]:
+    """Several silos' histories in one query (a round charges many silos at once)."""
+    wanted = sorted(set(silos))
+    totals: dict[str, Counter[str]] = {silo: Counter() for silo in wanted}
+    marks = ", ".join("?" * len(wanted))
+    for silo, row_id, text, count in db.execute(
+        f"SELECT silo, MIN(id), event, COUNT(*) FROM events WHERE silo IN ({marks}) "
+        "GROUP BY silo, event",
+        wanted,
     ):
-        for leaf, times in _leaves(_parse_event(text, row_id)).items():
-            total[leaf] += times * count
-    return total
+        try:
+            leaves = _leaf_counts(text)
+        except PrivacyParameterError as exc:
+            raise LedgerError(f"ledger event #{row_id} is corrupt: {exc}") from exc
+        for leaf, times in leaves:
+            totals[silo][leaf] += times * count
+    return totals
 
 
 def _budget_or_none(db: sqlite3.Connection, silo: str) -> Budget | None:
