@@ -108,7 +108,9 @@ def _features(dataset: Dataset, rows: np.ndarray) -> Tensor:
     if sp.issparse(chosen):
         coo = sp.coo_matrix(chosen)
         indices = torch.as_tensor(np.vstack([coo.row, coo.col]).astype(np.int64))
-        return torch.sparse_coo_tensor(indices, coo.data, coo.shape, dtype=torch.float32)
+        return torch.sparse_coo_tensor(
+            indices, coo.data, coo.shape, dtype=torch.float32, check_invariants=True
+        )
     return torch.as_tensor(np.asarray(chosen, dtype=np.float32))
 
 

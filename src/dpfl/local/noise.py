@@ -80,9 +80,11 @@ class SecureNoise(NoiseSource):
     def _box_muller(self, count: int, dtype: torch.dtype) -> Tensor:
         """`count` standard normals from uniforms with the dtype's mantissa precision."""
         pairs = (count + 1) // 2
-        mantissa = 24 if dtype == torch.float32 else 53  # the dtype's significand bits
-        raw = bytearray(self._keystream.update(bytes(16 * pairs)))
-        bits = torch.frombuffer(raw, dtype=torch.int64) >> (64 - mantissa)
+        # the dtype's significand bits, read from 32- or 64-bit words of the keystream
+        mantissa, word = (24, torch.int32) if dtype == torch.float32 else (53, torch.int64)
+        width = torch.iinfo(word).bits
+        raw = bytearray(self._keystream.update(bytes(2 * pairs * width // 8)))
+        bits = torch.frombuffer(raw, dtype=word) >> (width - mantissa)
         bits &= (1 << mantissa) - 1  # the shift of a signed integer keeps the sign
         uniform = bits.to(dtype).add_(1.0).mul_(2.0**-mantissa)  # in (0, 1]: log is finite
         radius = torch.sqrt(-2.0 * torch.log(uniform[:pairs]))
