@@ -189,3 +189,32 @@ def test_non_private_reference_learns_and_charges_nothing(tmp_path: Path) -> Non
         assert ledger.silos() == []
     with pytest.raises(ValueError, match="needs a private algorithm"):
         simulate(algorithm, _silos(), rounds=1, epsilon_budget=1.0, calibrate=True, progress=False)
+
+
+def test_a_run_resumes_in_another_process(tmp_path: Path) -> None:
+    """A crash ends the process: the checkpoint must be recognised by a new one."""
+    import subprocess
+    import sys
+
+    script = (
+        "import torch, sys\n"
+        "from dpfl.engines.simulation import _fingerprint\n"
+        "from dpfl.federation.algorithms import FedAvg\n"
+        "from dpfl.federation.silo import Silo\n"
+        "from dpfl.local.dpsgd import DPSGDConfig\n"
+        "from dpfl.local.losses import weighted_bce\n"
+        "from dpfl.models import logistic_regression\n"
+        "torch.manual_seed(0)\n"
+        "silo = Silo.from_arrays('h0', [[0.0, 1.0]] * 20, [0, 1] * 10)\n"
+        "algorithm = FedAvg(model=logistic_regression(2), loss=weighted_bce(float(sys.argv[1])),\n"
+        "                   dpsgd=DPSGDConfig(1.0, 1.0, 0.5))\n"
+        "print(_fingerprint(algorithm, [silo], 1, 0, True))\n"
+    )
+
+    def fingerprint(weight: str) -> str:
+        return subprocess.run(
+            [sys.executable, "-c", script, weight], capture_output=True, text=True, check=True
+        ).stdout.strip()
+
+    assert fingerprint("3.0") == fingerprint("3.0")
+    assert fingerprint("3.0") != fingerprint("4.0")  # captured settings count

@@ -17,6 +17,7 @@ What it adds around an algorithm's rounds:
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -452,8 +453,27 @@ def _ledger_path(ledger: str | Path | None) -> Path:
 def _fingerprint(
     algorithm: Algorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool
 ) -> str:
-    text = repr((algorithm, [(s.name, s.size) for s in silos], trials, seed, research))
+    """Identifies a run across processes: what a checkpoint may be resumed into."""
+    text = _stable((algorithm, [(s.name, s.size) for s in silos], trials, seed, research))
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _stable(value: Any) -> str:
+    """A description that is the same in every process (reprs of functions carry memory
+    addresses): functions by qualified name and captured values, dataclasses by field."""
+    if isinstance(value, functools.partial):
+        return f"partial({_stable(value.func)}, {_stable(value.args)}, {_stable(value.keywords)})"
+    if callable(value) and hasattr(value, "__qualname__") and not isinstance(value, type):
+        cells = [c.cell_contents for c in getattr(value, "__closure__", None) or ()]
+        return f"{value.__module__}.{value.__qualname__}{_stable(cells)}"
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        fields = {f.name: _stable(getattr(value, f.name)) for f in dataclasses.fields(value)}
+        return f"{type(value).__qualname__}{fields}"
+    if isinstance(value, list | tuple):
+        return "(" + ", ".join(_stable(v) for v in value) + ")"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k!r}: {_stable(v)}" for k, v in value.items()) + "}"
+    return repr(value)
 
 
 def _save(
