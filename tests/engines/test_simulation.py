@@ -218,3 +218,26 @@ def test_a_run_resumes_in_another_process(tmp_path: Path) -> None:
 
     assert fingerprint("3.0") == fingerprint("3.0")
     assert fingerprint("3.0") != fingerprint("4.0")  # captured settings count
+
+
+def test_a_robust_aggregator_limits_a_poisoned_silo(breast_cancer_silos) -> None:  # type: ignore[no-untyped-def]
+    """One of five silos has its labels flipped: the coordinate median keeps the model
+    better than the weighted mean does (aggregation is post-processing: same ε)."""
+    from dpfl.federation import aggregators
+
+    silos = breast_cancer_silos(5)
+    bad = silos[0]
+    silos[0] = Silo(bad.name, bad.x, 1 - bad.y, bad.x_test, bad.y_test)
+    accuracy = {}
+    for name, robust in (("mean", None), ("median", aggregators.coordinate_median)):
+        torch.manual_seed(0)
+        algorithm = FedAvg(
+            model=logistic_regression(30),
+            loss=bce,
+            dpsgd=DPSGDConfig.non_private(0.5),
+            robust=robust,
+        )
+        result = simulate(algorithm, silos[1:] + silos[:1], rounds=5, progress=False)
+        accuracy[name] = np.mean([m["accuracy"] for m in result.silo_metrics[0].values()][:4])
+    assert accuracy["median"] >= accuracy["mean"]
+    assert accuracy["median"] > 0.9

@@ -10,12 +10,13 @@ data, so accounting for the realised pattern is exact for it (docs/privacy.md).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
 import torch
+from torch import Tensor
 
 from dpfl.federation import aggregators
 from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
@@ -31,6 +32,10 @@ class FedAvg(DPSGDAlgorithm):
     client_rate: float | None = None
     clients_per_round: int | None = None
     weighting: Literal["size", "uniform"] = "size"
+    robust: Callable[[Tensor], Tensor] | None = None
+    """A robust aggregator of the [K, P] model updates (e.g. `aggregators.coordinate_median`
+    or `functools.partial(aggregators.trimmed_mean, trim_fraction=0.2)`), used instead of
+    the weighted mean so one bad client moves the model less; post-processing, no ε."""
 
     name = "fedavg"
 
@@ -80,8 +85,12 @@ class FedAvg(DPSGDAlgorithm):
                 ]
             )
             for name in new_global:
-                updates = torch.stack([trained[i][name].flatten() for i in mine])
-                new_global[name][r] = aggregators.weighted_mean(updates, weights).reshape(
-                    new_global[name][r].shape
+                start = glob[name][r]
+                updates = torch.stack([(trained[i][name] - start).flatten() for i in mine])
+                step = (
+                    aggregators.weighted_mean(updates, weights)
+                    if self.robust is None
+                    else self.robust(updates)
                 )
+                new_global[name][r] = start + step.reshape(start.shape)
         return {"global": new_global}
