@@ -8,10 +8,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from dp_accounting.pld import privacy_loss_distribution
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.data.partition import iid_stratified
 from dpfl.federation.silo import Silo
+from dpfl.privacy.accounting import PLD_DISCRETISATION
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DPFL_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -47,3 +49,17 @@ def breast_cancer_silos() -> Callable[[int], list[Silo]]:
         return silos
 
     return make
+
+
+@pytest.fixture(scope="session")
+def independent_epsilon() -> Callable[..., float]:
+    """ε of `steps` Poisson-sampled Gaussian steps built directly with dp_accounting's PLD,
+    outside dpfl's accounting code: what a ledger's figure is checked against."""
+
+    def epsilon(sigma: float, q: float, steps: int, delta: float = 1e-5) -> float:
+        pld = privacy_loss_distribution.from_gaussian_mechanism(
+            sigma, sampling_prob=q, value_discretization_interval=PLD_DISCRETISATION
+        )
+        return float(pld.self_compose(steps).get_epsilon_for_delta(delta))
+
+    return epsilon

@@ -8,7 +8,6 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from dp_accounting.pld import privacy_loss_distribution
 
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedSGDSecure
@@ -16,7 +15,6 @@ from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
-from dpfl.privacy.accounting import PLD_DISCRETISATION
 
 Silos = Callable[[int], list[Silo]]
 
@@ -29,17 +27,9 @@ def _dopamine(sigma: float, momentum: float = 0.9) -> FedSGDSecure:
     return FedSGDSecure(model=logistic_regression(30), loss=bce, dpsgd=config)
 
 
-def _pld_epsilon(sigma: float, q: float, steps: int, delta: float = 1e-5) -> float:
-    return float(
-        privacy_loss_distribution.from_gaussian_mechanism(
-            sigma, sampling_prob=q, value_discretization_interval=PLD_DISCRETISATION
-        )
-        .self_compose(steps)
-        .get_epsilon_for_delta(delta)
-    )
-
-
-def test_learns_and_charges_the_server_and_hospital_views(breast_cancer_silos: Silos) -> None:
+def test_learns_and_charges_the_server_and_hospital_views(
+    breast_cancer_silos: Silos, independent_epsilon: Callable[..., float]
+) -> None:
     silos = breast_cancer_silos(3)
     result = simulate(_dopamine(1.0), silos, rounds=30, epsilon_budget=50.0, progress=False)
     assert not result.stopped_by_budget
@@ -47,15 +37,19 @@ def test_learns_and_charges_the_server_and_hospital_views(breast_cancer_silos: S
     first = silos[0]  # checked against an independent composition; the others alike
     server = result.epsilon[0][first.name].epsilon
     hospitals = result.views[0][first.name]["hospitals"].epsilon
-    assert server == pytest.approx(_pld_epsilon(1.0, 16 / first.size, 30), rel=1e-9)
-    assert hospitals == pytest.approx(_pld_epsilon(math.sqrt(2 / 3), 16 / first.size, 30), rel=1e-9)
+    assert server == pytest.approx(independent_epsilon(1.0, 16 / first.size, 30), rel=1e-9)
+    assert hospitals == pytest.approx(
+        independent_epsilon(math.sqrt(2 / 3), 16 / first.size, 30), rel=1e-9
+    )
     for silo in silos:
         assert (
             result.views[0][silo.name]["hospitals"].epsilon > result.epsilon[0][silo.name].epsilon
         )
 
 
-def test_stops_before_the_round_that_would_pass_the_budget(breast_cancer_silos: Silos) -> None:
+def test_stops_before_the_round_that_would_pass_the_budget(
+    breast_cancer_silos: Silos, independent_epsilon: Callable[..., float]
+) -> None:
     silos = breast_cancer_silos(3)
     result = simulate(_dopamine(2.0), silos, rounds=10_000, epsilon_budget=1.0, progress=False)
     assert result.stopped_by_budget
@@ -63,7 +57,7 @@ def test_stops_before_the_round_that_would_pass_the_budget(breast_cancer_silos: 
     assert 0 < done < 10_000
     worst = min(silos, key=lambda s: s.size)  # largest q: the first to run out
     assert result.epsilon[0][worst.name].epsilon <= 1.0
-    assert _pld_epsilon(2.0, 16 / worst.size, done + 1) > 1.0
+    assert independent_epsilon(2.0, 16 / worst.size, done + 1) > 1.0
     with pytest.raises(ValueError, match="no further round fits"):
         simulate(_dopamine(1.0), silos, rounds=5, epsilon_budget=1.0, progress=False)
 

@@ -10,7 +10,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from dp_accounting.pld import privacy_loss_distribution
 from scipy.stats import binomtest
 
 from dpfl.engines.simulation import account, simulate
@@ -24,7 +23,6 @@ from dpfl.local.losses import bce
 from dpfl.local.output_perturbation import AOPConfig
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger, PrivacyParameterError, events
-from dpfl.privacy.accounting import PLD_DISCRETISATION
 
 Silos = Callable[[int], list[Silo]]
 DP = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
@@ -142,18 +140,8 @@ def test_sign_upstream_is_a_32nd_of_fedavg_on_the_same_run(breast_cancer_silos: 
         assert plain[name]["up"] / 32 <= sign[name]["up"] < plain[name]["up"] / 32 + taken
 
 
-def _pld_epsilon(sample_rate: float, steps: int) -> float:
-    return float(
-        privacy_loss_distribution.from_gaussian_mechanism(
-            1.0, sampling_prob=sample_rate, value_discretization_interval=PLD_DISCRETISATION
-        )
-        .self_compose(steps)
-        .get_epsilon_for_delta(1e-5)
-    )
-
-
 def test_fl_sign_dp_charges_each_silo_its_own_steps_in_the_rounds_it_took_part_in(
-    breast_cancer_silos: Silos, tmp_path: Path
+    breast_cancer_silos: Silos, tmp_path: Path, independent_epsilon: Callable[..., float]
 ) -> None:
     silos = breast_cancer_silos(3)
     algorithm = _sign(clients_per_round=2)
@@ -164,11 +152,13 @@ def test_fl_sign_dp_charges_each_silo_its_own_steps_in_the_rounds_it_took_part_i
     for silo in silos:
         steps = round(1.0 / (16 / silo.size))  # one local epoch of expected batches of 16
         assert all(e.event == algorithm.participation_event(silo) for e in entries[silo.name])
-        expected = _pld_epsilon(16 / silo.size, len(entries[silo.name]) * steps)
+        expected = independent_epsilon(1.0, 16 / silo.size, len(entries[silo.name]) * steps)
         assert result.epsilon[0][silo.name].epsilon == pytest.approx(expected, rel=1e-9)
 
 
-def test_cdp_charges_every_silo_the_pooled_run(breast_cancer_silos: Silos, tmp_path: Path) -> None:
+def test_cdp_charges_every_silo_the_pooled_run(
+    breast_cancer_silos: Silos, tmp_path: Path, independent_epsilon: Callable[..., float]
+) -> None:
     silos = breast_cancer_silos(3)
     algorithm = _centralized(silos)
     pooled = sum(s.size for s in silos)
@@ -178,7 +168,7 @@ def test_cdp_charges_every_silo_the_pooled_run(breast_cancer_silos: Silos, tmp_p
             pooled_rate, 1.0, steps=steps
         )
     result = simulate(algorithm, silos, rounds=2, ledger=tmp_path / "l.sqlite", progress=False)
-    expected = _pld_epsilon(pooled_rate, 2 * steps)
+    expected = independent_epsilon(1.0, pooled_rate, 2 * steps)
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
         for silo in silos:
             assert len(ledger.entries(account(silo, 0))) == 2

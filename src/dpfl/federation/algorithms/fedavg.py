@@ -57,7 +57,11 @@ class FedAvg(DPSGDAlgorithm):
     def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
         return {"global": self.initial_global(trials)}
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
+    def local_round(
+        self, state: State, silos: Sequence[Silo], context: RoundContext
+    ) -> tuple[list[tuple[int, int]], list[Params], list[Params]]:
+        """The round's (trial, silo) members, the global model each started from, and
+        what each trained (charged): the client side shared by FedAvg and FL-SIGN."""
         sampler = self.client_sampler(len(silos))
         glob: Params = state["global"]
         members = [
@@ -68,7 +72,11 @@ class FedAvg(DPSGDAlgorithm):
             )
         ]
         starts = [{name: v[r] for name, v in glob.items()} for r, _ in members]
-        trained = self.train(starts, members, silos, context)
+        return members, starts, self.train(starts, members, silos, context)
+
+    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
+        glob: Params = state["global"]
+        members, _, trained = self.local_round(state, silos, context)
         n_params = sum(v[0].numel() for v in glob.values())
         message = payload_bytes(Encoding.FLOAT32, n_params)
         for r, k in members:

@@ -55,17 +55,8 @@ class Sign(FedAvg):
             raise ValueError("FL-SIGN's votes are not weighted by silo size (Kerkouche §3.1)")
 
     def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        sampler = self.client_sampler(len(silos))
         glob: Params = state["global"]
-        members = [
-            (r, int(k))
-            for r in range(context.trials)
-            for k in (
-                np.arange(len(silos)) if sampler is None else sampler.sample(context.rng(r, -1))
-            )
-        ]
-        starts = [{name: v[r] for name, v in glob.items()} for r, _ in members]
-        trained = self.train(starts, members, silos, context)
+        members, starts, trained = self.local_round(state, silos, context)
         names = list(glob)
         n_params = sum(glob[name][0].numel() for name in names)
         down, up = payload_bytes(Encoding.FLOAT32, n_params), payload_bytes(Encoding.SIGN, n_params)
