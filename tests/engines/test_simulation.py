@@ -232,3 +232,15 @@ def test_a_robust_aggregator_limits_a_poisoned_silo(breast_cancer_silos) -> None
         accuracy[name] = np.mean([m["accuracy"] for m in result.silo_metrics[0].values()][:4])
     assert accuracy["median"] >= accuracy["mean"]
     assert accuracy["median"] > 0.9
+
+
+def test_messages_are_logged_per_round_and_add_up_to_the_totals() -> None:
+    silos = _silos()
+    result = simulate(_fedavg(clients_per_round=2), silos, rounds=4, progress=False)
+    assert sorted({row["round"] for row in result.messages}) == [0, 1, 2, 3]
+    for round_ in range(4):
+        rows = [row for row in result.messages if row["round"] == round_]
+        assert len(rows) == 2  # two clients a round, one float32 model each way
+        assert all(row["down"] == row["up"] == 124 for row in rows)
+    total_up = sum(t["up"] for t in result.traffic.values())
+    assert total_up == sum(row["up"] for row in result.messages) == 4 * 2 * 124

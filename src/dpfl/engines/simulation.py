@@ -63,12 +63,25 @@ class SimulationResult:
     accounts: list[dict[str, dict[str | None, str]]]
     """Per trial and silo, the ledger account of each view (None: the server's, which the
     budget binds); empty for a non-private run."""
-    traffic: dict[str, dict[str, int]]
+    messages: list[dict[str, Any]]
+    """One row per silo and round it exchanged models in: round, trial, silo, the bytes
+    it received (down) and sent (up)."""
     ledger_path: Path
     interrupted: bool = False
     stopped_by_budget: bool = False
     """The algorithm stops at its budget (Dopamine) and fewer rounds than asked fitted."""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def traffic(self) -> dict[str, dict[str, int]]:
+        """Per ledger account (silo, trial): bytes down and up and messages, all rounds."""
+        totals: dict[str, dict[str, int]] = {}
+        for row in self.messages:
+            total = totals.setdefault(row["account"], {"down": 0, "up": 0, "messages": 0})
+            total["down"] += row["down"]
+            total["up"] += row["up"]
+            total["messages"] += (row["down"] > 0) + (row["up"] > 0)
+        return totals
 
     @functools.cached_property
     def epsilon(self) -> list[dict[str, EpsilonReport]]:
@@ -146,17 +159,18 @@ def simulate(
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
         algorithm = algorithm.with_noise(_calibrated_sigma(algorithm, silos, rounds, targets))
     book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
-    start, state, history, traffic = 0, algorithm.initial_state(silos, trials), [], {}
+    start, state, history = 0, algorithm.initial_state(silos, trials), []
+    messages: list[dict[str, Any]] = []
     fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
     if checkpoint is not None and Path(checkpoint).exists():
         saved = torch.load(checkpoint, weights_only=False)
         if saved["fingerprint"] != fingerprint:
             raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
-        start, state, history, traffic = (
+        start, state, history, messages = (
             saved["round"] + 1,
             saved["state"],
             saved["history"],
-            saved["traffic"],
+            saved["messages"],
         )
     stopped_by_budget = False
     if algorithm.private:
@@ -184,10 +198,16 @@ def simulate(
         book.record(account(silos[k], trial, view), event, label=algorithm.name, round=current)
 
     def traffic_of(trial: int, k: int, down: int, up: int) -> None:
-        totals = traffic.setdefault(account(silos[k], trial), {"down": 0, "up": 0, "messages": 0})
-        totals["down"] += down
-        totals["up"] += up
-        totals["messages"] += (down > 0) + (up > 0)
+        messages.append(
+            {
+                "round": current,
+                "trial": trial,
+                "silo": silos[k].name,
+                "account": account(silos[k], trial),
+                "down": down,
+                "up": up,
+            }
+        )
 
     interrupted, current = False, start
     bar = Progress(
@@ -217,7 +237,7 @@ def simulate(
                 if (current + 1) % eval_every == 0 or current == rounds - 1:
                     history += _evaluate(algorithm, state, silos, current)
                 if checkpoint is not None:
-                    _save(checkpoint, fingerprint, current, state, history, traffic)
+                    _save(checkpoint, fingerprint, current, state, history, messages)
                 if progress:
                     bar.update(task, status=_status(book, silos, history, algorithm.private))
                 bar.update(task, advance=1)
@@ -245,7 +265,7 @@ def simulate(
             else {}
             for r in range(trials)
         ],
-        traffic=traffic,
+        messages=messages,
         ledger_path=book.path,
         interrupted=interrupted,
         stopped_by_budget=stopped_by_budget,
@@ -482,7 +502,7 @@ def _save(
     round_: int,
     state: State,
     history: list[dict[str, Any]],
-    traffic: dict[str, dict[str, int]],
+    messages: list[dict[str, Any]],
 ) -> None:
     """Write the checkpoint atomically: a crash leaves the previous one intact."""
     target = Path(path)
@@ -493,7 +513,7 @@ def _save(
             "round": round_,
             "state": state,
             "history": history,
-            "traffic": traffic,
+            "messages": messages,
         },
         partial,
     )
