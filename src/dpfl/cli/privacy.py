@@ -92,13 +92,13 @@ def calibrate_command(
             tolerance=tolerance,
         )
         report = epsilon(events.poisson_gaussian(sample_rate, sigma, steps=steps), delta, chosen)
-        if json:
-            print_json({"noise_multiplier": sigma, **_report_json(report)})
-            return
-        console.print(
-            f"noise multiplier σ = [bold]{sigma:.4f}[/bold] "
-            f"(ε = {report.epsilon:.4f} ≤ {target_epsilon:g} at δ = {delta:g}, "
-            f"{report.accountant.value.upper()}, {report.neighbouring.description})"
+        _answer(
+            json,
+            "noise_multiplier",
+            sigma,
+            f"noise multiplier σ = {sigma:.4f}",
+            report,
+            target_epsilon,
         )
 
 
@@ -123,14 +123,7 @@ def max_steps_command(
         report = epsilon(
             events.poisson_gaussian(sample_rate, noise_multiplier, steps=steps), delta, accountant
         )
-        if json:
-            print_json({"steps": steps, **_report_json(report)})
-            return
-        console.print(
-            f"at most [bold]{steps}[/bold] steps (ε = {report.epsilon:.4f} ≤ "
-            f"{target_epsilon:g} at δ = {delta:g}, {report.accountant.value.upper()}, "
-            f"{report.neighbouring.description})"
-        )
+        _answer(json, "steps", steps, f"at most {steps} steps", report, target_epsilon)
 
 
 @app.command("ledger")
@@ -156,6 +149,19 @@ def ledger_command(
                     round_ = "" if entry.round is None else str(entry.round)
                     table.add_row(str(entry.id), round_, entry.label, entry.event.describe())
                 console.print(table)
+
+
+def _answer(
+    json: bool, key: str, value: float, shown: str, report: EpsilonReport, target: float
+) -> None:
+    """Print a calibration answer with the ε it achieves, or one JSON object."""
+    if json:
+        print_json({key: value, **_report_json(report)})
+        return
+    console.print(
+        f"[bold]{shown}[/bold] (ε = {report.epsilon:.4f} ≤ {target:g} at δ = {report.delta:g}, "
+        f"{report.accountant.value.upper()}, {report.neighbouring.description})"
+    )
 
 
 def _report_json(report: EpsilonReport) -> dict[str, object]:
