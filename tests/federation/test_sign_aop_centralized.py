@@ -44,8 +44,7 @@ def _sign(dpsgd: DPSGDConfig = DP, **kwargs: object) -> Sign:
 
 def _centralized(silos: list[Silo], dpsgd: DPSGDConfig = DP) -> Centralized:
     torch.manual_seed(0)
-    pool_size = sum(s.size for s in silos)
-    return Centralized(model=logistic_regression(30), loss=bce, dpsgd=dpsgd, pool_size=pool_size)
+    return Centralized(model=logistic_regression(30), loss=bce, dpsgd=dpsgd)
 
 
 def _aop() -> AOP:
@@ -151,7 +150,9 @@ def test_fl_sign_dp_charges_each_silo_its_own_steps_in_the_rounds_it_took_part_i
     assert sum(len(e) for e in entries.values()) == 2 * 5
     for silo in silos:
         steps = round(1.0 / (16 / silo.size))  # one local epoch of expected batches of 16
-        assert all(e.event == algorithm.participation_event(silo) for e in entries[silo.name])
+        assert all(
+            e.event == algorithm.participation_event(silo, silos) for e in entries[silo.name]
+        )
         expected = independent_epsilon(1.0, 16 / silo.size, len(entries[silo.name]) * steps)
         assert result.epsilon[0][silo.name].epsilon == pytest.approx(expected, rel=1e-9)
 
@@ -164,7 +165,7 @@ def test_cdp_charges_every_silo_the_pooled_run(
     pooled = sum(s.size for s in silos)
     pooled_rate, steps = 16 / pooled, round(pooled / 16)
     for silo in silos:  # the pool's q and steps, not the silo's
-        assert algorithm.participation_event(silo) == events.poisson_gaussian(
+        assert algorithm.participation_event(silo, silos) == events.poisson_gaussian(
             pooled_rate, 1.0, steps=steps
         )
     result = simulate(algorithm, silos, rounds=2, ledger=tmp_path / "l.sqlite", progress=False)
@@ -174,8 +175,11 @@ def test_cdp_charges_every_silo_the_pooled_run(
             assert len(ledger.entries(account(silo, 0))) == 2
             assert result.epsilon[0][silo.name].epsilon == pytest.approx(expected, rel=1e-9)
     assert result.traffic == {}  # no model messages: the records were pooled instead
-    with pytest.raises(ValueError, match="silos hold"):
-        simulate(algorithm, silos[:2], rounds=1, progress=False)
+    fewer = silos[:2]  # the charge follows the pool actually formed
+    fewer_pool = sum(s.size for s in fewer)
+    assert algorithm.participation_event(fewer[0], fewer) == events.poisson_gaussian(
+        16 / fewer_pool, 1.0, steps=round(fewer_pool / 16)
+    )
 
 
 def test_aop_spends_epsilon_over_t_per_epoch_by_basic_composition(
@@ -184,7 +188,7 @@ def test_aop_spends_epsilon_over_t_per_epoch_by_basic_composition(
     silos = breast_cancer_silos(3)
     algorithm = _aop()
     release = events.approximate_dp(AOP_EPSILON / AOP_EPOCHS, AOP_DELTA / AOP_EPOCHS)
-    assert algorithm.participation_event(silos[0]) == release
+    assert algorithm.participation_event(silos[0], silos) == release
     result = simulate(
         algorithm, silos, rounds=AOP_EPOCHS, ledger=tmp_path / "l.sqlite", progress=False
     )

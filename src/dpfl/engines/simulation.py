@@ -297,7 +297,9 @@ def _calibrated_sigma(
             raise ValueError("calibrate=True needs an ε budget for every silo")
 
         def plan(sigma: float, silo: Silo = silo) -> events.PrivacyEvent:
-            return events.repeat(algorithm.with_noise(sigma).participation_event(silo), rounds)
+            return events.repeat(
+                algorithm.with_noise(sigma).participation_event(silo, silos), rounds
+            )
 
         key = (plan(1.0).to_json(), eps, delta)
         if key not in sigmas:
@@ -321,7 +323,7 @@ def _affordable_rounds(
             raise ValueError(f"{algorithm.name} stops at a budget: give every silo an ε")
         name = account(silo, 0)
         book.register_silo(name, epsilon=eps, delta=delta, size=silo.size)
-        per_round = algorithm.participation_event(silo)
+        per_round = algorithm.participation_event(silo, silos)
         fits = book.can_afford(name, events.repeat(per_round, rounds_left))
         counts.append(rounds_left if fits else book.affordable_repeats(name, per_round))
     return min(counts)
@@ -340,7 +342,7 @@ def _open_accounts(
     A silo without an ε budget gets an account that records without limit (a research
     run at a fixed σ, its ε read off afterwards); so do the views, which never bind."""
     for silo in silos:
-        plan = events.repeat(algorithm.participation_event(silo), rounds_left)
+        plan = events.repeat(algorithm.participation_event(silo, silos), rounds_left)
         eps, delta = targets[silo.name]
         budget = math.inf if eps is None else eps
         for trial in range(trials):

@@ -59,7 +59,7 @@ class AOP(Algorithm):
             delta=self.config.delta / self.epochs,
         )
 
-    def participation_event(self, silo: Silo) -> events.PrivacyEvent:
+    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
         """One (ε/T, δ/T) release per round, for every silo."""
         release = self.epoch_config
         return events.approximate_dp(release.epsilon, release.delta)

@@ -76,9 +76,9 @@ class Algorithm(ABC):
         raise ValueError(f"{self.name} has no noise multiplier to calibrate")
 
     @abstractmethod
-    def participation_event(self, silo: Silo) -> events.PrivacyEvent:
-        """What one round of taking part costs the silo (the engine checks the whole plan
-        of `rounds` such events against the silo's budget before round 0)."""
+    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+        """What one round of taking part costs `silo`, one of the run's `silos` (the engine
+        checks the whole plan of `rounds` such events against its budget before round 0)."""
 
     def view_events(self, silo: Silo, silos: Sequence[Silo]) -> dict[str, events.PrivacyEvent]:
         """Per round, what observers other than the server learn, when that differs from
@@ -149,7 +149,7 @@ class DPSGDAlgorithm(Algorithm):
     def local_steps(self, silo: Silo) -> int:
         """DP-SGD steps a silo runs each time it takes part in a round."""
 
-    def participation_event(self, silo: Silo) -> events.PrivacyEvent:
+    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
         """What one participation costs the silo: `local_steps` Poisson DP-SGD steps."""
         return events.poisson_gaussian(
             self.sample_rate(silo), self.dpsgd.noise_multiplier, steps=self.local_steps(silo)

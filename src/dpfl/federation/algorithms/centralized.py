@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 
 from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
 from dpfl.federation.silo import Silo
 from dpfl.local.clipping import Params
+from dpfl.privacy import events
 
 
 def pool(silos: Sequence[Silo]) -> Silo:
@@ -34,42 +35,27 @@ def pool(silos: Sequence[Silo]) -> Silo:
 
 @dataclass(frozen=True)
 class Centralized(DPSGDAlgorithm):
-    """`pool_size` is N, the number of pooled training records. The engine asks for a
-    silo's per-round charge (`participation_event`) with that silo alone, and the charge
-    is the pooled run's, which depends on N: so `sample_rate` and `local_steps` ignore the
-    silo they are given and describe the pool."""
-
-    pool_size: int = field(kw_only=True)
     epochs_per_round: float = 1.0
 
     name = "centralized"
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.pool_size < 1:
-            raise ValueError(f"pool_size must be ≥ 1, got {self.pool_size}")
         if self.epochs_per_round <= 0:
             raise ValueError(f"epochs_per_round must be > 0, got {self.epochs_per_round}")
-
-    def sample_rate(self, silo: Silo) -> float:
-        """q = B / N over the pool, whichever silo a record came from."""
-        if self.expected_batch_size > self.pool_size:
-            raise ValueError(
-                f"the pool has {self.pool_size} records, fewer than the expected batch size "
-                f"{self.expected_batch_size:g}"
-            )
-        return self.expected_batch_size / self.pool_size
 
     def local_steps(self, silo: Silo) -> int:
         """Steps of the pooled run per round: `epochs_per_round` passes over the pool."""
         return max(1, round(self.epochs_per_round / self.sample_rate(silo)))
 
+    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+        """The pooled run's event (q = B / N over all N pooled records), whichever silo."""
+        return super().participation_event(pool(silos), silos)
+
     def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        self._check_pool(silos)
         return {"global": self.initial_global(trials)}
 
     def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        self._check_pool(silos)
         glob: Params = state["global"]
         curator = dataclasses.replace(  # the curator's (server's) randomness, not a silo's
             context,
@@ -90,8 +76,3 @@ class Centralized(DPSGDAlgorithm):
         return {
             "global": {name: torch.stack([res.params[name] for res in results]) for name in glob}
         }
-
-    def _check_pool(self, silos: Sequence[Silo]) -> None:
-        total = sum(s.size for s in silos)
-        if total != self.pool_size:
-            raise ValueError(f"pool_size is {self.pool_size} but the silos hold {total} records")

@@ -27,9 +27,9 @@ from dpfl.privacy import events
 class Ditto(MRMTL):
     name = "ditto"
 
-    def participation_event(self, silo: Silo) -> events.PrivacyEvent:
+    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
         """The global model's local steps and as many personal ones, all on its data."""
-        return events.repeat(super().participation_event(silo), 2)
+        return events.repeat(super().participation_event(silo, silos), 2)
 
     def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
         members = every_silo(context.trials, len(silos))

@@ -68,7 +68,9 @@ class FedSGDSecure(DPSGDAlgorithm):
         )
         message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in glob.values()))
         if self.private:
-            context.charge_many([(r, k, self.participation_event(silos[k])) for r, k in members])
+            context.charge_many(
+                [(r, k, self.participation_event(silos[k], silos)) for r, k in members]
+            )
         for r, k in members:
             if self.private:
                 for view, event in self.view_events(silos[k], silos).items():
