@@ -13,6 +13,7 @@ import torch
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.data import partition
+from dpfl.engines import simulation
 from dpfl.engines.simulation import account, simulate
 from dpfl.federation.algorithms import Cyclic, FedAvg, RoundContext, State
 from dpfl.federation.silo import Silo
@@ -55,6 +56,10 @@ def test_algorithms_learn_on_breast_cancer_over_three_silos(make) -> None:  # ty
     assert result.final_metrics()["accuracy"] > majority + 0.25
     assert result.final_metrics()["auroc"] > 0.95
     assert set(result.silo_metrics[0]) == {"h0", "h1", "h2"}
+    assert [h["round"] for h in result.history] == list(range(8))  # every round, per silo
+    assert result.history[-1]["silos"] == result.silo_metrics[0]
+    first, last = result.history[0]["silos"]["h1"], result.history[-1]["silos"]["h1"]
+    assert last["loss"] < first["loss"]
 
 
 @pytest.mark.parametrize("make", [_fedavg, _cyclic], ids=["fedavg", "cyclic"])
@@ -94,6 +99,64 @@ def test_resuming_from_a_checkpoint_ends_with_the_same_model(tmp_path: Path) -> 
         assert torch.equal(whole.params[name], resumed.params[name])
     with pytest.raises(ValueError, match="different run"):
         simulate(_fedavg(), silos, rounds=5, seed=2, checkpoint=checkpoint, progress=False)
+
+
+def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
+    whole = simulate(_fedavg(), silos, rounds=4, seed=3, trials=2, progress=False)
+    real_save = simulation._save
+
+    def crash_in_round_2(*args: object) -> None:
+        if args[2] == 2:  # round 2 was paid for in the ledger, its checkpoint never written
+            raise RuntimeError("power cut")
+        real_save(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(simulation, "_save", crash_in_round_2)
+    with pytest.raises(RuntimeError, match="power cut"):
+        simulate(
+            _fedavg(),
+            silos,
+            rounds=4,
+            seed=3,
+            trials=2,
+            ledger=ledger,
+            checkpoint=checkpoint,
+            progress=False,
+        )
+    monkeypatch.setattr(simulation, "_save", real_save)
+    with Ledger(ledger) as book:
+        assert [e.round for e in book.entries(account(silos[0], 1))] == [0, 1, 2]
+    resumed = simulate(
+        _fedavg(),
+        silos,
+        rounds=4,
+        seed=3,
+        trials=2,
+        ledger=ledger,
+        checkpoint=checkpoint,
+        progress=False,
+    )
+    for name in whole.params:
+        assert torch.equal(whole.params[name], resumed.params[name])
+    assert resumed.rounds_completed == 4
+    with Ledger(ledger) as book:
+        for silo in silos:
+            for trial in range(2):
+                assert [e.round for e in book.entries(account(silo, trial))] == [0, 1, 2, 3]
+    assert resumed.epsilon == whole.epsilon
+    finished = simulate(  # resuming a finished run trains nothing and charges nothing
+        _fedavg(),
+        silos,
+        rounds=4,
+        seed=3,
+        trials=2,
+        ledger=ledger,
+        checkpoint=checkpoint,
+        progress=False,
+    )
+    assert finished.rounds_completed == 4 and finished.epsilon == whole.epsilon
 
 
 def test_a_plan_over_budget_fails_before_training_and_calibration_fits_it() -> None:

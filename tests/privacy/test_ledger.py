@@ -46,6 +46,18 @@ def test_each_silo_composes_only_its_own_events(ledger: Ledger) -> None:
     assert ledger.spent("a", accountant="rdp").epsilon > expected_a.epsilon
 
 
+def test_spent_through_a_round_composes_only_that_prefix(ledger: Ledger) -> None:
+    ledger.record("a", events.gaussian(50.0), label="public-free setup")  # no round: counts
+    for r in range(4):
+        ledger.record("a", STEP, round=r)
+    for r in range(4):
+        expected = epsilon(
+            events.compose([events.gaussian(50.0), events.repeat(STEP, r + 1)]), 1e-5
+        )
+        assert ledger.spent("a", through_round=r).epsilon == pytest.approx(expected.epsilon)
+    assert ledger.spent("a", through_round=3) == ledger.spent("a")
+
+
 def test_refuses_past_budget_and_writes_nothing(ledger: Ledger) -> None:
     recorded = 0
     while ledger.can_afford("a", STEP):

@@ -10,9 +10,9 @@ What it adds around an algorithm's rounds:
 * determinism: every generator and noise source is derived from (seed, trial, silo,
   round), so a run repeats bit for bit, trials stacked together equal trials run alone,
   and a run resumed from its checkpoint ends with the same model as an uninterrupted one.
-* metrics each `eval_every` rounds on the union of the silos' test sets, per silo at the
-  end; bytes sent and received per silo; a rich progress bar; Ctrl-C stops after the
-  current round with the ledger and results intact.
+* metrics each `eval_every` rounds on the union of the silos' test sets and per silo;
+  bytes sent and received per silo and round; a rich progress bar; Ctrl-C stops after
+  the current round with the ledger and results intact.
 """
 
 from __future__ import annotations
@@ -59,7 +59,10 @@ class SimulationResult:
     silo_models: dict[str, Params]
     """Each silo's model, stacked over trials (the shared one unless personalised)."""
     history: list[dict[str, Any]]
+    """One row per evaluated round and trial: `metrics` on the union of the test sets,
+    `silos` each silo's own."""
     silo_metrics: list[dict[str, dict[str, float]]]
+    """Per trial, each silo's metrics of the final models."""
     accounts: list[dict[str, dict[str | None, str]]]
     """Per trial and silo, the ledger account of each view (None: the server's, which the
     budget binds); empty for a non-private run."""
@@ -182,20 +185,29 @@ def simulate(
                     "costs more than what is left (add noise or raise the budget)"
                 )
             stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-        _open_accounts(book, algorithm, silos, trials, rounds - start, targets)
+    prepaid = _prepaid(book, algorithm, silos, trials, start) if start else Counter()
+    if algorithm.private:
+        _open_accounts(book, algorithm, silos, trials, rounds - start, targets, prepaid)
+
+    def record(charges: Sequence[tuple[str, events.PrivacyEvent]]) -> None:
+        due = []
+        for name, event in charges:
+            key = (name, current, event.to_json())
+            if prepaid[key]:
+                prepaid[key] -= 1
+            else:
+                due.append((name, event))
+        if due:
+            book.record_many(due, label=algorithm.name, round=current)
 
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
-        book.record(account(silos[k], trial), event, label=algorithm.name, round=current)
+        record([(account(silos[k], trial), event)])
 
     def charge_many(charges: Sequence[tuple[int, int, events.PrivacyEvent]]) -> None:
-        book.record_many(
-            [(account(silos[k], trial), event) for trial, k, event in charges],
-            label=algorithm.name,
-            round=current,
-        )
+        record([(account(silos[k], trial), event) for trial, k, event in charges])
 
     def charge_view(trial: int, k: int, view: str, event: events.PrivacyEvent) -> None:
-        book.record(account(silos[k], trial, view), event, label=algorithm.name, round=current)
+        record([(account(silos[k], trial, view), event)])
 
     def traffic_of(trial: int, k: int, down: int, up: int) -> None:
         messages.append(
@@ -209,7 +221,7 @@ def simulate(
             }
         )
 
-    interrupted, current = False, start
+    interrupted, current, completed = False, start, start
     bar = Progress(
         TextColumn(f"{algorithm.name}"),
         BarColumn(),
@@ -241,9 +253,9 @@ def simulate(
                 if progress:
                     bar.update(task, status=_status(book, silos, history, algorithm.private))
                 bar.update(task, advance=1)
+                completed = current + 1
         except KeyboardInterrupt:
             interrupted = True
-    completed = current + (0 if interrupted else 1)
     return SimulationResult(
         algorithm=algorithm.name,
         noise_multiplier=algorithm.noise_multiplier,
@@ -252,7 +264,7 @@ def simulate(
         params=algorithm.global_params(state),
         silo_models={s.name: algorithm.silo_params(state, k) for k, s in enumerate(silos)},
         history=history,
-        silo_metrics=_per_silo_metrics(algorithm, state, silos),
+        silo_metrics=_final_silo_metrics(algorithm, state, silos, history, completed - 1),
         accounts=[
             {
                 s.name: {
@@ -329,6 +341,28 @@ def _affordable_rounds(
     return min(counts)
 
 
+def _prepaid(
+    book: Ledger, algorithm: Algorithm, silos: Sequence[Silo], trials: int, start: int
+) -> Counter[tuple[str, int, str]]:
+    """Charges already in the ledger for the round a resumed run starts with: the run
+    stopped after paying for that round but before its checkpoint. The round's outputs
+    were never kept, and re-running it releases them once, so what was paid covers it."""
+    names = [
+        account(s, r, view)
+        for s in silos
+        for r in range(trials)
+        for view in [None, *algorithm.view_events(s, silos)]
+    ]
+    known = set(book.silos())
+    return Counter(
+        (name, start, entry.event.to_json())
+        for name in names
+        if name in known
+        for entry in book.entries(name)
+        if entry.round == start
+    )
+
+
 def _open_accounts(
     book: Ledger,
     algorithm: Algorithm,
@@ -336,17 +370,21 @@ def _open_accounts(
     trials: int,
     rounds_left: int,
     targets: Mapping[str, tuple[float | None, float]],
+    prepaid: Counter[tuple[str, int, str]],
 ) -> None:
-    """Register every (silo, trial) account and check that the rest of the plan fits.
+    """Register every (silo, trial) account and check that the rest of the plan fits
+    (a first round already paid for, see `_prepaid`, is not planned twice).
 
     A silo without an ε budget gets an account that records without limit (a research
     run at a fixed σ, its ε read off afterwards); so do the views, which never bind."""
+    paid = {name for name, _, _ in prepaid}
     for silo in silos:
-        plan = events.repeat(algorithm.participation_event(silo, silos), rounds_left)
+        event = algorithm.participation_event(silo, silos)
         eps, delta = targets[silo.name]
         budget = math.inf if eps is None else eps
         for trial in range(trials):
             name = account(silo, trial)
+            plan = events.repeat(event, rounds_left - (name in paid))
             book.register_silo(name, epsilon=budget, delta=delta, size=silo.size)
             if not book.can_afford(name, plan):
                 raise ValueError(
@@ -435,24 +473,27 @@ def _evaluate(
             "metrics": classification_metrics(
                 labels, np.concatenate([scores[r] for _, scores in scored])
             ),
+            "silos": {
+                silo.name: classification_metrics(silo.y_test.numpy(), scores[r])
+                for silo, scores in scored
+                if silo.y_test is not None
+            },
         }
         for r in range(len(scored[0][1]))
     ]
 
 
-def _per_silo_metrics(
-    algorithm: Algorithm, state: State, silos: Sequence[Silo]
+def _final_silo_metrics(
+    algorithm: Algorithm,
+    state: State,
+    silos: Sequence[Silo],
+    history: list[dict[str, Any]],
+    last_round: int,
 ) -> list[dict[str, dict[str, float]]]:
-    scored = _silo_scores(algorithm, state, silos)
-    trials = len(scored[0][1]) if scored else 0
-    return [
-        {
-            silo.name: classification_metrics(silo.y_test.numpy(), scores[r])
-            for silo, scores in scored
-            if silo.y_test is not None
-        }
-        for r in range(trials)
-    ]
+    """Per trial and silo, the metrics of the final models (evaluated unless the last
+    round already was)."""
+    evaluated = [h for h in history if h["round"] == last_round]
+    return [h["silos"] for h in evaluated or _evaluate(algorithm, state, silos, last_round)]
 
 
 def _status(

@@ -16,6 +16,7 @@ are ours because `dp_accounting` has none for them:
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -102,10 +103,7 @@ class PrivacyEvent:
         return f"{_describe(self.dp_event)} [{self.neighbouring.description}]"
 
     def to_json(self) -> str:
-        return json.dumps(
-            {"neighbouring": self.neighbouring.value, "event": _to_jsonable(self.dp_event)},
-            sort_keys=True,
-        )
+        return _serialise(self)
 
     @classmethod
     def from_json(cls, text: str) -> PrivacyEvent:
@@ -116,6 +114,16 @@ class PrivacyEvent:
             if isinstance(exc, PrivacyParameterError):
                 raise
             raise PrivacyParameterError(f"not a serialised privacy event: {exc}") from exc
+
+
+@functools.lru_cache(maxsize=4096)
+def _serialise(event: PrivacyEvent) -> str:
+    """Cached by value: a round charges many silos equal events, and the ledger keys its
+    histories by this text."""
+    return json.dumps(
+        {"neighbouring": event.neighbouring.value, "event": _to_jsonable(event.dp_event)},
+        sort_keys=True,
+    )
 
 
 # ----------------------------------------------------------------------------------------

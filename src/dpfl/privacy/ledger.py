@@ -31,6 +31,7 @@ from dpfl.privacy import calibration, events
 from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
 from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
 from dpfl.privacy.events import Neighbouring, PrivacyEvent
+from dpfl.sqlite_file import open_database
 
 _APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
 _SCHEMA_VERSION = 1
@@ -182,12 +183,18 @@ class Ledger:
     # -- spending -------------------------------------------------------------------
 
     def spent(
-        self, silo: str, *, delta: float | None = None, accountant: Accountant | str | None = None
+        self,
+        silo: str,
+        *,
+        delta: float | None = None,
+        accountant: Accountant | str | None = None,
+        through_round: int | None = None,
     ) -> EpsilonReport:
-        """ε the silo has spent at `delta` (default: its budget's δ)."""
+        """ε the silo has spent at `delta` (default: its budget's δ); with `through_round`,
+        only what events labelled with rounds up to that one cost (ε over a run)."""
         budget = self.budget(silo)
         return _composed_epsilon(
-            _key(_history(self._db, silo)),
+            _key(_history(self._db, silo, through_round)),
             budget.neighbouring,
             budget.delta if delta is None else delta,
             accountant or self.accountant,
@@ -399,20 +406,25 @@ def _key(history: Counter[str]) -> tuple[tuple[str, int], ...]:
     return tuple(sorted(history.items()))
 
 
-def _history(db: sqlite3.Connection, silo: str) -> Counter[str]:
+def _history(db: sqlite3.Connection, silo: str, through_round: int | None = None) -> Counter[str]:
     """A silo's recorded events as a multiset of leaf events."""
-    return _histories(db, [silo])[silo]
+    return _histories(db, [silo], through_round)[silo]
 
 
-def _histories(db: sqlite3.Connection, silos: Sequence[str]) -> dict[str, Counter[str]]:
-    """Several silos' histories in one query (a round charges many silos at once)."""
+def _histories(
+    db: sqlite3.Connection, silos: Sequence[str], through_round: int | None = None
+) -> dict[str, Counter[str]]:
+    """Several silos' histories in one query (a round charges many silos at once);
+    with `through_round`, only events of rounds ≤ it (events without a round count)."""
     wanted = sorted(set(silos))
     totals: dict[str, Counter[str]] = {silo: Counter() for silo in wanted}
     marks = ", ".join("?" * len(wanted))
+    cutoff = "" if through_round is None else " AND (round IS NULL OR round <= ?)"
+    arguments = [*wanted] if through_round is None else [*wanted, through_round]
     for silo, row_id, text, count in db.execute(
-        f"SELECT silo, MIN(id), event, COUNT(*) FROM events WHERE silo IN ({marks}) "
+        f"SELECT silo, MIN(id), event, COUNT(*) FROM events WHERE silo IN ({marks}){cutoff} "
         "GROUP BY silo, event",
-        wanted,
+        arguments,
     ):
         try:
             leaves = _leaf_counts(text)
@@ -443,46 +455,11 @@ def _show_budget(budget: Budget) -> str:
 
 def _open(path: Path) -> sqlite3.Connection:
     """Open or create a ledger file; refuse, without touching it, anything that is not one."""
-    if path.is_dir():
-        raise LedgerError(f"{path} is a directory, not a ledger file")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    db = sqlite3.connect(path, isolation_level=None, timeout=30.0)
-    try:
-        app_id, version = _identity(db)
-        if app_id == 0 and _is_empty(db):
-            db.execute("PRAGMA journal_mode = WAL")
-            db.execute("BEGIN IMMEDIATE")
-            if _is_empty(db):  # another process may have created it meanwhile
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        db.execute(statement)
-                db.execute(f"PRAGMA application_id = {_APPLICATION_ID}")
-                db.execute(f"PRAGMA user_version = {_SCHEMA_VERSION}")
-            db.execute("COMMIT")
-            app_id, version = _identity(db)
-        if app_id != _APPLICATION_ID:
-            raise LedgerError(f"{path} is an SQLite file but not a dpfl ledger")
-        if version != _SCHEMA_VERSION:
-            raise LedgerError(
-                f"{path} is a dpfl ledger of schema {version}; this dpfl reads schema "
-                f"{_SCHEMA_VERSION}"
-            )
-        db.execute("PRAGMA synchronous = FULL")
-        db.execute("PRAGMA foreign_keys = ON")
-    except sqlite3.DatabaseError as exc:
-        db.close()
-        raise LedgerError(f"{path} is not a readable dpfl ledger: {exc}") from exc
-    except LedgerError:
-        db.close()
-        raise
-    return db
-
-
-def _is_empty(db: sqlite3.Connection) -> bool:
-    return int(db.execute("SELECT COUNT(*) FROM sqlite_master").fetchone()[0]) == 0
-
-
-def _identity(db: sqlite3.Connection) -> tuple[int, int]:
-    app_id = db.execute("PRAGMA application_id").fetchone()[0]
-    version = db.execute("PRAGMA user_version").fetchone()[0]
-    return int(app_id), int(version)
+    return open_database(
+        path,
+        kind="ledger",
+        application_id=_APPLICATION_ID,
+        schema=_SCHEMA,
+        schema_version=_SCHEMA_VERSION,
+        error=LedgerError,
+    )
