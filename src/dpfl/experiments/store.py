@@ -1,0 +1,296 @@
+"""The results store: one SQLite file per study, readable by pandas, DuckDB or `sqlite3`.
+
+Tables (long format, one number a row, so that any grouping is one SQL query):
+
+* `runs`: one row per grid point (id = hash of its resolved config), its config and grid
+  coordinates as JSON, status (`running`, `finished`, `failed`), the noise multiplier it
+  ran with, timings, the path of its privacy ledger and its privacy datasheet (JSON).
+* `metrics`: (run, trial, round, silo, metric, value); `silo` NULL is the union of the
+  silos' test sets.
+* `privacy`: (run, trial, round, silo, view, accountant, delta, epsilon), read off the
+  run's ledger; `view` NULL is the server's view (the one budgets bind).
+* `communication`: (run, trial, round, silo, bytes_down, bytes_up, messages).
+
+A run's rows and its `finished` status are written in one transaction: a run killed
+half-way leaves no partial results, and a restarted sweep simply runs it again.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from dpfl.sqlite_file import open_database
+
+_APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
+_SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY,
+    study TEXT NOT NULL,
+    algorithm TEXT NOT NULL,
+    config TEXT NOT NULL,
+    grid TEXT NOT NULL,
+    status TEXT NOT NULL CHECK (status IN ('running', 'finished', 'failed')),
+    error TEXT,
+    trials INTEGER NOT NULL,
+    rounds INTEGER NOT NULL,
+    rounds_completed INTEGER,
+    noise_multiplier REAL,
+    stopped_by_budget INTEGER,
+    seconds REAL,
+    started_at REAL NOT NULL,
+    finished_at REAL,
+    ledger TEXT,
+    datasheet TEXT
+);
+CREATE TABLE metrics (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    trial INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    silo TEXT,
+    metric TEXT NOT NULL,
+    value REAL
+);
+CREATE INDEX metrics_run ON metrics (run_id, metric);
+CREATE TABLE privacy (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    trial INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    silo TEXT NOT NULL,
+    view TEXT,
+    accountant TEXT NOT NULL,
+    delta REAL NOT NULL,
+    epsilon REAL NOT NULL
+);
+CREATE INDEX privacy_run ON privacy (run_id);
+CREATE TABLE communication (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    trial INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    silo TEXT NOT NULL,
+    bytes_down INTEGER NOT NULL,
+    bytes_up INTEGER NOT NULL,
+    messages INTEGER NOT NULL
+);
+CREATE INDEX communication_run ON communication (run_id)
+"""
+
+
+class StoreError(ValueError):
+    """The file is not a results store, or a run is not in it."""
+
+
+@dataclass(frozen=True)
+class RunRow:
+    """One run as stored: its config and grid point are parsed back from JSON."""
+
+    id: str
+    study: str
+    algorithm: str
+    config: dict[str, Any]
+    grid: dict[str, Any]
+    status: str
+    error: str | None
+    trials: int
+    rounds: int
+    rounds_completed: int | None
+    noise_multiplier: float | None
+    stopped_by_budget: bool
+    seconds: float | None
+    ledger: Path | None
+    datasheet: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunResults:
+    """What a finished run adds to the store: rows of the three result tables."""
+
+    rounds_completed: int
+    noise_multiplier: float | None
+    stopped_by_budget: bool
+    seconds: float
+    ledger: Path | None
+    datasheet: Mapping[str, Any]
+    metrics: Sequence[tuple[int, int, str | None, str, float]]
+    """(trial, round, silo or None for the union, metric, value)"""
+    privacy: Sequence[tuple[int, int, str, str | None, str, float, float]]
+    """(trial, round, silo, view or None, accountant, delta, epsilon)"""
+    communication: Sequence[tuple[int, int, str, int, int, int]]
+    """(trial, round, silo, bytes_down, bytes_up, messages)"""
+
+
+class ResultsStore:
+    """A study's results (see the module docstring); safe to share between processes."""
+
+    def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise StoreError(f"no results store at {self.path}")
+        self._db = open_database(
+            self.path,
+            kind="results store",
+            application_id=_APPLICATION_ID,
+            schema=_SCHEMA,
+            schema_version=_SCHEMA_VERSION,
+            error=StoreError,
+        )
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> ResultsStore:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- writing ----------------------------------------------------------------------
+
+    def start(
+        self,
+        run_id: str,
+        *,
+        study: str,
+        algorithm: str,
+        config: Mapping[str, Any],
+        grid: Mapping[str, Any],
+        trials: int,
+        rounds: int,
+    ) -> None:
+        """Mark a run as running, dropping whatever an earlier, unfinished attempt left."""
+        with self._write() as db:
+            db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+            db.execute(
+                "INSERT INTO runs (id, study, algorithm, config, grid, status, trials, rounds,"
+                " started_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                (
+                    run_id,
+                    study,
+                    algorithm,
+                    json.dumps(config, sort_keys=True),
+                    json.dumps(grid, sort_keys=True),
+                    trials,
+                    rounds,
+                    time.time(),
+                ),
+            )
+
+    def finish(self, run_id: str, results: RunResults) -> None:
+        """Write a run's results and mark it finished, all in one transaction."""
+        with self._write() as db:
+            self._require(db, run_id)
+            for table in ("metrics", "privacy", "communication"):
+                db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
+            db.executemany(
+                "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
+                ((run_id, *row) for row in results.metrics),
+            )
+            db.executemany(
+                "INSERT INTO privacy VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                ((run_id, *row) for row in results.privacy),
+            )
+            db.executemany(
+                "INSERT INTO communication VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ((run_id, *row) for row in results.communication),
+            )
+            db.execute(
+                "UPDATE runs SET status = 'finished', error = NULL, rounds_completed = ?,"
+                " noise_multiplier = ?, stopped_by_budget = ?, seconds = ?, finished_at = ?,"
+                " ledger = ?, datasheet = ? WHERE id = ?",
+                (
+                    results.rounds_completed,
+                    results.noise_multiplier,
+                    int(results.stopped_by_budget),
+                    results.seconds,
+                    time.time(),
+                    None if results.ledger is None else str(results.ledger),
+                    json.dumps(results.datasheet, sort_keys=True),
+                    run_id,
+                ),
+            )
+
+    def fail(self, run_id: str, error: str) -> None:
+        with self._write() as db:
+            self._require(db, run_id)
+            db.execute(
+                "UPDATE runs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
+                (error, time.time(), run_id),
+            )
+
+    # -- reading ----------------------------------------------------------------------
+
+    def runs(self, *, status: str | None = None) -> list[RunRow]:
+        query = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY rowid"
+        cursor = self._db.execute(query, (status,) if status else ())
+        names = [c[0] for c in cursor.description]
+        return [_run_row(dict(zip(names, row, strict=True))) for row in cursor]
+
+    def run(self, run_id: str) -> RunRow:
+        matches = [r for r in self.runs() if r.id == run_id]
+        if not matches:
+            raise StoreError(f"no run {run_id!r} in {self.path}")
+        return matches[0]
+
+    def status(self, run_id: str) -> str | None:
+        row = self._db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        return None if row is None else str(row[0])
+
+    def rows(self, table: str, run_id: str | None = None) -> list[dict[str, Any]]:
+        """Every row of `metrics`, `privacy` or `communication` (of one run) as dicts."""
+        if table not in ("metrics", "privacy", "communication"):
+            raise StoreError(f"no table {table!r}: metrics, privacy or communication")
+        where = "" if run_id is None else " WHERE run_id = ?"
+        cursor = self._db.execute(
+            f"SELECT * FROM {table}{where} ORDER BY rowid", () if run_id is None else (run_id,)
+        )
+        names = [c[0] for c in cursor.description]
+        return [dict(zip(names, row, strict=True)) for row in cursor]
+
+    # -- internals --------------------------------------------------------------------
+
+    @contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    @staticmethod
+    def _require(db: sqlite3.Connection, run_id: str) -> None:
+        if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+            raise StoreError(f"no run {run_id!r}: call start() first")
+
+
+def _run_row(row: dict[str, Any]) -> RunRow:
+    return RunRow(
+        id=row["id"],
+        study=row["study"],
+        algorithm=row["algorithm"],
+        config=json.loads(row["config"]),
+        grid=json.loads(row["grid"]),
+        status=row["status"],
+        error=row["error"],
+        trials=row["trials"],
+        rounds=row["rounds"],
+        rounds_completed=row["rounds_completed"],
+        noise_multiplier=row["noise_multiplier"],
+        stopped_by_budget=bool(row["stopped_by_budget"]),
+        seconds=row["seconds"],
+        ledger=None if row["ledger"] is None else Path(row["ledger"]),
+        datasheet=json.loads(row["datasheet"]) if row["datasheet"] else {},
+    )
+
+
+def flatten(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Rows as plain dicts (for `--json` output)."""
+    return [dict(r) for r in rows]
