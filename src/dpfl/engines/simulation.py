@@ -157,11 +157,12 @@ def simulate(
     """
     _check_run(silos, rounds, trials, eval_every)
     targets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
+    book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
     if calibrate:
         if not algorithm.private:
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-        algorithm = algorithm.with_noise(_calibrated_sigma(algorithm, silos, rounds, targets))
-    book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+        sigma = _calibrated_sigma(algorithm, silos, rounds, targets, book.accountant)
+        algorithm = algorithm.with_noise(sigma)
     start, state, history = 0, algorithm.initial_state(silos, trials), []
     messages: list[dict[str, Any]] = []
     fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
@@ -300,8 +301,10 @@ def _calibrated_sigma(
     silos: Sequence[Silo],
     rounds: int,
     targets: Mapping[str, tuple[float | None, float]],
+    accountant: Accountant | None,
 ) -> float:
-    """The least σ that keeps every silo's whole plan within its budget."""
+    """The least σ that keeps every silo's whole plan within its budget (by the
+    ledger's accountant, which will hold the run to it)."""
     sigmas: dict[tuple[str, float, float], float] = {}
     for silo in silos:
         eps, delta = targets[silo.name]
@@ -315,7 +318,7 @@ def _calibrated_sigma(
 
         key = (plan(1.0).to_json(), eps, delta)
         if key not in sigmas:
-            sigmas[key] = calibrate_noise(eps, delta, plan)
+            sigmas[key] = calibrate_noise(eps, delta, plan, accountant=accountant)
     return max(sigmas.values())
 
 

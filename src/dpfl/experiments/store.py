@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -238,6 +238,12 @@ class ResultsStore:
             raise StoreError(f"no run {run_id!r} in {self.path}")
         return matches[0]
 
+    def ledger_of(self, run: RunRow) -> Path:
+        """The run's privacy ledger (stored relative to the store's folder)."""
+        if run.ledger is None:
+            raise StoreError(f"run {run.id} has no ledger (it did not finish)")
+        return self.path.parent / run.ledger
+
     def status(self, run_id: str) -> str | None:
         row = self._db.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
         return None if row is None else str(row[0])
@@ -289,8 +295,3 @@ def _run_row(row: dict[str, Any]) -> RunRow:
         ledger=None if row["ledger"] is None else Path(row["ledger"]),
         datasheet=json.loads(row["datasheet"]) if row["datasheet"] else {},
     )
-
-
-def flatten(rows: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
-    """Rows as plain dicts (for `--json` output)."""
-    return [dict(r) for r in rows]

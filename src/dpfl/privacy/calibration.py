@@ -55,18 +55,15 @@ def calibrate_noise(
     kind = choose_accountant(probe, accountant)
     eps_left, delta_left = _left_for_accountant(probe, target_epsilon, delta)
     within = _within_target(make_event, target_epsilon, delta, kind)
-    # PLD evaluations are costly at small σ; the cheap RDP answer is a near upper bracket.
-    start = (
-        calibrate_noise(target_epsilon, delta, make_event, accountant=Accountant.RDP)
-        if kind is Accountant.PLD
-        else 1.0
-    )
-    bracket = _bracket(within, start)
+    # The search runs on the coarse accountant (fast, an upper bound a little above the
+    # fine one), so its σ is at or just above the least; the fine check has the last word.
+    roughly_within = _within_target(make_event, target_epsilon, delta, kind, coarse=True)
+    bracket = _bracket(roughly_within, 1.0)
     if bracket is None:
-        return NOISE_FLOOR
+        return NOISE_FLOOR if within(NOISE_FLOOR) else _least_fine(within, NOISE_FLOOR, tolerance)
     sigma = float(
         calibrate_dp_mechanism(
-            lambda: make_accountant(kind, probe.neighbouring),
+            lambda: make_accountant(kind, probe.neighbouring, coarse=True),
             lambda s: split_basic_composition(make_event(s).dp_event)[0],
             eps_left,
             delta_left,
@@ -74,7 +71,12 @@ def calibrate_noise(
             tol=tolerance,
         )
     )
-    while not within(sigma):  # never return a σ whose ε exceeds the target
+    return _least_fine(within, sigma, tolerance)
+
+
+def _least_fine(within: Callable[[float], bool], sigma: float, tolerance: float) -> float:
+    """Never return a σ whose (fine) ε exceeds the target."""
+    while not within(sigma):
         sigma += tolerance
     return sigma
 
@@ -198,8 +200,10 @@ def _within_target(
     target_epsilon: float,
     delta: float,
     kind: Accountant,
+    *,
+    coarse: bool = False,
 ) -> Callable[[_Param], bool]:
     def within(value: _Param) -> bool:
-        return epsilon(make_event(value), delta, kind).epsilon <= target_epsilon
+        return epsilon(make_event(value), delta, kind, coarse=coarse).epsilon <= target_epsilon
 
     return within

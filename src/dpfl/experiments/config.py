@@ -1,0 +1,276 @@
+"""A study described in a TOML file, validated by pydantic.
+
+```toml
+name = "breast-cancer-fedavg"
+rounds = 20
+trials = 5
+
+[data]
+dataset = "breast_cancer"          # see dpfl.experiments.datasets.DATASETS
+partition = { kind = "iid", silos = 3 }
+
+[model]
+kind = "logistic_regression"
+
+[algorithm]
+name = "fedavg"
+learning_rate = [0.5, 1.0]         # a list where one value is expected: a grid axis
+
+[privacy]
+epsilon = [0.5, 1, 4]              # per silo; the noise is calibrated to it
+delta = 1e-5
+```
+
+A list where the schema expects one value makes a grid axis; `sweep` runs the product of
+all axes. Keys whose value is itself a list (`model.hidden`, `metrics`,
+`data.partition.names`) become axes when given a list of lists. Unknown keys and bad
+values are refused with the dotted path of the key and the reason.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import tomllib
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+AlgorithmName = Literal[
+    "fedavg",
+    "cyclic",
+    "sign",
+    "fedsgd_secure",
+    "aop",
+    "mrmtl",
+    "ditto",
+    "finetune",
+    "local",
+    "centralized",
+]
+Metric = Literal["accuracy", "balanced_accuracy", "auroc", "auprc", "precision", "recall", "loss"]
+LIST_VALUED = {("model", "hidden"), ("metrics",), ("data", "partition", "names")}
+"""Keys whose single value is a list: a grid over them is a list of lists."""
+
+
+class ConfigError(ValueError):
+    """A study file that cannot be run, with every problem named by its key."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PartitionConfig(_Strict):
+    """How records are split into silos: `iid` (stratified), `dirichlet` label skew
+    (concentration `alpha`), `quantity` skew (`alpha`), or `natural` (the dataset's own
+    sites, e.g. hospitals; `silos` then keeps only the first sites)."""
+
+    kind: Literal["iid", "dirichlet", "quantity", "natural"] = "iid"
+    silos: int | None = Field(None, ge=1)
+    alpha: float = Field(0.5, gt=0)
+    names: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _needs_a_count(self) -> PartitionConfig:
+        if self.kind != "natural" and self.silos is None:
+            raise ValueError(f"a {self.kind} partition needs `silos` (how many hospitals)")
+        return self
+
+
+class DataConfig(_Strict):
+    dataset: str
+    path: Path | None = None
+    """Folder of the dataset's files (real data); unused by embedded and synthetic data."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the dataset's builder."""
+    partition: PartitionConfig = PartitionConfig(kind="natural")
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+
+
+class ModelConfig(_Strict):
+    kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
+    hidden: list[int] = Field(default_factory=lambda: [200, 200])
+    """Hidden widths of the MLP (Kerkouche: 200, 200)."""
+
+
+class AlgorithmConfig(_Strict):
+    """The algorithm and its hyper-parameters; each algorithm reads the ones it has."""
+
+    name: AlgorithmName
+    learning_rate: float = Field(0.5, gt=0)
+    clip_norm: float = Field(1.0, gt=0)
+    expected_batch_size: float = Field(16.0, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    loss: Literal["bce", "cross_entropy", "focal", "weighted_bce"] | None = None
+    """Default: bce for two classes, cross_entropy for more."""
+    positive_weight: float = Field(1.0, gt=0)
+    """weighted_bce's weight of the positive class."""
+    local_epochs: float = Field(1.0, gt=0)
+    """fedavg, sign, mrmtl, ditto, finetune, local: local epochs per round."""
+    client_rate: float | None = Field(None, gt=0, le=1)
+    """fedavg, sign: each silo takes part in a round with this probability."""
+    steps_per_visit: int = Field(10, ge=1)
+    """cyclic: DP-SGD steps at each silo per visit (Owkin's E)."""
+    server_learning_rate: float = Field(0.005, gt=0)
+    """sign: the server's step γ."""
+    strength: float = Field(1.0, ge=0)
+    """mrmtl, ditto: the pull λ towards the global model."""
+    federated_rounds: int = Field(1, ge=1)
+    """finetune: rounds of FedAvg before local fine-tuning."""
+    epochs_per_round: float = Field(1.0, gt=0)
+    """centralized: epochs over the pooled data per round."""
+    regularization: float = Field(0.01, gt=0)
+    """aop: Λ."""
+    gradient_tolerance: float = Field(1e-4, gt=0)
+    """aop: γ, the bound on the minimiser's gradient norm."""
+    feature_norm_bound: float = Field(1.0, gt=0)
+    """aop: R, every record's feature norm (rows are clipped to it)."""
+
+
+class SiloBudget(_Strict):
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
+class PrivacyConfig(_Strict):
+    """Per-silo record-level budget. With `epsilon` and no `noise_multiplier` the noise
+    is calibrated to the tightest silo; with `noise_multiplier` σ is fixed and `epsilon`,
+    if given, is enforced. `private = false` runs the non-private reference."""
+
+    private: bool = True
+    epsilon: float | None = Field(None, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    noise_multiplier: float | None = Field(None, gt=0)
+    accountant: Literal["pld", "rdp"] = "pld"
+    silos: dict[str, SiloBudget] = Field(default_factory=dict)
+    """Budgets of named silos that differ from (epsilon, delta)."""
+
+    @model_validator(mode="after")
+    def _private_needs_noise_or_budget(self) -> PrivacyConfig:
+        if self.private and self.epsilon is None and self.noise_multiplier is None:
+            raise ValueError(
+                "a private run needs `epsilon` (noise calibrated to it) or `noise_multiplier`"
+            )
+        if not self.private and (self.noise_multiplier is not None or self.silos):
+            raise ValueError("a non-private run takes no noise_multiplier or silo budgets")
+        return self
+
+
+class StudyConfig(_Strict):
+    """One point of a study: everything a run needs."""
+
+    name: str = "study"
+    seed: int = 0
+    trials: int = Field(1, ge=1)
+    rounds: int = Field(ge=1)
+    eval_every: int = Field(1, ge=1)
+    engine: Literal["simulation"] = "simulation"
+    research_noise: bool = True
+    """Seeded noise, reproducible (research); false draws it from the OS CSPRNG."""
+    metrics: list[Metric] = Field(default_factory=lambda: ["accuracy", "auroc"])  # type: ignore[arg-type]
+    """Metrics printed in tables (all are computed and stored)."""
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmConfig
+    privacy: PrivacyConfig
+
+    @model_validator(mode="after")
+    def _fits_the_algorithm(self) -> StudyConfig:
+        name = self.algorithm.name
+        if name == "aop" and self.privacy.private and self.privacy.epsilon is None:
+            raise ValueError("aop releases with output perturbation: give privacy.epsilon")
+        if name == "aop" and self.privacy.noise_multiplier is not None:
+            raise ValueError("aop calibrates its own noise to privacy.epsilon")
+        if name == "fedsgd_secure" and self.privacy.private and self.privacy.epsilon is None:
+            raise ValueError("fedsgd_secure stops at its budget: give privacy.epsilon")
+        if self.model.kind != "logistic_regression" and name == "aop":
+            raise ValueError("aop needs a convex model: model.kind = 'logistic_regression'")
+        return self
+
+    def key(self) -> str:
+        """A stable id of this point (its resolved config), the run's key in the store."""
+        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+class Study:
+    """A parsed study file: its grid axes and every point, each validated."""
+
+    def __init__(self, raw: Mapping[str, Any], source: str = "config") -> None:
+        self.source = source
+        self.axes = dict(_axes(raw))
+        self.points: list[tuple[dict[str, Any], StudyConfig]] = []
+        errors = []
+        for values in itertools.product(*self.axes.values()) if self.axes else [()]:
+            grid = dict(zip(self.axes, values, strict=True))
+            try:
+                self.points.append((grid, StudyConfig.model_validate(_with(raw, grid))))
+            except ValidationError as exc:
+                errors.append(_describe(exc, grid))
+        if errors:
+            shown = "\n".join(dict.fromkeys(errors))
+            raise ConfigError(f"{source}: invalid study\n{shown}")
+
+    @property
+    def name(self) -> str:
+        return self.points[0][1].name
+
+
+def load(path: str | Path) -> Study:
+    """Read and validate a study file; errors name the file, the key and the reason."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such file") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    return Study(raw, str(path))
+
+
+def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, list[Any]]]:
+    """(dotted key, values) of every grid axis: lists where one value is expected."""
+    for key, value in raw.items():
+        path = (*prefix, key)
+        if path[:2] == ("data", "options"):
+            continue  # a builder's keyword arguments are passed as given
+        if isinstance(value, dict):
+            yield from _axes(value, path)
+        elif isinstance(value, list) and (
+            path not in LIST_VALUED or (value and all(isinstance(v, list) for v in value))
+        ):
+            if not value:
+                raise ConfigError(f"{'.'.join(path)}: an empty list is an empty grid")
+            yield ".".join(path), value
+
+
+def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` with each axis set to its value in this grid point."""
+    point: dict[str, Any] = json.loads(json.dumps(raw, default=str))
+    for dotted, value in grid.items():
+        *parents, leaf = dotted.split(".")
+        node = point
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return point
+
+
+def _describe(exc: ValidationError, grid: Mapping[str, Any]) -> str:
+    where = f" (grid point {_show(grid)})" if grid else ""
+    lines = []
+    for error in exc.errors():
+        key = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "extra_forbidden":
+            message = "unknown key (check its spelling and section)"
+        lines.append(f"  {key}: {message}{where}")
+    return "\n".join(lines)
+
+
+def _show(grid: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in grid.items())

@@ -1,0 +1,676 @@
+"""`dpfl report DIR`: one self-contained HTML page about a study, read off its results store.
+
+DIR/report/index.html holds a results table, four figures (PNG files beside the page,
+drawn on matplotlib `Figure`s, which need no GUI backend) and a privacy datasheet per
+run. Only finished runs are reported; failed runs are listed with their error. Metrics
+are those of the union of the silos' test sets, and ε is the server's view: the one
+budgets bind.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import statistics
+import textwrap
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from matplotlib import colormaps
+from matplotlib.axes import Axes
+from matplotlib.axis import Axis
+from matplotlib.figure import Figure
+from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
+
+from dpfl.experiments.store import ResultsStore, RunRow
+
+RESULTS_FILE = "results.sqlite"
+REPORT_FOLDER = "report"
+TABLE_METRICS = ("accuracy", "auroc", "balanced_accuracy")
+MAX_EPSILON_PANELS = 12
+ACCOUNTANTS = ("pld", "rdp")
+_METRIC_NAMES = {"auroc": "AUROC", "auprc": "AUPRC"}
+_DPI = 110
+_LINE_STYLES = ("-", "--", ":", "-.")
+_MARKERS = ("o", "s", "^", "D", "v")
+
+Row = dict[str, Any]
+
+
+class ReportError(ValueError):
+    """The report cannot be drawn as asked (e.g. no run has the requested metric)."""
+
+
+class _Html(str):
+    """Markup built here from escaped parts: table cells of this type are not escaped again."""
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample std over trials of the finite values (NaN where undefined), so a
+    metric that is undefined in one trial does not blank the others."""
+
+    mean: float
+    std: float
+
+    @classmethod
+    def of(cls, values: Iterable[float]) -> Stat:
+        finite = [v for v in values if math.isfinite(v)]
+        return cls(
+            statistics.fmean(finite) if finite else math.nan,
+            statistics.stdev(finite) if len(finite) > 1 else math.nan,
+        )
+
+    def text(self) -> str:
+        if math.isnan(self.mean):
+            return "—"
+        return f"{self.mean:.3f}" + ("" if math.isnan(self.std) else f"\u00a0±\u00a0{self.std:.3f}")
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What the page shows of one finished run, computed once from its rows."""
+
+    run: RunRow
+    label: str
+    final: dict[str, Stat]
+    """metric -> each trial's last union value, over trials"""
+    curve: dict[int, Stat]
+    """round -> the report's metric on the union, over trials"""
+    private: bool
+    """whether the run has any server-view privacy rows (a non-private run has none)"""
+    epsilon: dict[str, float | None]
+    """accountant -> largest final ε over silos, mean over trials (None: not accounted)"""
+    epsilon_rounds: dict[str, list[tuple[int, float]]]
+    """silo -> (round, ε) in the first trial at the run's own accountant"""
+    bytes_up: list[int]
+    """total bytes sent up per (trial, silo)"""
+    bytes_down: list[int]
+
+    @property
+    def accountant(self) -> str:
+        return _accountant(self.run)
+
+    def score(self, metric: str) -> Stat:
+        """The final value of `metric`, undefined (NaN) if the run did not report it."""
+        return self.final.get(metric, Stat(math.nan, math.nan))
+
+    @property
+    def own_epsilon(self) -> float | None:
+        return self.epsilon.get(self.accountant)
+
+
+def write_report(directory: Path, *, metric: str = "accuracy") -> Path:
+    """Write DIR/report/index.html and its figures from DIR/results.sqlite; return the page.
+
+    Raises `StoreError` if DIR holds no results store, and `ReportError` if no finished
+    run has `metric`."""
+    out = directory / REPORT_FOLDER
+    with ResultsStore(directory / RESULTS_FILE, create=False) as store:
+        runs = store.runs()
+        finished = [r for r in runs if r.status == "finished"]
+        summaries = [
+            _summarise(store, run, label, metric)
+            for run, label in zip(finished, _labels(finished), strict=True)
+        ]
+    available = {m for s in summaries for m in s.final}
+    if summaries and metric not in available:
+        raise ReportError(
+            f"no finished run has the metric {metric!r}; the store has "
+            + ", ".join(sorted(available))
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    study = runs[0].study if runs else directory.name
+    body = [_overview(runs, summaries)]
+    if summaries:
+        body += [
+            _results_table(summaries, metric),
+            _figures(out, summaries, metric),
+            "<h2 id='datasheets'>Privacy datasheets</h2>",
+            *(_datasheet(s) for s in summaries),
+        ]
+    body.append(_failed_runs([r for r in runs if r.status == "failed"]))
+    index = out / "index.html"
+    index.write_text(_page(f"dpfl report: {study}", "\n".join(body)), encoding="utf-8")
+    return index
+
+
+# -- reading the store ----------------------------------------------------------------------
+
+
+def _summarise(store: ResultsStore, run: RunRow, label: str, metric: str) -> RunSummary:
+    union = [r for r in store.rows("metrics", run.id) if r["silo"] is None]
+    server = [r for r in store.rows("privacy", run.id) if r["view"] is None]
+    communication = store.rows("communication", run.id)
+    return RunSummary(
+        run=run,
+        label=label,
+        final={m: Stat.of(_final_values(rows)) for m, rows in _group(union, "metric").items()},
+        curve={
+            round_: Stat.of(_value(r) for r in rows)
+            for round_, rows in sorted(_group(_of_metric(union, metric), "round").items())
+        },
+        private=bool(server),
+        epsilon={a: _final_epsilon(server, a) for a in ACCOUNTANTS},
+        epsilon_rounds=_epsilon_rounds(server, _accountant(run)),
+        bytes_up=_totals(communication, "bytes_up"),
+        bytes_down=_totals(communication, "bytes_down"),
+    )
+
+
+def _accountant(run: RunRow) -> str:
+    """The accountant that enforced the run's budgets ("pld" or "rdp")."""
+    return str(run.datasheet.get("accountant", ""))
+
+
+def _group(rows: Iterable[Row], key: str) -> dict[Any, list[Row]]:
+    groups: dict[Any, list[Row]] = defaultdict(list)
+    for row in rows:
+        groups[row[key]].append(row)
+    return groups
+
+
+def _of_metric(rows: Iterable[Row], metric: str) -> list[Row]:
+    return [r for r in rows if r["metric"] == metric]
+
+
+def _value(row: Row) -> float:
+    """A metric's value; NULL (undefined, e.g. AUROC of a one-class test set) reads as NaN."""
+    return math.nan if row["value"] is None else float(row["value"])
+
+
+def _final_values(rows: list[Row]) -> list[float]:
+    """Each trial's last evaluation: a run stopped by its budget ends early."""
+    return [
+        _value(max(trial, key=lambda r: int(r["round"])))
+        for trial in _group(rows, "trial").values()
+    ]
+
+
+def _final_epsilon(server: list[Row], accountant: str) -> float | None:
+    """The largest ε over silos at each trial's last accounted round, mean over trials.
+
+    None if that round has no figure from `accountant`: an earlier round's ε would
+    understate what was spent."""
+    per_trial = []
+    for rows in _group(server, "trial").values():
+        last = max(int(r["round"]) for r in rows)
+        spent = [r["epsilon"] for r in rows if r["round"] == last and r["accountant"] == accountant]
+        if not spent:
+            return None
+        per_trial.append(max(spent))
+    return statistics.fmean(per_trial) if per_trial else None
+
+
+def _epsilon_rounds(server: list[Row], accountant: str) -> dict[str, list[tuple[int, float]]]:
+    """ε per silo round by round, in the first trial (all trials spend alike)."""
+    if not server:
+        return {}
+    first = min(int(r["trial"]) for r in server)
+    rows = [r for r in server if r["trial"] == first and r["accountant"] == accountant]
+    return {
+        silo: sorted((int(r["round"]), float(r["epsilon"])) for r in silo_rows)
+        for silo, silo_rows in _group(rows, "silo").items()
+    }
+
+
+def _totals(rows: list[Row], column: str) -> list[int]:
+    """The column summed over rounds, one total per (trial, silo)."""
+    totals: Counter[tuple[int, str]] = Counter()
+    for row in rows:
+        totals[row["trial"], row["silo"]] += int(row[column])
+    return list(totals.values())
+
+
+def _labels(runs: Sequence[RunRow]) -> list[str]:
+    """Algorithm and grid point; a short run id is added where two runs would read alike."""
+    labels = [
+        f"{r.algorithm} ({_grid_text(r.grid, short=True)})" if r.grid else r.algorithm for r in runs
+    ]
+    counts = Counter(labels)
+    return [
+        label if counts[label] == 1 else f"{label} [{run.id[:8]}]"
+        for label, run in zip(labels, runs, strict=True)
+    ]
+
+
+def _grid_text(grid: dict[str, Any], *, short: bool = False) -> str:
+    """`key=value, ...`; `short` keeps the last part of each dotted key, for legends,
+    unless two keys would then read alike."""
+    keys = sorted(grid)
+    names = [key.rsplit(".", 1)[-1] for key in keys] if short else keys
+    if len(set(names)) < len(names):
+        names = keys
+    return ", ".join(f"{name}={grid[key]}" for name, key in zip(names, keys, strict=True))
+
+
+def _by_algorithm(summaries: Iterable[RunSummary]) -> dict[str, list[RunSummary]]:
+    groups: dict[str, list[RunSummary]] = defaultdict(list)
+    for s in summaries:
+        groups[s.run.algorithm].append(s)
+    return groups
+
+
+# -- figures ----------------------------------------------------------------------------
+
+
+def _figures(out: Path, summaries: list[RunSummary], metric: str) -> str:
+    """The four figures, saved beside the page, with their headings and captions."""
+    name = _metric_name(metric)
+    accounted = [s for s in summaries if s.epsilon_rounds]
+    shown = accounted[:MAX_EPSILON_PANELS]
+    capped = (
+        f" Showing the first {len(shown)} of {len(accounted)} private runs."
+        if len(accounted) > len(shown)
+        else ""
+    )
+    algorithms = sorted({s.run.algorithm for s in summaries})
+    colors = dict(zip(algorithms, _colors(len(algorithms)), strict=True))
+    return "\n".join(
+        [
+            "<h2 id='privacy-utility'>Privacy–utility</h2>",
+            _figure_html(
+                out,
+                "privacy_utility.png",
+                _privacy_utility_figure(summaries, metric, colors),
+                f"Final {name} on the union of the silos' test sets (mean ± sample std over "
+                "trials) against ε: the largest final ε over silos in the server's view, at "
+                "each run's own accountant and the silo's δ, mean over trials. Non-private "
+                "runs (ε = ∞) are dashed horizontal lines.",
+                "No private run: there is no privacy–utility trade-off to plot.",
+            ),
+            "<h2 id='learning-curves'>Learning curves</h2>",
+            _figure_html(
+                out,
+                "learning_curves.png",
+                _learning_curves_figure(summaries, metric, colors),
+                f"{name.capitalize()} on the union of the silos' test sets at each evaluated "
+                "round: mean over trials, band ± 1 sample std (no band with a single trial).",
+            ),
+            "<h2 id='epsilon-rounds'>Privacy spent over rounds</h2>",
+            _figure_html(
+                out,
+                "epsilon_rounds.png",
+                _epsilon_figure(shown),
+                "ε per silo after each round in the server's view (first trial, each run's "
+                f"own accountant); dotted lines are the silos' budgets.{capped}",
+                "No private run: no privacy was accounted.",
+            ),
+            "<h2 id='communication'>Communication</h2>",
+            _figure_html(
+                out,
+                "communication.png",
+                _communication_figure(summaries),
+                "Bytes sent per client over all rounds, mean over silos, trials and the "
+                "algorithm's runs.",
+                "No communication was recorded.",
+            ),
+        ]
+    )
+
+
+def _figure_html(
+    out: Path, name: str, figure: Figure | None, caption: str, absent: str = ""
+) -> str:
+    """Save the figure beside the page and return its <figure>, or say why there is none."""
+    path = out / name
+    if figure is None:
+        path.unlink(missing_ok=True)  # no stale figure from an earlier report
+        return f"<p>{_e(absent)}</p>"
+    figure.savefig(path, dpi=_DPI)
+    return (
+        f'<figure><img src="{name}" alt="{_e(caption)}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
+
+
+def _privacy_utility_figure(
+    summaries: list[RunSummary], metric: str, colors: dict[str, Any]
+) -> Figure | None:
+    points: dict[str, list[tuple[float, Stat]]] = defaultdict(list)
+    for s in summaries:
+        if s.own_epsilon is not None:
+            points[s.run.algorithm].append((s.own_epsilon, s.score(metric)))
+    if not points:
+        return None
+    figure, ax = _new_figure(
+        "Privacy–utility", "ε (server's view, largest over silos)", _metric_name(metric)
+    )
+    for algorithm, pairs in sorted(points.items()):
+        pairs.sort(key=lambda pair: pair[0])
+        ax.errorbar(
+            [epsilon for epsilon, _ in pairs],
+            [stat.mean for _, stat in pairs],
+            yerr=[stat.std for _, stat in pairs],
+            marker="o",
+            capsize=4,
+            color=colors[algorithm],
+            label=algorithm,
+        )
+    for s in summaries:
+        if not s.private and not math.isnan(s.score(metric).mean):
+            color = colors[s.run.algorithm]
+            ax.axhline(s.score(metric).mean, ls="--", color=color, label=f"{s.label}, ε = ∞")
+    if _spans_decade(epsilon for pairs in points.values() for epsilon, _ in pairs):
+        ax.set_xscale("log")
+        _log_ticks(ax.xaxis)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    figure.legend(loc="outside right upper", fontsize="small")
+    return figure
+
+
+def _learning_curves_figure(
+    summaries: list[RunSummary], metric: str, colors: dict[str, Any]
+) -> Figure:
+    """A line per run in its algorithm's colour (as in the privacy–utility figure); the
+    runs of one algorithm differ by line style and marker (distinct for up to 20)."""
+    figure, ax = _new_figure("Learning curves", "round", _metric_name(metric))
+    for algorithm, runs in _by_algorithm(summaries).items():
+        color = colors[algorithm]
+        for i, s in enumerate(r for r in runs if r.curve):
+            rounds = list(s.curve)
+            mean = [s.curve[r].mean for r in rounds]
+            std = [s.curve[r].std for r in rounds]
+            ax.plot(
+                rounds,
+                mean,
+                color=color,
+                ls=_LINE_STYLES[i % len(_LINE_STYLES)],
+                marker=_MARKERS[i % len(_MARKERS)],
+                markersize=4,
+                label=s.label,
+            )
+            if any(math.isfinite(d) for d in std):
+                low = [m - d for m, d in zip(mean, std, strict=True)]
+                high = [m + d for m, d in zip(mean, std, strict=True)]
+                ax.fill_between(rounds, low, high, color=color, alpha=0.15, linewidth=0)
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    figure.legend(loc="outside right upper", fontsize="small")
+    return figure
+
+
+def _epsilon_figure(summaries: list[RunSummary]) -> Figure | None:
+    """One panel per accounted run: ε of each silo against its budget."""
+    if not summaries:
+        return None
+    columns = min(3, len(summaries))
+    rows = math.ceil(len(summaries) / columns)
+    figure = Figure(figsize=(4.4 * columns, 3.4 * rows), layout="constrained")
+    axes = list(figure.subplots(rows, columns, squeeze=False).flat)
+    for ax, s in zip(axes, summaries, strict=False):
+        silos = s.run.datasheet.get("silos", {})
+        for silo, points in sorted(s.epsilon_rounds.items()):
+            rounds, spent = zip(*points, strict=True)
+            (line,) = ax.plot(rounds, spent, marker=".", label=silo)
+            budget = silos.get(silo, {}).get("budget_epsilon")
+            if budget is not None:
+                ax.axhline(budget, ls=":", color=line.get_color())
+        _label_axes(ax, textwrap.fill(s.label, 45), "round", f"ε ({s.accountant.upper()})")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_ylim(bottom=0)
+        ax.legend(fontsize="x-small", loc="upper left")
+    for ax in axes[len(summaries) :]:
+        ax.remove()
+    return figure
+
+
+def _communication_figure(summaries: list[RunSummary]) -> Figure | None:
+    """Grouped bars: mean bytes up and down per client, one group per algorithm."""
+    groups = _by_algorithm(summaries)
+    algorithms = sorted(groups)
+    directions = {
+        "up (client → server)": [
+            _mean(t for s in groups[a] for t in s.bytes_up) for a in algorithms
+        ],
+        "down (server → client)": [
+            _mean(t for s in groups[a] for t in s.bytes_down) for a in algorithms
+        ],
+    }
+    totals = [v for values in directions.values() for v in values]
+    if not any(totals):
+        return None
+    figure, ax = _new_figure("Communication per client", "", "bytes over all rounds")
+    width = 0.4
+    for offset, (direction, values) in zip(
+        (-width / 2, width / 2), directions.items(), strict=True
+    ):
+        positions = [i + offset for i in range(len(algorithms))]
+        bars = ax.bar(positions, values, width, label=direction)
+        ax.bar_label(bars, labels=[_bytes(v) for v in values], fontsize="x-small")
+    ax.set_xticks(range(len(algorithms)), algorithms)
+    if _spans_decade(totals):
+        ax.set_yscale("log")
+        _log_ticks(ax.yaxis)
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: _bytes(v)))
+    ax.margins(y=0.1)
+    figure.legend(loc="outside right upper", fontsize="small")
+    return figure
+
+
+def _new_figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
+    figure = Figure(figsize=(10, 4.8), layout="constrained")
+    ax = figure.add_subplot()
+    _label_axes(ax, title, xlabel, ylabel)
+    return figure, ax
+
+
+def _label_axes(ax: Axes, title: str, xlabel: str, ylabel: str) -> None:
+    ax.set_title(title, fontsize="medium")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+
+
+def _colors(n: int) -> list[Any]:
+    """Distinguishable colours for n lines: tab10, or tab20 beyond ten (cycling past 20)."""
+    cmap = colormaps["tab10" if n <= 10 else "tab20"]
+    return [cmap(i % cmap.N) for i in range(n)]
+
+
+def _log_ticks(axis: Axis) -> None:
+    """Ticks at 1, 2 and 5 × 10^k, minor ones unlabelled: matplotlib labels the minor
+    ticks of a log axis shorter than a few decades, and the labels overlap."""
+    axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    axis.set_minor_formatter(NullFormatter())
+
+
+def _spans_decade(values: Iterable[float]) -> bool:
+    """Whether a log axis is needed: the positive values differ by more than 10×."""
+    positive = [v for v in values if v > 0 and math.isfinite(v)]
+    return bool(positive) and max(positive) > 10 * min(positive)
+
+
+def _mean(values: Iterable[float]) -> float:
+    """The mean, or 0 for no values: a run that recorded no messages sent no bytes."""
+    listed = list(values)
+    return statistics.fmean(listed) if listed else 0.0
+
+
+# -- HTML -------------------------------------------------------------------------------
+
+
+def _overview(runs: list[RunRow], summaries: list[RunSummary]) -> str:
+    counts = Counter(r.status for r in runs)
+    if not summaries:
+        lead = f"No finished runs in {RESULTS_FILE}: nothing to report yet."
+    else:
+        lead = (
+            f"{len(summaries)} finished run(s) from {RESULTS_FILE}. Metrics are on the union "
+            "of the silos' test sets at each trial's last evaluated round (mean ± sample std "
+            "over trials); ε is the server's view, the one budgets bind."
+        )
+    others = f" Failed: {counts['failed']}. Still running (not shown): {counts['running']}."
+    return f"<p>{_e(lead + others)}</p>"
+
+
+def _results_table(summaries: list[RunSummary], metric: str) -> str:
+    metrics = list(dict.fromkeys([metric, *TABLE_METRICS]))
+    header = [
+        "run",
+        "algorithm",
+        "grid point",
+        "trials",
+        "rounds",
+        "σ",
+        "max ε (PLD)",
+        "max ε (RDP)",
+        *(_metric_name(m) for m in metrics),
+        "bytes up per client",
+    ]
+    rows = [
+        [
+            _Html(f'<a href="#run-{_e(s.run.id)}">{_e(s.run.id[:8])}</a>'),
+            s.run.algorithm,
+            _grid_text(s.run.grid) or "—",
+            s.run.trials,
+            _rounds_text(s.run),
+            _number(s.run.noise_multiplier),
+            *(_epsilon_text(s, a) for a in ACCOUNTANTS),
+            *(s.score(m).text() for m in metrics),
+            _bytes(_mean(s.bytes_up)),
+        ]
+        for s in summaries
+    ]
+    return "<h2 id='results'>Results</h2>\n" + _table(header, rows)
+
+
+def _rounds_text(run: RunRow) -> str:
+    text = f"{run.rounds_completed}/{run.rounds}"
+    return text + " (budget spent)" if run.stopped_by_budget else text
+
+
+def _epsilon_text(s: RunSummary, accountant: str) -> str:
+    return _number(s.epsilon[accountant]) if s.private else "∞ (non-private)"
+
+
+def _datasheet(s: RunSummary) -> str:
+    """Who is protected, by what mechanism, at what ε per silo, against whom."""
+    sheet = s.run.datasheet
+    facts = {
+        "run": s.run.id,
+        "grid point": _grid_text(s.run.grid) or None,
+        "unit of privacy": sheet.get("unit"),
+        "mechanism": sheet.get("mechanism"),
+        "accountant (enforces budgets)": s.accountant.upper() if s.private else None,
+        "noise multiplier σ": sheet.get("noise_multiplier"),
+        "clip norm C": sheet.get("clip_norm"),
+        "threat model (who sees what)": sheet.get("threat_model"),
+    }
+    listed = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_number(v))}</dd>" for k, v in facts.items())
+    assumptions = sheet.get("assumptions") or ["none stated"]
+    silos = sheet.get("silos") or {}
+    header = ["silo", "records", "δ", "q", "steps", "ε (PLD)", "ε (RDP)", "budget ε", "events"]
+    rows = [
+        [
+            name,
+            silo.get("size"),
+            _number(silo.get("delta"), ".2g"),
+            _number(silo.get("sample_rate"), ".4g"),
+            _number(silo.get("steps")),
+            _number(silo.get("epsilon_pld")),
+            _number(silo.get("epsilon_rdp")),
+            _number(silo.get("budget_epsilon"), absent="none"),
+            _bullets(silo.get("events") or []),
+        ]
+        for name, silo in sorted(silos.items())
+    ]
+    spent = (
+        f"<p>ε per silo at its δ after the run, by both accountants:</p>{_table(header, rows)}"
+        if rows
+        else "<p>ε = ∞ (non-private): no record is protected by differential privacy.</p>"
+    )
+    return (
+        f"<section class='datasheet' id='run-{_e(s.run.id)}'><h3>{_e(s.label)}</h3>"
+        f"<dl>{listed}<dt>assumptions</dt><dd>{_bullets(assumptions)}</dd></dl>{spent}</section>"
+    )
+
+
+def _failed_runs(runs: list[RunRow]) -> str:
+    if not runs:
+        return ""
+    rows = [
+        [r.id[:8], r.algorithm, _grid_text(r.grid) or "—", _Html(f"<pre>{_e(r.error)}</pre>")]
+        for r in runs
+    ]
+    return "<h2 id='failed'>Failed runs</h2>\n" + _table(
+        ["run", "algorithm", "grid point", "error"], rows
+    )
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    """An HTML table; cells are escaped unless they are `_Html`."""
+
+    def cell(value: Any) -> str:
+        return value if isinstance(value, _Html) else _e(value)
+
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+def _bullets(items: Iterable[Any]) -> _Html:
+    return _Html("<ul>" + "".join(f"<li>{_e(item)}</li>" for item in items) + "</ul>")
+
+
+def _page(title: str, body: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<link rel="icon" href="data:,">
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{_e(title)}</h1>
+{body}
+</body>
+</html>
+"""
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto;
+       padding: 0 1rem; color: #222; line-height: 1.4; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left;
+         vertical-align: top; }
+th { background: #f2f2f2; }
+td ul, dd ul { margin: 0; padding-left: 1.1rem; }
+pre { margin: 0; white-space: pre-wrap; }
+figure { margin: 0 0 1.5rem; }
+img { max-width: 100%; height: auto; }
+figcaption { font-size: 0.9rem; color: #555; }
+.datasheet { border-top: 1px solid #ddd; padding-top: 0.5rem; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 0.2rem 1rem; }
+dt { font-weight: 600; }
+dd { margin: 0; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _metric_name(metric: str) -> str:
+    return _METRIC_NAMES.get(metric, metric.replace("_", " "))
+
+
+def _number(value: Any, spec: str = ".3g", absent: str = "—") -> str:
+    """A float in `spec`; other values (counts, text) as they are; None as `absent`."""
+    if value is None:
+        return absent
+    return format(value, spec) if isinstance(value, float) else str(value)
+
+
+def _bytes(n: float) -> str:
+    """A byte count in decimal units (1 kB = 1000 B)."""
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000:
+            return f"{n:.3g}\u00a0{unit}"
+        n /= 1000
+    return f"{n:.3g}\u00a0TB"

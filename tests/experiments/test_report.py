@@ -1,0 +1,446 @@
+"""`dpfl report`: the page reads the right rows of a hand-built store, its figures are real
+PNGs, and it renders in headless Chromium without errors or missing images."""
+
+from __future__ import annotations
+
+import hashlib
+import html
+import json
+import math
+import os
+import statistics
+from dataclasses import dataclass, replace
+from html.parser import HTMLParser
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from PIL import Image
+from playwright.sync_api import sync_playwright
+from typer.testing import CliRunner
+
+from dpfl.cli.report import report
+from dpfl.experiments.report import ReportError, write_report
+from dpfl.experiments.store import ResultsStore, RunResults, StoreError
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
+SILOS = {"hospital-a": 190, "hospital-b": 190, "hospital-c": 189}
+DELTA = 1e-5
+THREAT_MODEL = (
+    "Honest-but-curious server sees each silo's noised update; silos see <weights> & metrics."
+)
+ASSUMPTIONS = ["Poisson sampling is implemented as analysed", "no server–silo collusion"]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """One run of the hand-built study."""
+
+    algorithm: str
+    grid: dict[str, Any]
+    sigma: float | None
+    accountant: str = "pld"
+    trials: int = 2
+    rounds: int = 4
+    rounds_completed: int = 4
+
+    @property
+    def id(self) -> str:
+        return hashlib.sha256(f"{self.algorithm}{self.grid}".encode()).hexdigest()[:16]
+
+
+PLANS = [
+    Plan("fedavg", {"privacy.noise_multiplier": 0.8}, 0.8),
+    Plan("fedavg", {"privacy.noise_multiplier": 1.6}, 1.6),
+    Plan("ditto", {}, 1.0, accountant="rdp", rounds_completed=3),  # stopped by its budget
+    Plan("centralized", {}, None),
+]
+FAILED = Plan("cyclic", {}, 1.0)
+RUNNING = Plan("sign", {}, 1.0)
+HEADINGS = [
+    "Results",
+    "Privacy–utility",
+    "Learning curves",
+    "Privacy spent over rounds",
+    "Communication",
+    "Privacy datasheets",
+    "Failed runs",
+]
+
+
+def accuracy(plan: Plan, trial: int, round_: int) -> float:
+    """Union accuracy: grows with rounds, shrinks with noise, differs a little per trial."""
+    return 0.6 + 0.06 * round_ - 0.1 * (plan.sigma or 0.0) + 0.013 * trial
+
+
+def epsilon(plan: Plan, silo: int, round_: int, accountant: str, trial: int) -> float:
+    assert plan.sigma is not None
+    rdp = 1.1 if accountant == "rdp" else 1.0
+    return (round_ + 1) * (0.2 + 0.05 * silo) / plan.sigma * rdp + 0.01 * trial
+
+
+def final_epsilon(plan: Plan, accountant: str) -> float:
+    """What the page must show: the largest final ε over silos, mean over trials."""
+    last = plan.rounds_completed - 1
+    return statistics.fmean(
+        max(epsilon(plan, k, last, accountant, t) for k in range(len(SILOS)))
+        for t in range(plan.trials)
+    )
+
+
+def auroc(plan: Plan, trial: int, round_: int) -> float:
+    """Undefined (NaN, stored as NULL) at round 0, and in trial 1 of the non-private run."""
+    undefined = round_ == 0 or (plan.sigma is None and trial == 1)
+    return math.nan if undefined else accuracy(plan, trial, round_) + 0.1
+
+
+def results(plan: Plan) -> RunResults:
+    metrics: list[tuple[int, int, str | None, str, float]] = []
+    privacy: list[tuple[int, int, str, str | None, str, float, float]] = []
+    communication: list[tuple[int, int, str, int, int, int]] = []
+    last = plan.rounds_completed - 1
+    for t in range(plan.trials):
+        for r in range(plan.rounds_completed):
+            acc = accuracy(plan, t, r)
+            metrics += [(t, r, silo, "accuracy", 0.1) for silo in SILOS]  # not the union's
+            metrics += [
+                (t, r, None, "accuracy", acc),
+                (t, r, None, "balanced_accuracy", acc - 0.02),
+                (t, r, None, "auroc", auroc(plan, t, r)),
+                (t, r, None, "precision", math.nan),
+                (t, r, None, "loss", 1.0 - acc),
+            ]
+            for k, silo in enumerate(SILOS):
+                communication.append((t, r, silo, 50_000, 40_000, 2))
+                if plan.sigma is None:
+                    continue
+                for a in ("pld", "rdp") if r == last else (plan.accountant,):
+                    privacy.append((t, r, silo, None, a, DELTA, epsilon(plan, k, r, a, t)))
+                privacy.append((t, r, silo, "hospital-b", plan.accountant, DELTA, 99.0))
+    return RunResults(
+        rounds_completed=plan.rounds_completed,
+        noise_multiplier=plan.sigma,
+        stopped_by_budget=plan.rounds_completed < plan.rounds,
+        seconds=1.5,
+        ledger=None if plan.sigma is None else Path("ledgers") / f"{plan.id}.sqlite",
+        datasheet=datasheet(plan),
+        metrics=metrics,
+        privacy=privacy,
+        communication=communication,
+    )
+
+
+def datasheet(plan: Plan) -> dict[str, Any]:
+    sheet: dict[str, Any] = {
+        "threat_model": THREAT_MODEL,
+        "assumptions": ASSUMPTIONS,
+        "accountant": plan.accountant,
+        "noise_multiplier": plan.sigma,
+    }
+    if plan.sigma is None:
+        return sheet | {"unit": "none", "mechanism": "non-private", "clip_norm": None, "silos": {}}
+    steps = plan.rounds_completed * 12
+    return sheet | {
+        "unit": "one patient record (add/remove neighbouring)",
+        "mechanism": "DP-SGD: per-example clipping and Gaussian noise",
+        "clip_norm": 1.0,
+        "silos": {
+            silo: {
+                "size": size,
+                "budget_epsilon": 8.0,
+                "delta": DELTA,
+                "sample_rate": 16 / size,
+                "steps": steps,
+                "events": [
+                    f"{plan.rounds_completed} × Poisson-Gaussian(q={16 / size:.4f}, σ={plan.sigma})"
+                ],
+                "epsilon_pld": epsilon(plan, k, plan.rounds_completed - 1, "pld", 0),
+                "epsilon_rdp": epsilon(plan, k, plan.rounds_completed - 1, "rdp", 0),
+            }
+            for k, (silo, size) in enumerate(SILOS.items())
+        },
+    }
+
+
+def build_study(directory: Path, plans: list[Plan], *, failed: bool = True) -> Path:
+    with ResultsStore(directory / "results.sqlite") as store:
+        for plan in [*plans, FAILED, RUNNING] if failed else plans:
+            store.start(
+                plan.id,
+                study="icu-mortality",
+                algorithm=plan.algorithm,
+                config={"name": "icu-mortality", "algorithm": {"name": plan.algorithm}},
+                grid=plan.grid,
+                trials=plan.trials,
+                rounds=plan.rounds,
+            )
+            if plan is FAILED:
+                store.fail(plan.id, "RuntimeError: loss is NaN at round 2 <diverged> & stopped")
+            elif plan is not RUNNING:
+                store.finish(plan.id, results(plan))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def page(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_report(build_study(tmp_path_factory.mktemp("study"), PLANS))
+
+
+class Tables(HTMLParser):
+    """Every <table> of a page as rows of cell texts."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[list[list[str]]] = []
+        self.cell: list[str] | None = None
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "table":
+            self.tables.append([])
+        elif tag == "tr":
+            self.tables[-1].append([])
+        elif tag in ("td", "th"):
+            self.cell = []
+
+    def handle_endtag(self, tag: str) -> None:
+        if tag in ("td", "th") and self.cell is not None:
+            self.tables[-1][-1].append(" ".join("".join(self.cell).split()))
+            self.cell = None
+
+    def handle_data(self, data: str) -> None:
+        if self.cell is not None:
+            self.cell.append(data)
+
+
+def tables(index: Path) -> list[list[dict[str, str]]]:
+    parser = Tables()
+    parser.feed(index.read_text(encoding="utf-8"))
+    return [[dict(zip(t[0], row, strict=True)) for row in t[1:]] for t in parser.tables]
+
+
+def results_table(index: Path) -> dict[str, dict[str, str]]:
+    """The first table, by short run id."""
+    return {row["run"]: row for row in tables(index)[0]}
+
+
+def mean_std(values: list[float]) -> str:
+    return f"{statistics.fmean(values):.3f} ± {statistics.stdev(values):.3f}"
+
+
+def image_sources(index: Path) -> list[str]:
+    sources: list[str] = []
+
+    class Images(HTMLParser):
+        def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+            if tag == "img":
+                sources.append(str(dict(attrs)["src"]))
+
+    Images().feed(index.read_text(encoding="utf-8"))
+    return sources
+
+
+def section(text: str, run_id: str) -> str:
+    start = text.index(f"id='run-{run_id}'")
+    return text[start : text.index("</section>", start)]
+
+
+# -- the page's content -------------------------------------------------------------------
+
+
+def test_results_table_reads_the_union_at_the_last_round_and_the_server_view(page: Path) -> None:
+    table = results_table(page)
+    assert set(table) == {p.id[:8] for p in PLANS}  # not the failed nor the running run
+    for plan in PLANS:
+        row = table[plan.id[:8]]
+        last = plan.rounds_completed - 1
+        trials = range(plan.trials)
+        assert row["algorithm"] == plan.algorithm
+        assert row["trials"] == str(plan.trials)
+        assert row["accuracy"] == mean_std([accuracy(plan, t, last) for t in trials])
+        assert row["balanced accuracy"] == mean_std(
+            [accuracy(plan, t, last) - 0.02 for t in trials]
+        )
+        assert row["bytes up per client"] == f"{40 * plan.rounds_completed:.3g} kB"
+        if plan.sigma is None:
+            assert row["σ"] == "—"
+            assert row["max ε (PLD)"] == row["max ε (RDP)"] == "∞ (non-private)"
+            assert row["AUROC"] == f"{auroc(plan, 0, last):.3f}"  # trial 1's is undefined
+        else:
+            assert row["σ"] == f"{plan.sigma:.3g}"
+            assert row["max ε (PLD)"] == f"{final_epsilon(plan, 'pld'):.3g}"
+            assert row["max ε (RDP)"] == f"{final_epsilon(plan, 'rdp'):.3g}"
+    fedavg = table[PLANS[0].id[:8]]
+    assert fedavg["grid point"] == "privacy.noise_multiplier=0.8"
+    assert fedavg["rounds"] == "4/4"
+    assert table[PLANS[2].id[:8]]["rounds"] == "3/4 (budget spent)"
+
+
+def test_datasheets_show_every_field_escaped(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    assert "<weights>" not in text
+    for plan in PLANS:
+        sheet = section(text, plan.id)
+        assert html.escape(THREAT_MODEL) in sheet
+        assert all(html.escape(a) in sheet for a in ASSUMPTIONS)
+        if plan.sigma is None:
+            assert "ε = ∞ (non-private)" in sheet
+            assert "<dt>accountant (enforces budgets)</dt><dd>—</dd>" in sheet
+            continue
+        assert f"<dd>{plan.accountant.upper()}</dd>" in sheet
+        data = datasheet(plan)
+        assert data["unit"] in sheet
+        assert data["mechanism"] in sheet
+        for name, silo in data["silos"].items():
+            assert name in sheet
+            assert f"{silo['epsilon_pld']:.3g}" in sheet
+            assert f"{silo['epsilon_rdp']:.3g}" in sheet
+            assert f"{silo['sample_rate']:.4g}" in sheet
+            assert html.escape(silo["events"][0]) in sheet
+    silo_rows = [t for t in tables(page) if t and "ε (PLD)" in t[0]]
+    assert len(silo_rows) == 3  # one per private run
+    assert all(r["budget ε"] == "8" and r["steps"] in ("48", "36") for t in silo_rows for r in t)
+
+
+def test_failed_runs_are_listed_with_their_error(page: Path) -> None:
+    failed = tables(page)[-1]
+    assert failed == [
+        {
+            "run": FAILED.id[:8],
+            "algorithm": "cyclic",
+            "grid point": "—",
+            "error": "RuntimeError: loss is NaN at round 2 <diverged> & stopped",
+        }
+    ]
+    assert RUNNING.id not in page.read_text(encoding="utf-8")
+
+
+def test_page_is_self_contained(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    assert '<meta charset="utf-8">' in text
+    assert '<link rel="icon" href="data:,">' in text  # no favicon request
+    assert "http:" not in text and "https:" not in text and "<script" not in text
+
+
+def test_every_image_is_a_png_beside_the_page(page: Path) -> None:
+    sources = image_sources(page)
+    assert sorted(sources) == [
+        "communication.png",
+        "epsilon_rounds.png",
+        "learning_curves.png",
+        "privacy_utility.png",
+    ]
+    for source in sources:
+        with Image.open(page.parent / source) as image:
+            assert image.format == "PNG"
+            assert image.width > 400 and image.height > 200
+            image.verify()
+
+
+def test_empty_store_says_so(tmp_path: Path) -> None:
+    ResultsStore(tmp_path / "results.sqlite").close()
+    index = write_report(tmp_path)
+    text = index.read_text(encoding="utf-8")
+    assert "No finished runs" in text
+    assert image_sources(index) == []
+
+
+def test_single_run_single_trial_has_no_spread(tmp_path: Path) -> None:
+    plan = Plan("fedavg", {}, 1.2, trials=1)
+    index = write_report(build_study(tmp_path, [plan], failed=False), metric="auroc")
+    row = results_table(index)[plan.id[:8]]
+    assert row["AUROC"] == f"{auroc(plan, 0, 3):.3f}"
+    assert "±" not in row["accuracy"]
+    assert len(image_sources(index)) == 4
+    assert "Failed runs" not in index.read_text(encoding="utf-8")
+
+
+def test_an_accountant_missing_at_the_last_round_is_not_read_off_an_earlier_one(
+    tmp_path: Path,
+) -> None:
+    plan = Plan("fedavg", {}, 1.2)
+    build_study(tmp_path, [plan], failed=False)
+    full = results(plan)
+    pld_only = [row for row in full.privacy if row[4] == "pld"]
+    with ResultsStore(tmp_path / "results.sqlite") as store:
+        store.finish(plan.id, replace(full, privacy=pld_only))
+    row = results_table(write_report(tmp_path))[plan.id[:8]]
+    assert row["max ε (PLD)"] == f"{final_epsilon(plan, 'pld'):.3g}"
+    assert row["max ε (RDP)"] == "—"
+
+
+def test_unknown_metric_and_missing_store_are_errors(tmp_path: Path) -> None:
+    build_study(tmp_path / "study", PLANS[:1], failed=False)
+    with pytest.raises(ReportError, match=r"'acuracy'.*accuracy, auroc"):
+        write_report(tmp_path / "study", metric="acuracy")
+    with pytest.raises(StoreError, match="no results store"):
+        write_report(tmp_path / "nowhere")
+    assert not (tmp_path / "nowhere").exists()
+
+
+# -- the command ----------------------------------------------------------------------------
+
+
+def test_command_prints_the_page(tmp_path: Path) -> None:
+    build_study(tmp_path, PLANS, failed=True)
+    app = typer.Typer()
+    app.command()(report)
+    runner = CliRunner()
+    result = runner.invoke(app, [str(tmp_path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.stdout) == {
+        "report": str(tmp_path / "report" / "index.html"),
+        "runs": len(PLANS),
+    }
+    result = runner.invoke(app, [str(tmp_path), "--metric", "balanced_accuracy"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.strip() == str(tmp_path / "report" / "index.html")
+    result = runner.invoke(app, [str(tmp_path / "nowhere")])
+    assert result.exit_code == 2
+    assert "no results store" in result.stderr
+
+
+# -- the browser ----------------------------------------------------------------------------
+
+
+def test_page_renders_in_chromium_without_errors(page: Path) -> None:
+    if not CHROMIUM.exists():
+        reason = f"Chromium not installed ({CHROMIUM}): the rendered page is not checked"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"CI=true but {reason}")
+        pytest.skip(reason)
+    problems: list[str] = []
+    requests: list[str] = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            tab = browser.new_page()
+            tab.on("console", lambda m: problems.append(f"console {m.type}: {m.text}"))
+            tab.on("pageerror", lambda e: problems.append(f"page error: {e}"))
+            tab.on("requestfailed", lambda r: problems.append(f"failed: {r.url} {r.failure}"))
+            tab.on("request", lambda r: requests.append(r.url))
+            tab.goto(page.as_uri(), wait_until="load")
+            images = tab.eval_on_selector_all(
+                "img", "all => all.map(i => [i.getAttribute('src'), i.naturalWidth])"
+            )
+            title = tab.title()
+            headings = tab.locator("h2").all_inner_texts()
+            datasheets = tab.locator("h3").all_inner_texts()
+        finally:
+            browser.close()
+    assert problems == []
+    assert all(url.startswith(page.parent.as_uri()) for url in requests), requests
+    assert len(images) == 4
+    assert all(width > 0 for _, width in images), images
+    assert title == "dpfl report: icu-mortality"
+    assert headings == HEADINGS
+    assert len(datasheets) == len(PLANS)
+    assert "fedavg (noise_multiplier=0.8)" in datasheets
