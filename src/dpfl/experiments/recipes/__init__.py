@@ -1,0 +1,126 @@
+"""The seed papers' experiments, each re-run on the closest data we have.
+
+A recipe module defines `NAME`, `TITLE`, `studies(data_dir, scale)` (the study configs
+to run, as `Study` objects, possibly none when its real data are absent, with `notes`
+saying so) and `compare(runs, store)` (rows: what the paper measured next to ours).
+`reproduce` runs the studies through the ordinary sweep machinery, so a reproduction
+is itself a study directory: resumable, with a results store, `best` and `report`.
+
+Scales: `smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials,
+rounds and grid).
+"""
+
+from __future__ import annotations
+
+import importlib
+import math
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Literal
+
+from dpfl.experiments.config import Study
+from dpfl.experiments.runner import STORE, Progress, run_study
+from dpfl.experiments.store import ResultsStore, RunRow
+
+Scale = Literal["smoke", "default", "full"]
+
+RECIPES = {
+    "owkin-idash2020": "owkin",
+    "astar-aop": "astar",
+    "kerkouche-fl-sign": "kerkouche",
+    "puffle-mrmtl": "puffle",
+    "dopamine": "dopamine",
+}
+"""Command name -> module in this package."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison: a setting, the paper's figure, ours, and how the data differ."""
+
+    setting: str
+    paper: str
+    ours: str
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    """What a recipe will run, and what it had to leave out (e.g. absent real data)."""
+
+    studies: list[Study]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Reproduction:
+    name: str
+    title: str
+    rows: list[Row]
+    notes: list[str]
+    runs: list[RunRow]
+
+
+def recipe(name: str) -> ModuleType:
+    if name not in RECIPES:
+        raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
+    return importlib.import_module(f"{__name__}.{RECIPES[name]}")
+
+
+def reproduce(
+    name: str,
+    out: str | Path,
+    *,
+    data_dir: Path | None = None,
+    scale: Scale = "default",
+    workers: int = 1,
+    report: Progress = lambda line: None,
+) -> Reproduction:
+    """Run recipe `name` into `out` (resuming what is there) and compare with the paper."""
+    module = recipe(name)
+    plan: Plan = module.studies(data_dir, scale)
+    runs = [
+        run
+        for study in plan.studies
+        for run in run_study(study, out, workers=workers, report=report)
+    ]
+    with ResultsStore(Path(out) / STORE) as store:
+        rows: list[Row] = module.compare(runs, store)
+    return Reproduction(name, module.TITLE, rows, plan.notes, runs)
+
+
+def final_metric(store: ResultsStore, run: RunRow, metric: str = "accuracy") -> list[float]:
+    """The run's metric on the union of test sets after its last round, one per trial."""
+    last = (run.rounds_completed or run.rounds) - 1
+    return [
+        row["value"]
+        for row in store.rows("metrics", run.id)
+        if row["silo"] is None and row["metric"] == metric and row["round"] == last
+    ]
+
+
+def max_epsilon(store: ResultsStore, run: RunRow) -> float:
+    """The largest final ε over silos and trials (server view, the run's accountant);
+    ∞ for a non-private run."""
+    accountant = run.datasheet.get("accountant", "pld")
+    last = (run.rounds_completed or run.rounds) - 1
+    values = [
+        row["epsilon"]
+        for row in store.rows("privacy", run.id)
+        if row["view"] is None and row["accountant"] == accountant and row["round"] == last
+    ]
+    return max(values) if values else math.inf
+
+
+def mean_std(values: Sequence[float], *, percent: bool = True) -> str:
+    """'93.1 ± 1.2 %' over trials (no ± for one trial)."""
+    scale, unit = (100.0, " %") if percent else (1.0, "")
+    if not values:
+        return "n/a"
+    mean = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.1f}{unit}"
+    return f"{mean:.1f} ± {statistics.stdev(values) * scale:.1f}{unit}"
