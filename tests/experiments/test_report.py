@@ -61,7 +61,7 @@ class Plan:
 PLANS = [
     Plan("fedavg", {"privacy.noise_multiplier": 0.8}, 0.8),
     Plan("fedavg", {"privacy.noise_multiplier": 1.6}, 1.6),
-    Plan("ditto", {}, 1.0, accountant="rdp", rounds_completed=3),  # stopped by its budget
+    Plan("fedsgd_secure", {}, 1.0, accountant="rdp", rounds_completed=3),  # stopped by budget
     Plan("centralized", {}, None),
 ]
 FAILED = Plan("cyclic", {}, 1.0)
@@ -125,7 +125,8 @@ def results(plan: Plan) -> RunResults:
                     continue
                 for a in ("pld", "rdp") if r == last else (plan.accountant,):
                     privacy.append((t, r, silo, None, a, DELTA, epsilon(plan, k, r, a, t)))
-                privacy.append((t, r, silo, "hospital-b", plan.accountant, DELTA, 99.0))
+                if plan.algorithm == "fedsgd_secure":  # what the other hospitals see
+                    privacy.append((t, r, silo, "hospitals", plan.accountant, DELTA, 99.0))
     return RunResults(
         rounds_completed=plan.rounds_completed,
         noise_multiplier=plan.sigma,
@@ -148,7 +149,6 @@ def datasheet(plan: Plan) -> dict[str, Any]:
     }
     if plan.sigma is None:
         return sheet | {"unit": "none", "mechanism": "non-private", "clip_norm": None, "silos": {}}
-    steps = plan.rounds_completed * 12
     return sheet | {
         "unit": "one patient record (add/remove neighbouring)",
         "mechanism": "DP-SGD: per-example clipping and Gaussian noise",
@@ -158,13 +158,15 @@ def datasheet(plan: Plan) -> dict[str, Any]:
                 "size": size,
                 "budget_epsilon": 8.0,
                 "delta": DELTA,
-                "sample_rate": 16 / size,
-                "steps": steps,
+                "sample_rates": [16 / size],
+                "participations": plan.rounds_completed,
                 "events": [
-                    f"{plan.rounds_completed} × Poisson-Gaussian(q={16 / size:.4f}, σ={plan.sigma})"
+                    f"{plan.rounds_completed} × 12 × Poisson(q={16 / size:.4g}) "
+                    f"Gaussian(σ={plan.sigma}) [add/remove one record]"
                 ],
                 "epsilon_pld": epsilon(plan, k, plan.rounds_completed - 1, "pld", 0),
                 "epsilon_rdp": epsilon(plan, k, plan.rounds_completed - 1, "rdp", 0),
+                "views": {"hospitals": 99.0} if plan.algorithm == "fedsgd_secure" else {},
             }
             for k, (silo, size) in enumerate(SILOS.items())
         },
@@ -221,15 +223,15 @@ class Tables(HTMLParser):
             self.cell.append(data)
 
 
-def tables(index: Path) -> list[list[dict[str, str]]]:
+def tables(text: str) -> list[list[dict[str, str]]]:
     parser = Tables()
-    parser.feed(index.read_text(encoding="utf-8"))
+    parser.feed(text)
     return [[dict(zip(t[0], row, strict=True)) for row in t[1:]] for t in parser.tables]
 
 
 def results_table(index: Path) -> dict[str, dict[str, str]]:
     """The first table, by short run id."""
-    return {row["run"]: row for row in tables(index)[0]}
+    return {row["run"]: row for row in tables(index.read_text(encoding="utf-8"))[0]}
 
 
 def mean_std(values: list[float]) -> str:
@@ -279,7 +281,7 @@ def test_results_table_reads_the_union_at_the_last_round_and_the_server_view(pag
             assert row["max ε (PLD)"] == f"{final_epsilon(plan, 'pld'):.3g}"
             assert row["max ε (RDP)"] == f"{final_epsilon(plan, 'rdp'):.3g}"
     fedavg = table[PLANS[0].id[:8]]
-    assert fedavg["grid point"] == "privacy.noise_multiplier=0.8"
+    assert fedavg["grid point"] == "noise_multiplier=0.8"
     assert fedavg["rounds"] == "4/4"
     assert table[PLANS[2].id[:8]]["rounds"] == "3/4 (budget spent)"
 
@@ -299,19 +301,26 @@ def test_datasheets_show_every_field_escaped(page: Path) -> None:
         data = datasheet(plan)
         assert data["unit"] in sheet
         assert data["mechanism"] in sheet
-        for name, silo in data["silos"].items():
-            assert name in sheet
-            assert f"{silo['epsilon_pld']:.3g}" in sheet
-            assert f"{silo['epsilon_rdp']:.3g}" in sheet
-            assert f"{silo['sample_rate']:.4g}" in sheet
-            assert html.escape(silo["events"][0]) in sheet
-    silo_rows = [t for t in tables(page) if t and "ε (PLD)" in t[0]]
-    assert len(silo_rows) == 3  # one per private run
-    assert all(r["budget ε"] == "8" and r["steps"] in ("48", "36") for t in silo_rows for r in t)
+        (silo_table,) = tables(sheet)
+        assert silo_table == [
+            {
+                "silo": name,
+                "records": str(silo["size"]),
+                "δ": "1e-05",
+                "q": f"{16 / silo['size']:.4g}",
+                "rounds charged": str(plan.rounds_completed),
+                "ε (PLD)": f"{silo['epsilon_pld']:.3g}",
+                "ε (RDP)": f"{silo['epsilon_rdp']:.3g}",
+                "ε, other observers": "hospitals: 99" if silo["views"] else "—",
+                "budget ε": "8",
+                "events": silo["events"][0],
+            }
+            for name, silo in data["silos"].items()
+        ]
 
 
 def test_failed_runs_are_listed_with_their_error(page: Path) -> None:
-    failed = tables(page)[-1]
+    failed = tables(page.read_text(encoding="utf-8"))[-1]
     assert failed == [
         {
             "run": FAILED.id[:8],
@@ -406,6 +415,9 @@ def test_command_prints_the_page(tmp_path: Path) -> None:
     result = runner.invoke(app, [str(tmp_path / "nowhere")])
     assert result.exit_code == 2
     assert "no results store" in result.stderr
+    result = runner.invoke(app, [str(tmp_path), "--metric", "acuracy"])
+    assert result.exit_code == 2
+    assert "no finished run has the metric 'acuracy'" in result.stderr
 
 
 # -- the browser ----------------------------------------------------------------------------

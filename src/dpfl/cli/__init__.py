@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from dpfl import __version__
-from dpfl.cli import demo, privacy
+from dpfl.cli import demo, privacy, report, study
 
 app = typer.Typer(
     name="dpfl",
@@ -15,6 +15,11 @@ app = typer.Typer(
 )
 app.add_typer(privacy.app, name="privacy")
 app.command("demo")(demo.demo)
+app.command("run")(study.run)
+app.command("sweep")(study.sweep)
+app.command("best")(study.best)
+app.command("report")(report.report)
+app.command("reproduce")(study.reproduce)
 
 
 def _show_version(value: bool) -> None:

@@ -28,12 +28,13 @@ absl_logging.set_verbosity(absl_logging.ERROR)
 
 @contextmanager
 def reported_errors() -> Iterator[None]:
-    """Turn privacy errors into one red line and exit status 2; show warnings in yellow."""
+    """Turn bad input (privacy parameters, configs, data files, stores) into one red line
+    and exit status 2; show warnings in yellow."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             yield
-        except PrivacyError as exc:
+        except (PrivacyError, ValueError, OSError) as exc:
             errors.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(2) from exc
         finally:

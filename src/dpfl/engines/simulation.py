@@ -125,11 +125,13 @@ class SimulationResult:
         return metrics
 
 
-def account(silo: Silo, trial: int, view: str | None = None) -> str:
-    """The ledger account of a silo in one trial: trials are separate runs on the same
-    records, each with the silo's budget (releasing several trials' models composes them).
-    A `view` account records what another observer (e.g. the other hospitals) learns."""
-    return f"{silo.name}/trial-{trial}" + ("" if view is None else f"/{view}")
+def account(silo: Silo | str, trial: int, view: str | None = None) -> str:
+    """The ledger account of a silo (or silo name) in one trial: trials are separate runs
+    on the same records, each with the silo's budget (releasing several trials' models
+    composes them). A `view` account records what another observer (e.g. the other
+    hospitals) learns."""
+    name = silo if isinstance(silo, str) else silo.name
+    return f"{name}/trial-{trial}" + ("" if view is None else f"/{view}")
 
 
 def simulate(

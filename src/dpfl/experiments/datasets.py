@@ -8,6 +8,7 @@ paid for in the ledger; no builder does that.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,6 +56,70 @@ def _synthetic_ehr(path: Path | None, seed: int, options: dict[str, Any]) -> Dat
     return synthetic.synthetic_ehr(seed, **options)
 
 
+LOG2_CENTRE, LOG2_UNIT = 8.0, 2.0
+"""Declared constants that centre and scale log2 expression: microarray intensities lie
+in 0-16 on the log2 scale and the BC-TCGA-shaped generator draws its gene means around 8.
+A fixed map of each value, never a statistic of the records."""
+
+
+def _gse7390(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+    """The probesets of a published signature (`signature`, default Wang's `gene76`, which
+    are the file's 76), matched by probe id; log2 values centred by declared constants.
+    The clinical columns are left out: the seeds learn from expression alone."""
+    from dpfl.data import genomics
+
+    folder = _folder(path, "gse7390")
+    data = _signature(genomics.gse7390(folder), folder, options, probe_level=True)
+    return _centre_log2(data)
+
+
+def _bc_tcga(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+    """The genes of a published signature (`signature`, default `gene76`), matched by
+    symbol, missing values set to zero and nothing rescaled, as in Owkin's submission: the
+    values are log ratios, so zero is the neutral value."""
+    from dpfl.data import genomics
+
+    folder = _folder(path, "bc_tcga")
+    data = _signature(genomics.bc_tcga(folder), folder, options, probe_level=False)
+    return preprocess.zero_impute(data)
+
+
+def _synthetic_bc_tcga(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+    """The generator's signal genes (its declared list stands in for a published
+    signature; options are the generator's size and effect arguments), centred by the
+    generator's declared constants, missing values imputed at the centre (zero)."""
+    from dpfl.data import synthetic
+
+    data = synthetic.synthetic_bc_tcga(seed, **options)
+    signal = options.get("signal_genes") or [n for n in data.feature_names if n.startswith("SIG")]
+    data = preprocess.select_features(data, signal, "the generator's declared signal genes")
+    return preprocess.zero_impute(_centre_log2(data))
+
+
+def _signature(
+    data: Dataset, folder: Path, options: dict[str, Any], *, probe_level: bool
+) -> Dataset:
+    """`data` restricted to the signature named in `options` (lists read from the option
+    `signatures`, default the `gene_signatures` folder beside the data's)."""
+    from dpfl.data import signatures
+
+    known = {"signature", "signatures"}
+    if set(options) - known:
+        raise ValueError(f"data.options: {data.name} takes only {sorted(known)}, got {options}")
+    lists = Path(options.get("signatures", folder.parent / "gene_signatures"))
+    signature = signatures.load_signature(
+        lists, options.get("signature", "gene76"), probe_level=probe_level
+    )
+    selected, _ = signatures.select_signature(data, signature)
+    return selected
+
+
+def _centre_log2(data: Dataset) -> Dataset:
+    features = (np.asarray(data.features) - LOG2_CENTRE) / LOG2_UNIT  # NaN stays NaN
+    note = f"log2 values centred at {LOG2_CENTRE:g} and divided by {LOG2_UNIT:g} (declared)"
+    return dataclasses.replace(data, features=features, preprocessing=(*data.preprocessing, note))
+
+
 def _image(loader: str) -> Builder:
     def build(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
         from dpfl.data import images
@@ -72,6 +137,9 @@ DATASETS: dict[str, Builder] = {
     "synthetic_ehr": _synthetic_ehr,
     "retinamnist": _image("retinamnist"),
     "breastmnist": _image("breastmnist"),
+    "gse7390": _gse7390,
+    "bc_tcga": _bc_tcga,
+    "synthetic_bc_tcga": _synthetic_bc_tcga,
 }
 """name -> builder. `breast_cancer` (scikit-learn's embedded WDBC table, scaled by
 published ranges) needs no files."""

@@ -76,7 +76,9 @@ def datasheet(config: StudyConfig, result: SimulationResult, book: Ledger) -> di
     algorithm = config.algorithm
     private = config.privacy.private
     sheet: dict[str, Any] = {
-        "unit": "one patient record: neighbouring datasets differ by adding or removing it",
+        "unit": "one patient record: neighbouring datasets differ by adding or removing it"
+        if private
+        else "none: the non-private reference protects no one",
         "threat_model": THREAT_MODELS[algorithm.name],
         "assumptions": ASSUMPTIONS,
         "mechanism": _mechanism(config),

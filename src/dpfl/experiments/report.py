@@ -227,9 +227,7 @@ def _totals(rows: list[Row], column: str) -> list[int]:
 
 def _labels(runs: Sequence[RunRow]) -> list[str]:
     """Algorithm and grid point; a short run id is added where two runs would read alike."""
-    labels = [
-        f"{r.algorithm} ({_grid_text(r.grid, short=True)})" if r.grid else r.algorithm for r in runs
-    ]
+    labels = [f"{r.algorithm} ({_point(r)})" if _point(r) else r.algorithm for r in runs]
     counts = Counter(labels)
     return [
         label if counts[label] == 1 else f"{label} [{run.id[:8]}]"
@@ -237,14 +235,19 @@ def _labels(runs: Sequence[RunRow]) -> list[str]:
     ]
 
 
-def _grid_text(grid: dict[str, Any], *, short: bool = False) -> str:
-    """`key=value, ...`; `short` keeps the last part of each dotted key, for legends,
-    unless two keys would then read alike."""
+def _point(run: RunRow) -> str:
+    """The grid point for legends and tables: the last part of each dotted key (unless two
+    would then read alike), and no `algorithm.name`, which is shown on its own."""
+    grid = {k: v for k, v in run.grid.items() if k != "algorithm.name"}
     keys = sorted(grid)
-    names = [key.rsplit(".", 1)[-1] for key in keys] if short else keys
+    names = [key.rsplit(".", 1)[-1] for key in keys]
     if len(set(names)) < len(names):
         names = keys
     return ", ".join(f"{name}={grid[key]}" for name, key in zip(names, keys, strict=True))
+
+
+def _grid_text(grid: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(grid.items()))
 
 
 def _by_algorithm(summaries: Iterable[RunSummary]) -> dict[str, list[RunSummary]]:
@@ -402,15 +405,17 @@ def _epsilon_figure(summaries: list[RunSummary]) -> Figure | None:
     axes = list(figure.subplots(rows, columns, squeeze=False).flat)
     for ax, s in zip(axes, summaries, strict=False):
         silos = s.run.datasheet.get("silos", {})
+        highest = 0.0
         for silo, points in sorted(s.epsilon_rounds.items()):
             rounds, spent = zip(*points, strict=True)
             (line,) = ax.plot(rounds, spent, marker=".", label=silo)
             budget = silos.get(silo, {}).get("budget_epsilon")
             if budget is not None:
                 ax.axhline(budget, ls=":", color=line.get_color())
+            highest = max(highest, *spent, budget or 0.0)
         _label_axes(ax, textwrap.fill(s.label, 45), "round", f"ε ({s.accountant.upper()})")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(bottom=0)
+        ax.set_ylim(0, 1.1 * highest or 1.0)  # room above a budget spent in full
         ax.legend(fontsize="x-small", loc="upper left")
     for ax in axes[len(summaries) :]:
         ax.remove()
@@ -524,10 +529,10 @@ def _results_table(summaries: list[RunSummary], metric: str) -> str:
         [
             _Html(f'<a href="#run-{_e(s.run.id)}">{_e(s.run.id[:8])}</a>'),
             s.run.algorithm,
-            _grid_text(s.run.grid) or "—",
+            _point(s.run) or "—",
             s.run.trials,
             _rounds_text(s.run),
-            _number(s.run.noise_multiplier),
+            _number(s.run.noise_multiplier) if s.private else "—",
             *(_epsilon_text(s, a) for a in ACCOUNTANTS),
             *(s.score(m).text() for m in metrics),
             _bytes(_mean(s.bytes_up)),
@@ -562,23 +567,38 @@ def _datasheet(s: RunSummary) -> str:
     listed = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_number(v))}</dd>" for k, v in facts.items())
     assumptions = sheet.get("assumptions") or ["none stated"]
     silos = sheet.get("silos") or {}
-    header = ["silo", "records", "δ", "q", "steps", "ε (PLD)", "ε (RDP)", "budget ε", "events"]
+    header = [
+        "silo",
+        "records",
+        "δ",
+        "q",
+        "rounds charged",
+        "ε (PLD)",
+        "ε (RDP)",
+        "ε, other observers",
+        "budget ε",
+        "events",
+    ]
     rows = [
         [
             name,
             silo.get("size"),
             _number(silo.get("delta"), ".2g"),
-            _number(silo.get("sample_rate"), ".4g"),
-            _number(silo.get("steps")),
+            ", ".join(format(q, ".4g") for q in silo.get("sample_rates") or []) or "—",
+            silo.get("participations", "—"),
             _number(silo.get("epsilon_pld")),
             _number(silo.get("epsilon_rdp")),
+            _bullets(f"{view}: {eps:.3g}" for view, eps in (silo.get("views") or {}).items()),
             _number(silo.get("budget_epsilon"), absent="none"),
             _bullets(silo.get("events") or []),
         ]
         for name, silo in sorted(silos.items())
     ]
     spent = (
-        f"<p>ε per silo at its δ after the run, by both accountants:</p>{_table(header, rows)}"
+        "<p>ε per silo at its δ after the run (trial 0; trials spend alike) by both "
+        "accountants, and against observers other than the server (at the run's "
+        "accountant; recorded, never enforced). q: Poisson sampling rate; the events give "
+        f"the steps per round.</p>{_table(header, rows)}"
         if rows
         else "<p>ε = ∞ (non-private): no record is protected by differential privacy.</p>"
     )
@@ -592,8 +612,7 @@ def _failed_runs(runs: list[RunRow]) -> str:
     if not runs:
         return ""
     rows = [
-        [r.id[:8], r.algorithm, _grid_text(r.grid) or "—", _Html(f"<pre>{_e(r.error)}</pre>")]
-        for r in runs
+        [r.id[:8], r.algorithm, _point(r) or "—", _Html(f"<pre>{_e(r.error)}</pre>")] for r in runs
     ]
     return "<h2 id='failed'>Failed runs</h2>\n" + _table(
         ["run", "algorithm", "grid point", "error"], rows
@@ -608,11 +627,16 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
 
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
-    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+    return (
+        f"<div class='scroll'><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div>"
+    )
 
 
 def _bullets(items: Iterable[Any]) -> _Html:
-    return _Html("<ul>" + "".join(f"<li>{_e(item)}</li>" for item in items) + "</ul>")
+    """A list, or a dash for none."""
+    listed = "".join(f"<li>{_e(item)}</li>" for item in items)
+    return _Html(f"<ul>{listed}</ul>" if listed else "—")
 
 
 def _page(title: str, body: str) -> str:
@@ -640,6 +664,8 @@ table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left;
          vertical-align: top; }
 th { background: #f2f2f2; }
+td:first-child { white-space: nowrap; }
+.scroll { overflow-x: auto; }
 td ul, dd ul { margin: 0; padding-left: 1.1rem; }
 pre { margin: 0; white-space: pre-wrap; }
 figure { margin: 0 0 1.5rem; }

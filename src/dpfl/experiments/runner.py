@@ -243,7 +243,7 @@ def _results(
         sheet = datasheet(config, result, book)
     return RunResults(
         rounds_completed=result.rounds_completed,
-        noise_multiplier=result.noise_multiplier,
+        noise_multiplier=result.noise_multiplier if config.privacy.private else None,
         stopped_by_budget=result.stopped_by_budget,
         seconds=seconds,
         ledger=ledger,

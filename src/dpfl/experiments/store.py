@@ -118,8 +118,8 @@ class RunResults:
     seconds: float
     ledger: Path | None
     datasheet: Mapping[str, Any]
-    metrics: Sequence[tuple[int, int, str | None, str, float]]
-    """(trial, round, silo or None for the union, metric, value)"""
+    metrics: Sequence[tuple[int, int, str | None, str, float | None]]
+    """(trial, round, silo or None for the union, metric, value; NaN or None if undefined)"""
     privacy: Sequence[tuple[int, int, str, str | None, str, float, float]]
     """(trial, round, silo, view or None, accountant, delta, epsilon)"""
     communication: Sequence[tuple[int, int, str, int, int, int]]

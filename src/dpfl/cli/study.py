@@ -1,0 +1,208 @@
+"""`dpfl run | sweep | best | reproduce`: studies from TOML files and the seed papers."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.table import Table
+
+from .common import console, errors, print_json, reported_errors
+
+OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (results, ledgers).")]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+CORES = os.cpu_count() or 1
+WorkersOpt = Annotated[
+    int, typer.Option("--workers", "-j", help="Grid points run at once, one per process.")
+]
+
+
+def run(config: Path, out: OutOpt, json: JsonOpt = False) -> None:
+    """Run one study config (all its trials); refuses a config with grid axes."""
+    from dpfl.experiments.config import load
+
+    with reported_errors():
+        study = load(config)
+        if len(study.points) > 1:
+            raise ValueError(
+                f"{config} is a grid of {len(study.points)} points "
+                f"({', '.join(study.axes)}); use `dpfl sweep`"
+            )
+        _run(study, out, workers=1, json=json, progress=not json)
+
+
+def sweep(
+    config: Path,
+    out: OutOpt,
+    workers: WorkersOpt = CORES,
+    json: JsonOpt = False,
+) -> None:
+    """Run every grid point of a study × its trials; rerun to resume after a stop."""
+    from dpfl.experiments.config import load
+
+    with reported_errors():
+        _run(load(config), out, workers=workers, json=json, progress=False)
+
+
+def best(
+    directory: Annotated[Path, typer.Argument(help="A study directory.")],
+    epsilon: Annotated[float, typer.Option("--epsilon", "-e", help="Target ε per silo.")],
+    delta: Annotated[float, typer.Option("--delta", "-d", help="Target δ per silo.")],
+    metric: Annotated[str, typer.Option(help="Metric to maximise (loss: minimise).")] = "accuracy",
+    validation_silo: Annotated[
+        str | None,
+        typer.Option(help="Rank by this silo's test set (public or held out), not the union."),
+    ] = None,
+    json: JsonOpt = False,
+) -> None:
+    """The best finished configuration whose every silo is within (ε, δ)."""
+    from dpfl.experiments.best import CAVEAT, candidates
+
+    with reported_errors():
+        found = candidates(
+            directory, epsilon=epsilon, delta=delta, metric=metric, validation_silo=validation_silo
+        )
+        chosen = next((c for c in found if c.qualifies), None)
+        if json:
+            print_json(
+                {
+                    "best": None
+                    if chosen is None
+                    else {
+                        "run": chosen.run.id,
+                        "algorithm": chosen.run.algorithm,
+                        "grid": chosen.run.grid,
+                        "metric": metric,
+                        "mean": chosen.mean,
+                        "std": chosen.std,
+                        "epsilon": chosen.epsilon,
+                        "delta": delta,
+                        "config": chosen.run.config,
+                    },
+                    "qualifying": sum(c.qualifies for c in found),
+                    "finished": len(found),
+                    "caveat": CAVEAT,
+                }
+            )
+            return
+        table = Table(title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}")
+        for column in ("run", "algorithm", "grid point", metric, f"ε at δ={delta:g}", "within"):
+            table.add_column(column)
+        for c in found:
+            table.add_row(
+                c.run.id,
+                c.run.algorithm,
+                _grid(c.run.grid),
+                f"{c.mean:.4f} ± {c.std:.4f}",
+                f"{c.epsilon:.4g}",
+                "yes" if c.qualifies else "no",
+            )
+        console.print(table)
+        if chosen is None:
+            errors.print(f"[red]no finished run is within ε={epsilon:g}, δ={delta:g}[/red]")
+            raise typer.Exit(1)
+        console.print(
+            f"best: run {chosen.run.id} ({chosen.run.algorithm} {_grid(chosen.run.grid)})"
+        )
+        console.print(f"[yellow]caveat:[/yellow] {CAVEAT}")
+
+
+def reproduce(
+    name: Annotated[
+        str,
+        typer.Argument(
+            help="owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl or dopamine."
+        ),
+    ],
+    out: OutOpt,
+    full: Annotated[bool, typer.Option("--full", help="The paper's scale (hours).")] = False,
+    data_dir: Annotated[
+        Path | None, typer.Option(help="Folder of the real datasets (default: ../shared/data).")
+    ] = None,
+    workers: WorkersOpt = CORES,
+    json: JsonOpt = False,
+) -> None:
+    """Re-run a seed paper's experiment on our data and print ours next to the paper's."""
+    from dpfl.experiments.recipes import reproduce as run_recipe
+
+    with reported_errors():
+        folder = data_dir or Path("../shared/data")
+        result = run_recipe(
+            name,
+            out,
+            data_dir=folder if folder.is_dir() else None,
+            scale="full" if full else "default",
+            workers=workers,
+            report=(lambda line: None) if json else errors.print,
+        )
+        if json:
+            print_json(
+                {
+                    "recipe": result.name,
+                    "rows": [vars(row) for row in result.rows],
+                    "notes": result.notes,
+                    "runs": [run.id for run in result.runs],
+                }
+            )
+            return
+        table = Table(title=result.title)
+        for column in ("setting", "paper", "ours", "note"):
+            table.add_column(column)
+        for row in result.rows:
+            table.add_row(row.setting, row.paper, row.ours, row.note)
+        console.print(table)
+        for note in result.notes:
+            console.print(f"[yellow]note:[/yellow] {note}")
+
+
+def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> None:
+    from dpfl.experiments.runner import run_study
+    from dpfl.experiments.summary import run_summaries
+
+    runs = run_study(
+        study,
+        out,
+        workers=workers,
+        progress=progress,
+        report=(lambda line: None) if json else errors.print,
+    )
+    failed = [run for run in runs if run.status == "failed"]
+    summaries = [s for s in run_summaries(out) if s["id"] in {run.id for run in runs}]
+    if json:
+        print_json({"study": study.name, "runs": summaries, "failed": len(failed)})
+    else:
+        console.print(runs_table(summaries, study.points[0][1].metrics))
+    for run in failed:
+        errors.print(f"[red]failed:[/red] {run.id} {_grid(run.grid)}: {run.error}")
+    if failed:
+        raise typer.Exit(1)
+
+
+def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
+    """One row per run: grid point, σ, largest ε over silos, metrics, bytes per client."""
+    table = Table(title="runs (means ± std over trials; ε: largest over silos)")
+    for column in ("run", "algorithm", "grid point", "trials", "σ", "ε", *metrics, "bytes up"):
+        table.add_column(column)
+    for s in summaries:
+        eps = s["epsilon"]
+        table.add_row(
+            s["id"],
+            s["algorithm"],
+            _grid(s["grid"]),
+            str(s["trials"]),
+            "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.4g}",
+            "∞" if eps is None else f"{eps[s['accountant']]:.4g} ({s['accountant'].upper()})",
+            *[_metric(s["metrics"].get(m)) for m in metrics],
+            f"{s['bytes_up_per_client']:,.0f}",
+        )
+    return table
+
+
+def _metric(value: dict[str, float] | None) -> str:
+    return "—" if value is None else f"{value['mean']:.4f} ± {value['std']:.4f}"
+
+
+def _grid(grid: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in grid.items()) or "—"

@@ -1,0 +1,83 @@
+"""Study files: validation names the bad key and why; lists make grids."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from dpfl.experiments.config import ConfigError, Study, load
+
+BASE = """
+name = "t"
+rounds = 3
+[data]
+dataset = "breast_cancer"
+partition = { kind = "iid", silos = 3 }
+[algorithm]
+name = "fedavg"
+[privacy]
+epsilon = 1.0
+"""
+
+
+def _write(tmp_path: Path, text: str) -> Path:
+    path = tmp_path / "study.toml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_a_valid_file_has_one_point_and_a_stable_key(tmp_path: Path) -> None:
+    study = load(_write(tmp_path, BASE))
+    assert study.axes == {} and len(study.points) == 1
+    ((grid, config),) = study.points
+    assert grid == {} and config.privacy.delta == 1e-5 and config.trials == 1
+    assert config.key() == load(_write(tmp_path, BASE)).points[0][1].key()
+
+
+def test_lists_where_one_value_is_expected_make_a_grid(tmp_path: Path) -> None:
+    text = BASE.replace('name = "fedavg"', 'name = ["fedavg", "cyclic"]\nlearning_rate = [0.1, 1]')
+    text = text.replace("[model]", "") + '[model]\nkind = "mlp"\nhidden = [[8], [16, 16]]\n'
+    study = load(_write(tmp_path, text))
+    assert study.axes == {
+        "algorithm.name": ["fedavg", "cyclic"],
+        "algorithm.learning_rate": [0.1, 1],
+        "model.hidden": [[8], [16, 16]],
+    }
+    assert len(study.points) == 8
+    assert len({config.key() for _, config in study.points}) == 8
+    assert {tuple(c.model.hidden) for _, c in study.points} == {(8,), (16, 16)}
+    plain = load(_write(tmp_path, BASE + '[model]\nkind = "mlp"\nhidden = [8, 8]\n'))
+    assert plain.axes == {} and plain.points[0][1].model.hidden == [8, 8]  # a value, not an axis
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (("rounds = 3", "rounds = 0"), r"rounds: Input should be greater than or equal to 1"),
+        (("[privacy]", "[privacy]\nepsilonn = 2"), r"privacy.epsilonn: unknown key"),
+        (('name = "fedavg"', 'name = "fedprox"'), r"algorithm.name: Input should be 'fedavg'"),
+        (("epsilon = 1.0", "epsilon = -1.0"), r"privacy.epsilon: Input should be greater than 0"),
+        (("epsilon = 1.0", "delta = 1e-5"), r"privacy: a private run needs `epsilon`"),
+        (('kind = "iid", silos = 3', 'kind = "iid"'), r"data.partition: a iid partition needs"),
+        (('name = "fedavg"', 'name = "aop"\n[model]\nkind = "mlp"'), r"aop needs a convex"),
+    ],
+)
+def test_bad_values_are_named_by_key(tmp_path: Path, change: tuple[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(_write(tmp_path, BASE.replace(*change)))
+
+
+def test_an_error_at_one_grid_point_names_the_point(tmp_path: Path) -> None:
+    text = BASE.replace("epsilon = 1.0", "epsilon = [1.0, -2.0]")
+    with pytest.raises(ConfigError, match=r"privacy.epsilon: .*grid point privacy.epsilon=-2.0"):
+        load(_write(tmp_path, text))
+
+
+def test_unreadable_files_are_refused_clearly(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="no such file"):
+        load(tmp_path / "missing.toml")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load(_write(tmp_path, "rounds = = 3"))
+    with pytest.raises(ConfigError, match="empty list"):
+        Study({**{"rounds": [], "data": {"dataset": "x"}}})
