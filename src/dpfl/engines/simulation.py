@@ -179,15 +179,14 @@ def simulate(
             saved["messages"],
         )
     stopped_by_budget = False
-    if algorithm.private:
-        if algorithm.stops_at_budget:
-            affordable = start + _affordable_rounds(book, algorithm, silos, rounds - start, targets)
-            if affordable <= start:
-                raise ValueError(
-                    f"{algorithm.name}: no further round fits every silo's budget; a round "
-                    "costs more than what is left (add noise or raise the budget)"
-                )
-            stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
+    if algorithm.private and algorithm.stops_at_budget:
+        affordable = start + _affordable_rounds(book, algorithm, silos, rounds - start, targets)
+        if affordable <= start:
+            raise ValueError(
+                f"{algorithm.name}: no further round fits every silo's budget; a round "
+                "costs more than what is left (add noise or raise the budget)"
+            )
+        stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
     prepaid = _prepaid(book, algorithm, silos, trials, start) if start else Counter()
     if algorithm.private:
         _open_accounts(book, algorithm, silos, trials, rounds - start, targets, prepaid)
