@@ -126,12 +126,23 @@ def test_ledger_command_on_a_missing_file_creates_nothing(tmp_path: Path) -> Non
     assert not (tmp_path / "none.sqlite").exists()
 
 
-def test_demo_prints_the_ledger_table(tmp_path: Path) -> None:
+def test_demo_trains_three_hospitals_within_budget_and_writes_the_report(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    with Ledger(tmp_path / "ledger.sqlite", create=False) as ledger:
-        assert ledger.silos() == ["hospital-a", "hospital-b", "hospital-c"]
-        for account in ledger.accounts():
-            assert account.events == 20
-            assert account.spent.epsilon <= 1.0
-    assert "hospital-c" in result.stdout
+    (ledger_file,) = (tmp_path / "ledgers").glob("*.sqlite")
+    with Ledger(ledger_file, create=False) as ledger:
+        accounts = ledger.accounts()
+        assert {a.silo.split("/")[0] for a in accounts} == {
+            "hospital-0",
+            "hospital-1",
+            "hospital-2",
+        }
+        assert len(accounts) == 9  # three hospitals × three trials
+        for account in accounts:
+            assert account.events == 20 and account.spent.epsilon <= 1.0
+    table = result.stdout
+    for hospital in ("hospital-0", "hospital-1", "hospital-2"):
+        row = next(line for line in table.splitlines() if hospital in line)
+        accuracy = float(row.split("│")[2].split("±")[0])
+        assert accuracy > 0.8  # the majority class is 0.63
+    assert (tmp_path / "report" / "index.html").is_file()
