@@ -101,15 +101,16 @@ def test_resuming_from_a_checkpoint_ends_with_the_same_model(tmp_path: Path) -> 
         simulate(_fedavg(), silos, rounds=5, seed=2, checkpoint=checkpoint, progress=False)
 
 
+@pytest.mark.parametrize("crash", [0, 2])
 def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_twice(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash: int
 ) -> None:
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
     whole = simulate(_fedavg(), silos, rounds=4, seed=3, trials=2, progress=False)
     real_save = simulation._save
 
     def crash_in_round_2(*args: object) -> None:
-        if args[2] == 2:  # round 2 was paid for in the ledger, its checkpoint never written
+        if args[2] == crash:  # the round was paid for in the ledger, never checkpointed
             raise RuntimeError("power cut")
         real_save(*args)  # type: ignore[arg-type]
 
@@ -127,7 +128,7 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
         )
     monkeypatch.setattr(simulation, "_save", real_save)
     with Ledger(ledger) as book:
-        assert [e.round for e in book.entries(account(silos[0], 1))] == [0, 1, 2]
+        assert [e.round for e in book.entries(account(silos[0], 1))] == list(range(crash + 1))
     resumed = simulate(
         _fedavg(),
         silos,
@@ -157,6 +158,19 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
         progress=False,
     )
     assert finished.rounds_completed == 4 and finished.epsilon == whole.epsilon
+    again = simulate(  # the same run anew over the same ledger is a second release: paid
+        _fedavg(),
+        silos,
+        rounds=4,
+        seed=3,
+        trials=2,
+        ledger=ledger,
+        checkpoint=tmp_path / "fresh.pt",
+        progress=False,
+    )
+    with Ledger(ledger) as book:
+        assert len(book.entries(account(silos[2], 0))) == 8
+    assert again.epsilon[0]["h2"].epsilon > whole.epsilon[0]["h2"].epsilon
 
 
 def test_a_plan_over_budget_fails_before_training_and_calibration_fits_it() -> None:

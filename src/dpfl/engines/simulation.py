@@ -187,7 +187,10 @@ def simulate(
                 "costs more than what is left (add noise or raise the budget)"
             )
         stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-    prepaid = _prepaid(book, algorithm, silos, trials, start) if start else Counter()
+    label = f"{algorithm.name} run {fingerprint[:12]}"
+    prepaid = (
+        Counter() if checkpoint is None else _prepaid(book, algorithm, silos, trials, start, label)
+    )
     if algorithm.private:
         _open_accounts(book, algorithm, silos, trials, rounds - start, targets, prepaid)
 
@@ -200,7 +203,7 @@ def simulate(
             else:
                 due.append((name, event))
         if due:
-            book.record_many(due, label=algorithm.name, round=current)
+            book.record_many(due, label=label, round=current)
 
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
         record([(account(silos[k], trial), event)])
@@ -346,11 +349,18 @@ def _affordable_rounds(
 
 
 def _prepaid(
-    book: Ledger, algorithm: Algorithm, silos: Sequence[Silo], trials: int, start: int
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[Silo],
+    trials: int,
+    start: int,
+    label: str,
 ) -> Counter[tuple[str, int, str]]:
-    """Charges already in the ledger for the round a resumed run starts with: the run
-    stopped after paying for that round but before its checkpoint. The round's outputs
-    were never kept, and re-running it releases them once, so what was paid covers it."""
+    """Charges this run (by its label) already made for the round it resumes with: it
+    stopped after paying for that round but before checkpointing it. The round's outputs
+    were never kept, and re-running it releases them once, so what was paid covers it.
+    If this run's entries go past that round, it is a new run over an old ledger, and
+    nothing counts as paid."""
     names = [
         account(s, r, view)
         for s in silos
@@ -358,12 +368,17 @@ def _prepaid(
         for view in [None, *algorithm.view_events(s, silos)]
     ]
     known = set(book.silos())
-    return Counter(
-        (name, start, entry.event.to_json())
+    mine = [
+        (name, entry)
         for name in names
         if name in known
         for entry in book.entries(name)
-        if entry.round == start
+        if entry.label == label
+    ]
+    if any(entry.round is not None and entry.round > start for _, entry in mine):
+        return Counter()
+    return Counter(
+        (name, start, entry.event.to_json()) for name, entry in mine if entry.round == start
     )
 
 

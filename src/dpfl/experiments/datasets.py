@@ -43,11 +43,20 @@ def _heart_disease(path: Path | None, seed: int, options: dict[str, Any]) -> Dat
     return preprocess.zero_impute(preprocess.scale_to_ranges(data, tabular.HEART_RANGES))
 
 
+_PHYSIONET_PARSED: dict[tuple[Path, str], Dataset] = {}
+"""Parsed PhysioNet sets by (folder, options): the points of a sweep that run in one
+process share one parse of the 8,000 stay files instead of repeating it."""
+
+
 def _physionet2012(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
     from dpfl.data import physionet
 
-    data = physionet.physionet2012(_folder(path, "physionet2012"), **options)
-    return preprocess.zero_impute(preprocess.scale_to_ranges(data, physionet.public_ranges()))
+    key = (_folder(path, "physionet2012").resolve(), repr(sorted(options.items())))
+    if key not in _PHYSIONET_PARSED:
+        data = physionet.physionet2012(key[0], **options)
+        ranges = physionet.public_ranges()
+        _PHYSIONET_PARSED[key] = preprocess.zero_impute(preprocess.scale_to_ranges(data, ranges))
+    return _PHYSIONET_PARSED[key]
 
 
 def _synthetic_ehr(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
