@@ -138,7 +138,7 @@ def test_best_respects_both_epsilon_and_delta(tmp_path: Path) -> None:
     run_study(Study({**STUDY, "privacy": {"private": False}}), tmp_path)
     found = best.candidates(tmp_path, epsilon=100.0, delta=1e-5)
     by_sigma = {c.run.noise_multiplier: c for c in found}
-    assert by_sigma[0.0].epsilon == math.inf and not by_sigma[0.0].qualifies  # non-private
+    assert by_sigma[None].epsilon == math.inf and not by_sigma[None].qualifies  # non-private
     low, high = by_sigma[0.8], by_sigma[3.0]
     assert low.epsilon > high.epsilon
     target = (low.epsilon + high.epsilon) / 2

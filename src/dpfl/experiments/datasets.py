@@ -65,15 +65,15 @@ def _synthetic_ehr(path: Path | None, seed: int, options: dict[str, Any]) -> Dat
     return synthetic.synthetic_ehr(seed, **options)
 
 
-LOG2_CENTRE, LOG2_UNIT = 8.0, 2.0
-"""Declared constants that centre and scale log2 expression: microarray intensities lie
-in 0-16 on the log2 scale and the BC-TCGA-shaped generator draws its gene means around 8.
-A fixed map of each value, never a statistic of the records."""
+LOG2_CENTRE = 8.0
+"""A declared centre of log2 expression: microarray intensities lie in 0-16 on the log2
+scale and the BC-TCGA-shaped generator draws its gene means around 8. Subtracting it is
+a fixed map of each value, never a statistic of the records."""
 
 
 def _gse7390(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
     """The probesets of a published signature (`signature`, default Wang's `gene76`, which
-    are the file's 76), matched by probe id; log2 values centred by declared constants.
+    are the file's 76), matched by probe id; log2 values centred at a declared constant.
     The clinical columns are left out: the seeds learn from expression alone."""
     from dpfl.data import genomics
 
@@ -95,8 +95,8 @@ def _bc_tcga(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
 
 def _synthetic_bc_tcga(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
     """The generator's signal genes (its declared list stands in for a published
-    signature; options are the generator's size and effect arguments), centred by the
-    generator's declared constants, missing values imputed at the centre (zero)."""
+    signature; options are the generator's size and effect arguments), centred at the
+    generator's declared centre, missing values imputed at the centre (zero)."""
     from dpfl.data import synthetic
 
     data = synthetic.synthetic_bc_tcga(seed, **options)
@@ -124,8 +124,8 @@ def _signature(
 
 
 def _centre_log2(data: Dataset) -> Dataset:
-    features = (np.asarray(data.features) - LOG2_CENTRE) / LOG2_UNIT  # NaN stays NaN
-    note = f"log2 values centred at {LOG2_CENTRE:g} and divided by {LOG2_UNIT:g} (declared)"
+    features = np.asarray(data.features) - LOG2_CENTRE  # NaN stays NaN
+    note = f"log2 values centred at the declared {LOG2_CENTRE:g}"
     return dataclasses.replace(data, features=features, preprocessing=(*data.preprocessing, note))
 
 

@@ -103,6 +103,10 @@ class PrivacyEvent:
         return f"{_describe(self.dp_event)} [{self.neighbouring.description}]"
 
     def to_json(self) -> str:
+        try:
+            hash(self)
+        except TypeError:  # a composition holds a list: not hashable, so not cached
+            return _serialise.__wrapped__(self)
         return _serialise(self)
 
     @classmethod
