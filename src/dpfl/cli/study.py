@@ -169,7 +169,8 @@ def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> 
         report=(lambda line: None) if json else errors.print,
     )
     failed = [run for run in runs if run.status == "failed"]
-    summaries = [s for s in run_summaries(out) if s["id"] in {run.id for run in runs}]
+    by_id = {s["id"]: s for s in run_summaries(out)}
+    summaries = [by_id[run.id] for run in runs if run.id in by_id]
     if json:
         print_json({"study": study.name, "runs": summaries, "failed": len(failed)})
     else:
@@ -188,7 +189,7 @@ def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
     for s in summaries:
         eps = s["epsilon"]
         table.add_row(
-            s["id"],
+            s["id"][:8],
             s["algorithm"],
             _grid(s["grid"]),
             str(s["trials"]),
@@ -201,8 +202,9 @@ def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
 
 
 def _metric(value: dict[str, float] | None) -> str:
-    return "—" if value is None else f"{value['mean']:.4f} ± {value['std']:.4f}"
+    return "—" if value is None else f"{value['mean']:.3f} ± {value['std']:.3f}"
 
 
 def _grid(grid: dict[str, Any]) -> str:
-    return " ".join(f"{k}={v}" for k, v in grid.items()) or "—"
+    """`name=fedavg epsilon=0.5`: the last part of each key is enough to tell points apart."""
+    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in grid.items()) or "—"

@@ -65,8 +65,8 @@ def run_study(
         for grid, config in todo:
             report(run_point(config, grid, out, progress=progress))
     with ResultsStore(out / STORE) as store:
-        keys = {c.key() for _, c in study.points}
-        return [run for run in store.runs() if run.id in keys]
+        runs = {run.id: run for run in store.runs()}
+    return [runs[c.key()] for _, c in study.points]  # in the study's grid order
 
 
 def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> str:
