@@ -61,6 +61,14 @@ def test_lists_where_one_value_is_expected_make_a_grid(tmp_path: Path) -> None:
         (("epsilon = 1.0", "delta = 1e-5"), r"privacy: a private run needs `epsilon`"),
         (('kind = "iid", silos = 3', 'kind = "iid"'), r"data.partition: a iid partition needs"),
         (('name = "fedavg"', 'name = "aop"\n[model]\nkind = "mlp"'), r"aop needs a convex"),
+        (("epsilon = 1.0", "private = false\nnoise_multiplier = 1.0"), r"non-private run takes no"),
+        (
+            (
+                'name = "fedavg"\n[privacy]\nepsilon = 1.0',
+                'name = "aop"\n[privacy]\nprivate = false',
+            ),
+            r"aop has no non-private form",
+        ),
     ],
 )
 def test_bad_values_are_named_by_key(tmp_path: Path, change: tuple[str, str], message: str) -> None:

@@ -139,7 +139,8 @@ class SiloBudget(_Strict):
 class PrivacyConfig(_Strict):
     """Per-silo record-level budget. With `epsilon` and no `noise_multiplier` the noise
     is calibrated to the tightest silo; with `noise_multiplier` σ is fixed and `epsilon`,
-    if given, is enforced. `private = false` runs the non-private reference."""
+    if given, is enforced. `private = false` runs the non-private reference: plain SGD
+    on the same batches, without clipping or noise."""
 
     private: bool = True
     epsilon: float | None = Field(None, gt=0)
@@ -181,7 +182,12 @@ class StudyConfig(_Strict):
     @model_validator(mode="after")
     def _fits_the_algorithm(self) -> StudyConfig:
         name = self.algorithm.name
-        if name == "aop" and self.privacy.private and self.privacy.epsilon is None:
+        if name == "aop" and not self.privacy.private:
+            raise ValueError(
+                "aop has no non-private form; the non-private reference is fedavg or "
+                "centralized with privacy.private = false"
+            )
+        if name == "aop" and self.privacy.epsilon is None:
             raise ValueError("aop releases with output perturbation: give privacy.epsilon")
         if name == "aop" and self.privacy.noise_multiplier is not None:
             raise ValueError("aop calibrates its own noise to privacy.epsilon")

@@ -158,11 +158,17 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
             spec.feature_norm_bound,
         )
         return algorithms.AOP(model=model, loss=loss, config=aop, epochs=config.rounds)
-    sigma = (privacy.noise_multiplier or 1.0) if privacy.private else 0.0
+    dpsgd = (
+        DPSGDConfig(
+            spec.clip_norm, privacy.noise_multiplier or 1.0, spec.learning_rate, spec.momentum
+        )
+        if privacy.private
+        else DPSGDConfig.non_private(spec.learning_rate, spec.momentum)  # no clipping either
+    )
     common: dict[str, Any] = {
         "model": model,
         "loss": loss,
-        "dpsgd": DPSGDConfig(spec.clip_norm, sigma, spec.learning_rate, spec.momentum),
+        "dpsgd": dpsgd,
         "expected_batch_size": spec.expected_batch_size,
     }
     local: dict[str, Any] = {"local_epochs": spec.local_epochs}

@@ -115,7 +115,8 @@ def compare_rows(
         by_epsilon = _group(of_dataset, _epsilon)
         budgets = sorted(e for e in by_epsilon if e is not None)
         for eps in [*budgets, *([None] if None in by_epsilon else [])]:
-            rows.append(_row(dataset, eps, by_epsilon[eps], store, paper, describe, budgets))
+            figure = paper(eps, eps is not None and eps == budgets[-1])
+            rows.append(_row(dataset, eps, by_epsilon[eps], store, figure, describe))
     return rows
 
 
@@ -124,22 +125,17 @@ def _row(
     eps: float | None,
     runs: list[RunRow],
     store: ResultsStore,
-    paper: PaperFigure,
+    figure: str,
     describe: Describe,
-    budgets: list[float],
 ) -> Row:
+    delta = runs[0].config["privacy"]["delta"]
+    privacy = f"ε = {eps:g}, δ = {delta:g}" if eps is not None else "non-private"
     finished = [r for r in runs if r.status == "finished"]
     failed = len(runs) - len(finished)
-    config = runs[0].config
-    privacy = (
-        f"ε = {eps:g}, δ = {config['privacy']['delta']:g}" if eps is not None else "non-private"
-    )
-    figure = paper(eps, bool(budgets) and eps == budgets[-1])
     if not finished:
         return Row(f"{DATA_LABELS[dataset]} · {privacy}", figure, "failed", runs[0].error or "")
     variants = _group(finished, _variant)
     best = max(variants.values(), key=lambda rs: statistics.fmean(_pooled(store, rs)))
-    config = best[0].config
     accuracy, auroc = _pooled(store, best), _pooled(store, best, "auroc")
     spent = max(max_epsilon(store, r) for r in best)
     ours = f"{mean_std(accuracy)} (AUROC {mean_std(auroc)})"
@@ -154,7 +150,7 @@ def _row(
     if failed:
         notes.append(f"{failed} run(s) failed")
     notes.append(DATA_NOTES[dataset])
-    setting = f"{DATA_LABELS[dataset]} · {describe(config)} · {privacy}"
+    setting = f"{DATA_LABELS[dataset]} · {describe(best[0].config)} · {privacy}"
     return Row(setting, figure, ours, "; ".join(notes))
 
 
