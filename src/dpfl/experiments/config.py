@@ -113,6 +113,11 @@ class AlgorithmConfig(_Strict):
     """fedavg, sign, mrmtl, ditto, finetune, local: local epochs per round."""
     client_rate: float | None = Field(None, gt=0, le=1)
     """fedavg, sign: each silo takes part in a round with this probability."""
+    clients_per_round: int | None = Field(None, ge=1)
+    """fedavg, sign: exactly this many silos, drawn at random, take part in each round."""
+    weighting: Literal["size", "uniform"] | None = None
+    """fedavg, sign: mean of the updates weighted by silo size or uniform (Kerkouche's
+    1/|K|); default size for fedavg, uniform for sign."""
     steps_per_visit: int = Field(10, ge=1)
     """cyclic: DP-SGD steps at each silo per visit (Owkin's E)."""
     server_learning_rate: float = Field(0.005, gt=0)

@@ -172,13 +172,15 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
         "expected_batch_size": spec.expected_batch_size,
     }
     local: dict[str, Any] = {"local_epochs": spec.local_epochs}
+    sampled: dict[str, Any] = {
+        "client_rate": spec.client_rate,
+        "clients_per_round": spec.clients_per_round,
+        **({} if spec.weighting is None else {"weighting": spec.weighting}),
+    }
     makers: dict[str, Callable[[], algorithms.Algorithm]] = {
-        "fedavg": lambda: algorithms.FedAvg(**common, **local, client_rate=spec.client_rate),
+        "fedavg": lambda: algorithms.FedAvg(**common, **local, **sampled),
         "sign": lambda: algorithms.Sign(
-            **common,
-            **local,
-            client_rate=spec.client_rate,
-            server_learning_rate=spec.server_learning_rate,
+            **common, **local, **sampled, server_learning_rate=spec.server_learning_rate
         ),
         "cyclic": lambda: algorithms.Cyclic(**common, steps_per_visit=spec.steps_per_visit),
         "fedsgd_secure": lambda: algorithms.FedSGDSecure(**common),

@@ -74,7 +74,8 @@ def _multiclass(labels: np.ndarray, p: np.ndarray) -> dict[str, float]:
 
 def _balanced_accuracy(labels: np.ndarray, predicted: np.ndarray) -> float:
     """Mean recall over the classes present in `labels` (a silo's test set may lack one;
-    scikit-learn then warns about predicted classes it cannot score, which is expected)."""
+    scikit-learn then warns about classes it cannot score, which is expected)."""
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", message="y_pred contains classes not in y_true")
+        warnings.filterwarnings("ignore", message="A single label was found")
         return float(skm.balanced_accuracy_score(labels, predicted))
