@@ -38,20 +38,24 @@ Progress = Callable[[str], None]
 
 
 def run_study(
-    study: Study,
+    study: Study | Sequence[Study],
     out: str | Path,
     *,
     workers: int = 1,
     progress: bool = False,
     report: Progress = lambda line: None,
 ) -> list[RunRow]:
-    """Run every point of `study` not yet finished in `out`; return all its runs.
+    """Run every point of `study` (or of several studies, sharing the workers) not yet
+    finished in `out`; return all their runs, in grid order.
 
     A point that fails is marked failed with its error, and the others go on."""
     out = Path(out)
+    studies = [study] if isinstance(study, Study) else list(study)
+    points = [point for s in studies for point in s.points]
     with ResultsStore(out / STORE) as store:
-        todo = [(g, c) for g, c in study.points if store.status(c.key()) != "finished"]
-    report(f"{study.name}: {len(study.points) - len(todo)} of {len(study.points)} points done")
+        todo = [(g, c) for g, c in points if store.status(c.key()) != "finished"]
+    names = ", ".join(s.name for s in studies)
+    report(f"{names}: {len(points) - len(todo)} of {len(points)} points done")
     if workers > 1 and len(todo) > 1:
         context = get_context("spawn")  # torch and fork do not mix
         with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
@@ -66,7 +70,7 @@ def run_study(
             report(run_point(config, grid, out, progress=progress))
     with ResultsStore(out / STORE) as store:
         runs = {run.id: run for run in store.runs()}
-    return [runs[c.key()] for _, c in study.points]  # in the study's grid order
+    return [runs[c.key()] for _, c in points]
 
 
 def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> str:

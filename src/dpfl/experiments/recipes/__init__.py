@@ -82,11 +82,9 @@ def reproduce(
     """Run recipe `name` into `out` (resuming what is there) and compare with the paper."""
     module = recipe(name)
     plan: Plan = module.studies(data_dir, scale)
-    runs = [
-        run
-        for study in plan.studies
-        for run in run_study(study, out, workers=workers, report=report)
-    ]
+    runs = (  # all studies' points share the workers
+        run_study(plan.studies, out, workers=workers, report=report) if plan.studies else []
+    )
     with ResultsStore(Path(out) / STORE) as store:
         rows: list[Row] = module.compare(runs, store)
     return Reproduction(name, module.TITLE, rows, plan.notes, runs)
