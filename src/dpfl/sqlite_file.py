@@ -9,6 +9,8 @@ processes open it at the same moment (the schema is written inside `BEGIN IMMEDI
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 
@@ -56,6 +58,19 @@ def open_database(
         db.close()
         raise
     return db
+
+
+@contextmanager
+def write_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One `BEGIN IMMEDIATE` transaction (the write lock is taken up front, so checks made
+    inside it still hold at commit), rolled back on any error or interrupt."""
+    db.execute("BEGIN IMMEDIATE")
+    try:
+        yield db
+    except BaseException:
+        db.execute("ROLLBACK")
+        raise
+    db.execute("COMMIT")
 
 
 def _is_empty(db: sqlite3.Connection) -> bool:

@@ -14,7 +14,7 @@ from sklearn.datasets import load_breast_cancer
 
 from dpfl.data import partition
 from dpfl.engines import simulation
-from dpfl.engines.simulation import account, simulate
+from dpfl.engines.simulation import SimulationResult, account, simulate
 from dpfl.federation.algorithms import Cyclic, FedAvg, RoundContext, State
 from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
@@ -107,16 +107,9 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
 ) -> None:
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
     whole = simulate(_fedavg(), silos, rounds=4, seed=3, trials=2, progress=False)
-    real_save = simulation._save
 
-    def crash_in_round_2(*args: object) -> None:
-        if args[2] == crash:  # the round was paid for in the ledger, never checkpointed
-            raise RuntimeError("power cut")
-        real_save(*args)  # type: ignore[arg-type]
-
-    monkeypatch.setattr(simulation, "_save", crash_in_round_2)
-    with pytest.raises(RuntimeError, match="power cut"):
-        simulate(
+    def run(checkpoint: Path = checkpoint) -> SimulationResult:
+        return simulate(
             _fedavg(),
             silos,
             rounds=4,
@@ -126,19 +119,21 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
             checkpoint=checkpoint,
             progress=False,
         )
+
+    real_save = simulation._save
+
+    def crash_in_round(*args: object) -> None:
+        if args[2] == crash:  # the round was paid for in the ledger, never checkpointed
+            raise RuntimeError("power cut")
+        real_save(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(simulation, "_save", crash_in_round)
+    with pytest.raises(RuntimeError, match="power cut"):
+        run()
     monkeypatch.setattr(simulation, "_save", real_save)
     with Ledger(ledger) as book:
         assert [e.round for e in book.entries(account(silos[0], 1))] == list(range(crash + 1))
-    resumed = simulate(
-        _fedavg(),
-        silos,
-        rounds=4,
-        seed=3,
-        trials=2,
-        ledger=ledger,
-        checkpoint=checkpoint,
-        progress=False,
-    )
+    resumed = run()
     for name in whole.params:
         assert torch.equal(whole.params[name], resumed.params[name])
     assert resumed.rounds_completed == 4
@@ -147,27 +142,9 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
             for trial in range(2):
                 assert [e.round for e in book.entries(account(silo, trial))] == [0, 1, 2, 3]
     assert resumed.epsilon == whole.epsilon
-    finished = simulate(  # resuming a finished run trains nothing and charges nothing
-        _fedavg(),
-        silos,
-        rounds=4,
-        seed=3,
-        trials=2,
-        ledger=ledger,
-        checkpoint=checkpoint,
-        progress=False,
-    )
+    finished = run()  # resuming a finished run trains nothing and charges nothing
     assert finished.rounds_completed == 4 and finished.epsilon == whole.epsilon
-    again = simulate(  # the same run anew over the same ledger is a second release: paid
-        _fedavg(),
-        silos,
-        rounds=4,
-        seed=3,
-        trials=2,
-        ledger=ledger,
-        checkpoint=tmp_path / "fresh.pt",
-        progress=False,
-    )
+    again = run(tmp_path / "fresh.pt")  # the same run anew over the ledger: a second release
     with Ledger(ledger) as book:
         assert len(book.entries(account(silos[2], 0))) == 8
     assert again.epsilon[0]["h2"].epsilon > whole.epsilon[0]["h2"].epsilon

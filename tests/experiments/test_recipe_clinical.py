@@ -21,7 +21,7 @@ from dpfl.experiments.recipes.clinical_common import (
     upstream_per_client,
     upstream_per_message,
 )
-from dpfl.experiments.recipes.dopamine import METHODS, hospitals_epsilon
+from dpfl.experiments.recipes.dopamine import METHODS
 from dpfl.experiments.runner import STORE
 from dpfl.experiments.store import ResultsStore, RunRow
 
@@ -128,7 +128,7 @@ def test_dopamine_runs_its_five_methods_with_the_right_privacy(dopamine: Ran) ->
             and row["accountant"] == secure.datasheet["accountant"]
             and row["round"] == secure.rounds_completed - 1
         )
-        assert hospitals_epsilon(store, secure) > server
+        assert store.final_epsilon(secure, view="hospitals") > server
     budgets = {setting(run, "privacy.epsilon") for run in reproduction.runs if private(run)}
     assert len(budgets) == 1  # one budget for CDP, FPDP and Dopamine
 

@@ -18,8 +18,6 @@ from dpfl.experiments.datasets import DATASETS, build_silos
 from dpfl.experiments.recipes import (
     Reproduction,
     astar,
-    final_metric,
-    max_epsilon,
     owkin,
     reproduce,
 )
@@ -48,7 +46,7 @@ def _again(name: str, out: Path, data_dir: Path | None) -> Reproduction:
 
 
 def _mean(store: ResultsStore, runs: list[RunRow], metric: str = "accuracy") -> float:
-    return statistics.fmean(v for run in runs for v in final_metric(store, run, metric))
+    return statistics.fmean(v for run in runs for v in store.final_metric(run, metric))
 
 
 def _runs(store: ResultsStore, dataset: str, epsilon: float | None) -> list[RunRow]:
@@ -99,7 +97,7 @@ def test_every_epsilon_in_the_store_is_within_its_budget(
     with ResultsStore(out / STORE) as store:
         for run in store.runs():
             privacy = run.config["privacy"]
-            spent = max_epsilon(store, run)
+            spent = store.final_epsilon(run)
             if privacy["private"]:
                 assert 0.9 * privacy["epsilon"] < spent <= privacy["epsilon"] + 1e-9
             else:

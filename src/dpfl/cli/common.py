@@ -11,7 +11,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from absl import logging as absl_logging
 from rich.console import Console
 from rich.table import Table
 
@@ -20,10 +19,6 @@ from dpfl.privacy import PrivacyError, SiloAccount
 # A pipe or a log file gets 120 columns: ledger tables are wider than 80.
 console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
-
-# dp_accounting logs each Rényi order it drops as numerically unstable; dropping one is
-# sound (ε is a minimum over the rest), so the command line keeps quiet about it.
-absl_logging.set_verbosity(absl_logging.ERROR)
 
 
 @contextmanager

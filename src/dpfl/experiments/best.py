@@ -53,7 +53,7 @@ def candidates(
     with ResultsStore(Path(directory) / STORE, create=False) as store:
         found = []
         for run in store.runs(status="finished"):
-            values = _final(store, run, metric, validation_silo)
+            values = store.final_metric(run, metric, validation_silo)
             spent = _epsilon_at(store, run, delta)
             found.append(
                 Candidate(
@@ -72,18 +72,6 @@ def candidates(
             math.inf if math.isnan(c.mean) else (c.mean if lower_is_better else -c.mean),
         ),
     )
-
-
-def _final(
-    store: ResultsStore, run: RunRow, metric: str, validation_silo: str | None
-) -> list[float]:
-    last = (run.rounds_completed or run.rounds) - 1
-    values = [
-        row["value"]
-        for row in store.rows("metrics", run.id)
-        if row["metric"] == metric and row["round"] == last and row["silo"] == validation_silo
-    ]
-    return [v for v in values if v is not None and not math.isnan(v)]
 
 
 def _epsilon_at(store: ResultsStore, run: RunRow, delta: float) -> float:

@@ -18,15 +18,15 @@ half-way leaves no partial results, and a restarted sweep simply runs it again.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpfl.sqlite_file import open_database
+from dpfl.sqlite_file import open_database, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
 _SCHEMA_VERSION = 1
@@ -107,6 +107,11 @@ class RunRow:
     ledger: Path | None
     datasheet: dict[str, Any]
 
+    @property
+    def last_round(self) -> int:
+        """The run's final round (earlier than planned if it stopped at its budget)."""
+        return (self.rounds_completed or self.rounds) - 1
+
 
 @dataclass(frozen=True)
 class RunResults:
@@ -165,7 +170,7 @@ class ResultsStore:
         rounds: int,
     ) -> None:
         """Mark a run as running, dropping whatever an earlier, unfinished attempt left."""
-        with self._write() as db:
+        with write_transaction(self._db) as db:
             db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
             db.execute(
                 "INSERT INTO runs (id, study, algorithm, config, grid, status, trials, rounds,"
@@ -184,7 +189,7 @@ class ResultsStore:
 
     def finish(self, run_id: str, results: RunResults) -> None:
         """Write a run's results and mark it finished, all in one transaction."""
-        with self._write() as db:
+        with write_transaction(self._db) as db:
             self._require(db, run_id)
             for table in ("metrics", "privacy", "communication"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
@@ -217,7 +222,7 @@ class ResultsStore:
             )
 
     def fail(self, run_id: str, error: str) -> None:
-        with self._write() as db:
+        with write_transaction(self._db) as db:
             self._require(db, run_id)
             db.execute(
                 "UPDATE runs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
@@ -259,17 +264,34 @@ class ResultsStore:
         names = [c[0] for c in cursor.description]
         return [dict(zip(names, row, strict=True)) for row in cursor]
 
-    # -- internals --------------------------------------------------------------------
+    def final_metric(self, run: RunRow, metric: str, silo: str | None = None) -> list[float]:
+        """The metric after the run's last round, one value per trial, on the union of the
+        test sets or on `silo`'s; undefined values (NULL, NaN) are left out."""
+        return [
+            row["value"]
+            for row in self.rows("metrics", run.id)
+            if row["metric"] == metric
+            and row["round"] == run.last_round
+            and row["silo"] == silo
+            and row["value"] is not None
+            and not math.isnan(row["value"])
+        ]
 
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+    def final_epsilon(self, run: RunRow, view: str | None = None) -> float:
+        """The largest ε after the last round over silos and trials, by the run's own
+        accountant, against `view` (None: the server, whom budgets bind); ∞ if the run
+        recorded none (non-private)."""
+        accountant = run.datasheet.get("accountant", "pld")
+        values = [
+            row["epsilon"]
+            for row in self.rows("privacy", run.id)
+            if row["view"] == view
+            and row["accountant"] == accountant
+            and row["round"] == run.last_round
+        ]
+        return max(values, default=math.inf)
+
+    # -- internals --------------------------------------------------------------------
 
     @staticmethod
     def _require(db: sqlite3.Connection, run_id: str) -> None:

@@ -27,7 +27,7 @@ def silo_summaries(directory: str | Path, run_id: str) -> list[dict[str, Any]]:
     """One dict per silo of a run: final metrics, ε (PLD and RDP) at its δ, bytes."""
     with ResultsStore(Path(directory) / STORE, create=False) as store:
         run = store.run(run_id)
-        last = _last_round(run)
+        last = run.last_round
         metrics = _by(store.rows("metrics", run.id), last, "silo")
         privacy = _final_privacy(store.rows("privacy", run.id), last)
         traffic = _traffic(store.rows("communication", run.id), run.trials)
@@ -44,7 +44,7 @@ def silo_summaries(directory: str | Path, run_id: str) -> list[dict[str, Any]]:
 
 
 def _run(store: ResultsStore, run: RunRow) -> dict[str, Any]:
-    last = _last_round(run)
+    last = run.last_round
     metrics = _by(store.rows("metrics", run.id), last, "silo").get(None, {})
     privacy = _final_privacy(store.rows("privacy", run.id), last)
     traffic = _traffic(store.rows("communication", run.id), run.trials)
@@ -73,10 +73,6 @@ def _run(store: ResultsStore, run: RunRow) -> dict[str, Any]:
         else 0.0,
         "seconds": run.seconds,
     }
-
-
-def _last_round(run: RunRow) -> int:
-    return (run.rounds_completed or run.rounds) - 1
 
 
 def _by(

@@ -60,7 +60,7 @@ def calibrate_noise(
     roughly_within = _within_target(make_event, target_epsilon, delta, kind, coarse=True)
     bracket = _bracket(roughly_within, 1.0)
     if bracket is None:
-        return NOISE_FLOOR if within(NOISE_FLOOR) else _least_fine(within, NOISE_FLOOR, tolerance)
+        return _least_fine(within, NOISE_FLOOR, tolerance)
     sigma = float(
         calibrate_dp_mechanism(
             lambda: make_accountant(kind, probe.neighbouring, coarse=True),

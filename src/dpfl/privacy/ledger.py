@@ -20,8 +20,7 @@ import math
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -31,7 +30,7 @@ from dpfl.privacy import calibration, events
 from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
 from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
 from dpfl.privacy.events import Neighbouring, PrivacyEvent
-from dpfl.sqlite_file import open_database
+from dpfl.sqlite_file import open_database, write_transaction
 
 _APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
 _SCHEMA_VERSION = 1
@@ -146,7 +145,7 @@ class Ledger:
             raise PrivacyParameterError(f"silo {silo!r}: size must be a positive integer")
         check_delta(delta, dataset_size=size)
         wanted = Budget(float(epsilon), float(delta), Neighbouring(neighbouring), size)
-        with self._write() as db:
+        with write_transaction(self._db) as db:
             existing = _budget_or_none(db, silo)
             if existing is None:
                 db.execute(
@@ -254,7 +253,9 @@ class Ledger:
         instead of one each; release their outputs only after this returns."""
         budgets = [self._budget_for(silo, event) for silo, event in charges]
         entries = []
-        with self._write() as db:  # the budget checks and the inserts are one transaction
+        with write_transaction(
+            self._db
+        ) as db:  # the budget checks and the inserts are one transaction
             pending = _histories(db, [silo for silo, _ in charges])
             for (silo, event), budget in zip(charges, budgets, strict=True):
                 before = pending[silo]
@@ -328,16 +329,6 @@ class Ledger:
         self.close()
 
     # -- internals ------------------------------------------------------------------
-
-    @contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
 
     def _budget_for(self, silo: str, event: PrivacyEvent) -> Budget:
         budget = self.budget(silo)

@@ -13,7 +13,6 @@ rounds and grid).
 from __future__ import annotations
 
 import importlib
-import math
 import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -88,29 +87,6 @@ def reproduce(
     with ResultsStore(Path(out) / STORE) as store:
         rows: list[Row] = module.compare(runs, store)
     return Reproduction(name, module.TITLE, rows, plan.notes, runs)
-
-
-def final_metric(store: ResultsStore, run: RunRow, metric: str = "accuracy") -> list[float]:
-    """The run's metric on the union of test sets after its last round, one per trial."""
-    last = (run.rounds_completed or run.rounds) - 1
-    return [
-        row["value"]
-        for row in store.rows("metrics", run.id)
-        if row["silo"] is None and row["metric"] == metric and row["round"] == last
-    ]
-
-
-def max_epsilon(store: ResultsStore, run: RunRow) -> float:
-    """The largest final ε over silos and trials (server view, the run's accountant);
-    ∞ for a non-private run."""
-    accountant = run.datasheet.get("accountant", "pld")
-    last = (run.rounds_completed or run.rounds) - 1
-    values = [
-        row["epsilon"]
-        for row in store.rows("privacy", run.id)
-        if row["view"] is None and row["accountant"] == accountant and row["round"] == last
-    ]
-    return max(values) if values else math.inf
 
 
 def mean_std(values: Sequence[float], *, percent: bool = True) -> str:

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from dpfl.experiments.recipes import Scale, max_epsilon, mean_std
+from dpfl.experiments.recipes import Scale, mean_std
 from dpfl.experiments.store import ResultsStore, RunRow
 
 T = TypeVar("T")
@@ -55,11 +55,10 @@ def private(run: RunRow) -> bool:
 
 def final_rows(store: ResultsStore, run: RunRow, metric: str) -> list[dict[str, Any]]:
     """The metric's rows (union and per silo) at the run's last completed round."""
-    last = (run.rounds_completed or run.rounds) - 1
     return [
         row
         for row in store.rows("metrics", run.id)
-        if row["metric"] == metric and row["round"] == last
+        if row["metric"] == metric and row["round"] == run.last_round
     ]
 
 
@@ -95,7 +94,7 @@ def epsilon_text(store: ResultsStore, runs: Sequence[RunRow]) -> str:
     chosen = [run for run in runs if private(run)]
     if not chosen:
         return "non-private"
-    spent = max(max_epsilon(store, run) for run in chosen)
+    spent = max(store.final_epsilon(run) for run in chosen)
     budgets = {setting(run, "privacy.epsilon") for run in chosen} - {None}
     limit = f" (budget {', '.join(f'{b:g}' for b in sorted(budgets))})" if budgets else ""
     return f"ε = {spent:.3g}{limit}"

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale, final_metric
+from dpfl.experiments.recipes import Plan, Row, Scale
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -139,7 +139,7 @@ def _order(item: tuple[tuple[str, float | None], RunRow]) -> tuple[float, int]:
 
 
 def _accuracy(store: ResultsStore, run: RunRow) -> str:
-    return metric_text(final_metric(store, run, "accuracy"), percent=True)
+    return metric_text(store.final_metric(run, "accuracy"), percent=True)
 
 
 def _method_row(method: str, epsilon: float | None, run: RunRow, store: ResultsStore) -> Row:
@@ -148,7 +148,7 @@ def _method_row(method: str, epsilon: float | None, run: RunRow, store: ResultsS
         ours += f", σ = {run.noise_multiplier:.3g}"
     if run.algorithm == "fedsgd_secure":
         ours += (
-            f"; other hospitals' view ε = {hospitals_epsilon(store, run):.3g}; "
+            f"; other hospitals' view ε = {store.final_epsilon(run, view='hospitals'):.3g}; "
             f"{run.rounds_completed} of {run.rounds} rounds"
             + (" (stopped at the budget)" if run.stopped_by_budget else "")
         )
@@ -171,15 +171,3 @@ def _claim_row(
         f"accuracy {_accuracy(store, dopamine)} vs {_accuracy(store, fpdp)}",
         "all three calibrated to the same budget, so ε alone cannot separate them here",
     )
-
-
-def hospitals_epsilon(store: ResultsStore, run: RunRow) -> float:
-    """The largest final ε another hospital faces (it can cancel its own noise share)."""
-    accountant = run.datasheet.get("accountant", "pld")
-    last = (run.rounds_completed or run.rounds) - 1
-    values = [
-        row["epsilon"]
-        for row in store.rows("privacy", run.id)
-        if row["view"] == "hospitals" and row["accountant"] == accountant and row["round"] == last
-    ]
-    return max(values, default=float("nan"))

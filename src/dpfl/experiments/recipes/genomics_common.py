@@ -21,7 +21,7 @@ import numpy as np
 
 from dpfl.experiments.config import DataConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.recipes import Row, Scale, final_metric, max_epsilon, mean_std
+from dpfl.experiments.recipes import Row, Scale, mean_std
 from dpfl.experiments.store import ResultsStore, RunRow
 
 SILOS = 2
@@ -137,7 +137,7 @@ def _row(
     variants = _group(finished, _variant)
     best = max(variants.values(), key=lambda rs: statistics.fmean(_pooled(store, rs)))
     accuracy, auroc = _pooled(store, best), _pooled(store, best, "auroc")
-    spent = max(max_epsilon(store, r) for r in best)
+    spent = max(store.final_epsilon(r) for r in best)
     ours = f"{mean_std(accuracy)} (AUROC {mean_std(auroc)})"
     if eps is not None:
         ours += f", ε ≤ {spent:.3f}"
@@ -173,7 +173,7 @@ def _variant(run: RunRow) -> str:
 
 
 def _pooled(store: ResultsStore, runs: Sequence[RunRow], metric: str = "accuracy") -> list[float]:
-    return [value for run in runs for value in final_metric(store, run, metric)]
+    return [value for run in runs for value in store.final_metric(run, metric)]
 
 
 def majority(config: dict[str, Any]) -> float:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale, final_metric
+from dpfl.experiments.recipes import Plan, Row, Scale
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -227,8 +227,8 @@ def _accuracy_row(
         else "—"
     )
     ours = "; ".join(
-        f"{label} {metric_text(final_metric(store, sign, metric))} vs "
-        f"{metric_text(final_metric(store, standard, metric))}"
+        f"{label} {metric_text(store.final_metric(sign, metric))} vs "
+        f"{metric_text(store.final_metric(standard, metric))}"
         for label, metric in (("AUROC", "auroc"), ("bal. acc.", "balanced_accuracy"))
     )
     if epsilon is not None:
