@@ -195,15 +195,10 @@ def simulate(
         _open_accounts(book, algorithm, silos, trials, rounds - start, targets, prepaid)
 
     def record(charges: Sequence[tuple[str, events.PrivacyEvent]]) -> None:
-        due = []
-        for name, event in charges:
-            key = (name, current, event.to_json())
-            if prepaid[key]:
-                prepaid[key] -= 1
-            else:
-                due.append((name, event))
-        if due:
-            book.record_many(due, label=label, round=current)
+        if prepaid and current == start:  # only the resumed round can have been paid
+            charges = _unpaid(charges, prepaid, current)
+        if charges:
+            book.record_many(charges, label=label, round=current)
 
     def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
         record([(account(silos[k], trial), event)])
@@ -380,6 +375,22 @@ def _prepaid(
     return Counter(
         (name, start, entry.event.to_json()) for name, entry in mine if entry.round == start
     )
+
+
+def _unpaid(
+    charges: Sequence[tuple[str, events.PrivacyEvent]],
+    prepaid: Counter[tuple[str, int, str]],
+    round_: int,
+) -> list[tuple[str, events.PrivacyEvent]]:
+    """The charges not covered by `prepaid`, which gives up what it covers."""
+    due = []
+    for name, event in charges:
+        key = (name, round_, event.to_json())
+        if prepaid[key]:
+            prepaid[key] -= 1
+        else:
+            due.append((name, event))
+    return due
 
 
 def _open_accounts(
