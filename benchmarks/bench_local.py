@@ -106,7 +106,9 @@ def _dpfl(case: Case, secure: bool) -> Callable[[], int]:
 def _plain(case: Case) -> Callable[[], int]:
     model = copy.deepcopy(case.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=CONFIG.learning_rate)
-    sampler = PoissonSampler(len(case.y), case.sample_rate, np.random.default_rng(1))
+    sampler = PoissonSampler(
+        len(case.y), case.sample_rate, np.random.default_rng(1), public_size=len(case.y)
+    )
 
     def run() -> int:
         examples = 0
@@ -128,7 +130,9 @@ def _opacus(case: Case) -> Callable[[], int]:
     from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
 
     expected = round(case.sample_rate * len(case.y))
-    sampler = PoissonSampler(len(case.y), case.sample_rate, np.random.default_rng(1))
+    sampler = PoissonSampler(
+        len(case.y), case.sample_rate, np.random.default_rng(1), public_size=len(case.y)
+    )
     x = case.x_dense.to_dense() if case.x_dense.is_sparse else case.x_dense
     kwargs = {
         "noise_multiplier": CONFIG.noise_multiplier,
@@ -189,7 +193,10 @@ def _stacked_trials(trials: int, steps: int, repeats: int) -> tuple[float, float
     inits = [parameters_of(model)] * trials
 
     def samplers() -> list[PoissonSampler]:
-        return [PoissonSampler(1000, 0.02, np.random.default_rng(t)) for t in range(trials)]
+        return [
+            PoissonSampler(1000, 0.02, np.random.default_rng(t), public_size=1000)
+            for t in range(trials)
+        ]
 
     def stacked() -> None:
         noises = [SeededNoise(t) for t in range(trials)]

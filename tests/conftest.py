@@ -45,7 +45,11 @@ def breast_cancer_silos() -> Callable[[int], list[Silo]]:
             idx = np.random.default_rng(k).permutation(members)  # the table is ordered
             cut = int(0.8 * len(idx))
             train, test = idx[:cut], idx[cut:]
-            silos.append(Silo.from_arrays(f"h{k}", x[train], y[train], x[test], y[test]))
+            silos.append(
+                Silo.from_arrays(
+                    f"h{k}", x[train], y[train], x[test], y[test], public_size=len(train)
+                )
+            )
         return silos
 
     return make

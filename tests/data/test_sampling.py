@@ -16,7 +16,7 @@ from dpfl.privacy.errors import PrivacyParameterError, UnsupportedAccountingErro
 
 def test_poisson_batch_sizes_are_binomial() -> None:
     n, q, draws = 300, 0.05, 4000
-    sampler = PoissonSampler(n, q, np.random.default_rng(0))
+    sampler = PoissonSampler(n, q, np.random.default_rng(0), public_size=n)
     sizes = np.array([len(sampler.sample()) for _ in range(draws)])
     # Chi-square goodness of fit, pooling the tails so every expected count is ≥ 5.
     lo, hi = int(stats.binom.ppf(0.002, n, q)), int(stats.binom.ppf(0.998, n, q))
@@ -32,7 +32,7 @@ def test_poisson_batch_sizes_are_binomial() -> None:
 
 def test_poisson_includes_each_record_independently_with_rate_q() -> None:
     n, q, draws = 50, 0.2, 3000
-    sampler = PoissonSampler(n, q, np.random.default_rng(1))
+    sampler = PoissonSampler(n, q, np.random.default_rng(1), public_size=n)
     counts = np.zeros(n)
     for _ in range(draws):
         batch = sampler.sample()
@@ -43,12 +43,12 @@ def test_poisson_includes_each_record_independently_with_rate_q() -> None:
 
 
 def test_poisson_declares_the_sampled_gaussian_event() -> None:
-    sampler = PoissonSampler(1000, 0.01, np.random.default_rng(0))
+    sampler = PoissonSampler(1000, 0.01, np.random.default_rng(0), public_size=1000)
     assert sampler.expected_batch_size == pytest.approx(10.0)
     event = sampler.privacy_event(1.1, 300)
     assert event == events.poisson_gaussian(0.01, 1.1, steps=300)
     with pytest.raises(PrivacyParameterError):
-        PoissonSampler(10, 1.5, np.random.default_rng(0))
+        PoissonSampler(10, 1.5, np.random.default_rng(0), public_size=10)
 
 
 def test_shuffled_sampler_covers_each_epoch_once_and_refuses_accounting() -> None:
@@ -61,7 +61,7 @@ def test_shuffled_sampler_covers_each_epoch_once_and_refuses_accounting() -> Non
 
 def test_balanced_batches_have_equal_classes_drawn_from_the_poisson_batch() -> None:
     labels = np.array([0] * 270 + [1] * 30)
-    sampler = BalancedPoissonSampler(labels, 0.2, np.random.default_rng(0))
+    sampler = BalancedPoissonSampler(labels, 0.2, np.random.default_rng(0), public_size=len(labels))
     for _ in range(50):
         batch = sampler.sample()
         assert (labels[batch] == 1).sum() == (labels[batch] == 0).sum()
@@ -80,7 +80,9 @@ def test_balanced_downsampling_has_sensitivity_2c_and_declares_sigma_over_2() ->
     params = {"weight": torch.ones(1, 1, dtype=torch.float64)}
 
     def downsampled_sum(keep: np.ndarray) -> torch.Tensor:
-        batch = BalancedPoissonSampler(labels[keep], 1.0, np.random.default_rng(0)).sample()
+        batch = BalancedPoissonSampler(
+            labels[keep], 1.0, np.random.default_rng(0), public_size=len(labels[keep])
+        ).sample()
         idx = torch.from_numpy(keep[batch])
         sums, _ = clipped(params, x[idx], y[idx], torch.ones(len(idx), dtype=torch.float64), clip)
         return sums["weight"]
@@ -88,7 +90,7 @@ def test_balanced_downsampling_has_sensitivity_2c_and_declares_sigma_over_2() ->
     with_r = downsampled_sum(np.arange(4))
     without_r = downsampled_sum(np.arange(1, 4))
     assert float((with_r - without_r).norm()) == pytest.approx(2 * clip)
-    sampler = BalancedPoissonSampler(labels, 0.3, np.random.default_rng(0))
+    sampler = BalancedPoissonSampler(labels, 0.3, np.random.default_rng(0), public_size=len(labels))
     assert sampler.privacy_event(1.08, 5) == events.poisson_gaussian(0.3, 0.54, steps=5)
 
 

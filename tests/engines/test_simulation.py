@@ -34,7 +34,14 @@ def _silos(n: int = 3) -> list[Silo]:
     for k, idx in enumerate(partition.iid_stratified(_Y, n, seed=0)):
         cut = int(0.8 * len(idx))
         silos.append(
-            Silo.from_arrays(f"h{k}", _X[idx[:cut]], _Y[idx[:cut]], _X[idx[cut:]], _Y[idx[cut:]])
+            Silo.from_arrays(
+                f"h{k}",
+                _X[idx[:cut]],
+                _Y[idx[:cut]],
+                _X[idx[cut:]],
+                _Y[idx[cut:]],
+                public_size=cut,
+            )
         )
     return silos
 
@@ -123,7 +130,7 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
     real_save = simulation._save
 
     def crash_in_round(*args: object) -> None:
-        if args[2] == crash:  # the round was paid for in the ledger, never checkpointed
+        if args[3] == crash:  # the round was paid for in the ledger, never checkpointed
             raise RuntimeError("power cut")
         real_save(*args)  # type: ignore[arg-type]
 
@@ -152,7 +159,7 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
 
 def test_a_plan_over_budget_fails_before_training_and_calibration_fits_it() -> None:
     silos = _silos()
-    with pytest.raises(ValueError, match=r"would exceed ε=1.*calibrate=True"):
+    with pytest.raises(ValueError, match=r"would exceed ε=1.*calibrate the noise"):
         simulate(_fedavg(), silos, rounds=10, epsilon_budget=1.0, progress=False)
     result = simulate(
         _fedavg(), silos, rounds=10, epsilon_budget=1.0, calibrate=True, progress=False
@@ -272,7 +279,7 @@ def test_a_robust_aggregator_limits_a_poisoned_silo(breast_cancer_silos) -> None
 
     silos = breast_cancer_silos(5)
     bad = silos[0]
-    silos[0] = Silo(bad.name, bad.x, 1 - bad.y, bad.x_test, bad.y_test)
+    silos[0] = Silo(bad.name, bad.x, 1 - bad.y, bad.x_test, bad.y_test, bad.public_size)
     accuracy = {}
     for name, robust in (("mean", None), ("median", aggregators.coordinate_median)):
         torch.manual_seed(0)

@@ -42,8 +42,8 @@ class CountingNoise(NoiseSource):
 
 
 class CountingSampler(PoissonSampler):
-    def __init__(self, *args: Any) -> None:
-        super().__init__(*args)
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self.draws = 0
 
     def sample(self) -> np.ndarray:
@@ -55,7 +55,7 @@ def test_declared_event_equals_what_was_run() -> None:
     x, y = _data(200, 5, 0)
     model = mlp(5, (4,)).double()  # 4 parameter tensors
     q, sigma, steps = 0.05, 1.3, 17
-    sampler = CountingSampler(200, q, np.random.default_rng(0))
+    sampler = CountingSampler(200, q, np.random.default_rng(0), public_size=200)
     noise = CountingNoise(0)
     result = DPSGD(model, bce, DPSGDConfig(1.0, sigma, 0.1)).run(
         parameters_of(model), (x, y), sampler, steps, noise=noise
@@ -70,7 +70,9 @@ def test_declared_event_equals_what_was_run() -> None:
 def test_balanced_sampler_declares_half_the_noise_multiplier() -> None:
     x, y = _data(200, 5, 1)
     model = logistic_regression(5).double()
-    sampler = BalancedPoissonSampler(y.numpy(), 0.1, np.random.default_rng(0))
+    sampler = BalancedPoissonSampler(
+        y.numpy(), 0.1, np.random.default_rng(0), public_size=len(y.numpy())
+    )
     result = DPSGD(model, bce, DPSGDConfig(1.0, 1.08, 0.1)).run(
         parameters_of(model), (x, y), sampler, 4, noise=SeededNoise(0)
     )
@@ -86,8 +88,8 @@ def test_runs_are_recorded_in_the_silo_ledger_with_their_true_cost(tmp_path: Pat
     ledger = Ledger(tmp_path / "ledger.sqlite")
     rng = np.random.default_rng(0)
     samplers = {
-        "poisson": PoissonSampler(200, 0.05, rng),
-        "balanced": BalancedPoissonSampler(y.numpy(), 0.05, rng),
+        "poisson": PoissonSampler(200, 0.05, rng, public_size=200),
+        "balanced": BalancedPoissonSampler(y.numpy(), 0.05, rng, public_size=len(y.numpy())),
     }
     for silo, sampler in samplers.items():
         ledger.register_silo(silo, epsilon=50.0, delta=1e-5, size=200)
@@ -127,7 +129,11 @@ def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
     x, y = _data(1, d, 3)
     params = parameters_of(model)
     result = DPSGD(model, bce, DPSGDConfig(clip, sigma, lr)).run(
-        params, (x, y), PoissonSampler(1, q, np.random.default_rng(0)), steps, noise=SeededNoise(7)
+        params,
+        (x, y),
+        PoissonSampler(1, q, np.random.default_rng(0), public_size=1),
+        steps,
+        noise=SeededNoise(7),
     )
     draws = ((params["weight"] - result.params["weight"]) * q / lr / steps).flatten().numpy()
     # The mean of `steps` independent N(0, (σC)²) has std σC/√steps.
@@ -146,9 +152,13 @@ def test_update_is_clipped_sum_over_expected_batch_size_with_momentum() -> None:
     model = logistic_regression(4).double()
     start = parameters_of(model)
     result = DPSGD(model, bce, DPSGDConfig(1e9, 1e-300, lr, beta)).run(
-        start, (x, y), PoissonSampler(n, q, np.random.default_rng(5)), 2, noise=SeededNoise(0)
+        start,
+        (x, y),
+        PoissonSampler(n, q, np.random.default_rng(5), public_size=n),
+        2,
+        noise=SeededNoise(0),
     )
-    replay = PoissonSampler(n, q, np.random.default_rng(5))
+    replay = PoissonSampler(n, q, np.random.default_rng(5), public_size=n)
     params = {k: v.clone().requires_grad_() for k, v in start.items()}
     velocity = {k: torch.zeros_like(v) for k, v in start.items()}
     for _ in range(2):
@@ -191,7 +201,9 @@ def test_stacked_trials_equal_the_same_trials_run_one_by_one(kind: str) -> None:
     dpsgd = DPSGD(model, loss, config)
 
     def sampler(t: int) -> PoissonSampler:
-        return PoissonSampler(len(datasets[t][1]), 0.2, np.random.default_rng(t))
+        return PoissonSampler(
+            len(datasets[t][1]), 0.2, np.random.default_rng(t), public_size=len(datasets[t][1])
+        )
 
     one_by_one = [
         dpsgd.run(inits[t], datasets[t], sampler(t), 6, noise=SeededNoise(t)) for t in range(trials)
@@ -217,11 +229,14 @@ def test_secure_and_seeded_noise_are_recorded_in_metadata() -> None:
     dpsgd = DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1))
 
     def run(noise: NoiseSource) -> dict[str, Any]:
-        sampler = PoissonSampler(20, 0.5, np.random.default_rng(0))
+        sampler = PoissonSampler(20, 0.5, np.random.default_rng(0), public_size=20)
         return dpsgd.run(parameters_of(model), (x, y), sampler, 1, noise=noise).metadata
 
     default = dpsgd.run(
-        parameters_of(model), (x, y), PoissonSampler(20, 0.5, np.random.default_rng(0)), 1
+        parameters_of(model),
+        (x, y),
+        PoissonSampler(20, 0.5, np.random.default_rng(0), public_size=20),
+        1,
     ).metadata
     assert default["noise"] == "secure"
     secure = run(SecureNoise())

@@ -42,12 +42,13 @@ def _neighbour_distances(
     model = logistic_regression(4, classes).double()
     loss = bce if classes == 2 else cross_entropy
     init = parameters_of(model)
-    full = approximate_minimizer(model, init, x, y, loss, config)
+    n = len(y)  # the public size: removing a record does not change it
+    full = approximate_minimizer(model, init, x, y, loss, config, n)
     out = []
     for i in range(len(y)):
         keep = torch.arange(len(y)) != i
         out.append(
-            _distance(full, approximate_minimizer(model, init, x[keep], y[keep], loss, config))
+            _distance(full, approximate_minimizer(model, init, x[keep], y[keep], loss, config, n))
         )
     return out
 
@@ -86,7 +87,7 @@ def test_the_bound_is_attained_within_a_factor_two() -> None:
     )
     model = logistic_regression(4).double()
     zero = {k: torch.zeros_like(v) for k, v in parameters_of(model).items()}
-    theta = approximate_minimizer(model, zero, x, y, bce, config)
+    theta = approximate_minimizer(model, zero, x, y, bce, config, len(y))
     assert _distance(theta, zero) > 0.49 * sensitivity(1, bce, config)
 
 
@@ -105,6 +106,7 @@ def test_the_papers_noise_scale_does_not_cover_the_minimisers_sensitivity() -> N
             (x, y),
             bce,
             config,
+            40,
             SeededNoise(0),
         ).metadata["noise_std"]
     )
@@ -114,7 +116,7 @@ def test_minimiser_meets_the_gradient_condition_in_the_papers_convention() -> No
     x, y = _data(30, 3)
     config = AOPConfig(1.0, 1e-5, regularization=2.0, gradient_tolerance=1e-5, feature_norm_bound=R)
     model = logistic_regression(4).double()
-    theta = approximate_minimizer(model, parameters_of(model), x, y, bce, config)
+    theta = approximate_minimizer(model, parameters_of(model), x, y, bce, config, 30)
     w = theta["weight"].clone().requires_grad_()
     b = theta["bias"].clone().requires_grad_()
     xc = clip_rows(x, R)
@@ -130,13 +132,13 @@ def test_release_adds_noise_of_the_calibrated_std_and_declares_epsilon_delta() -
     config = AOPConfig(0.8, 1e-6, regularization=1.0, gradient_tolerance=1e-4, feature_norm_bound=R)
     model = logistic_regression(4).double()
     init = parameters_of(model)
-    result = output_perturbation(model, init, (x, y), bce, config, SeededNoise(3))
+    result = output_perturbation(model, init, (x, y), bce, config, 50, SeededNoise(3))
     expected_std = sensitivity(50, bce, config) * get_sigma_gaussian(0.8, 1e-6)
     assert result.metadata["noise_std"] == pytest.approx(expected_std, rel=1e-8)
     # the analytic Gaussian needs less noise than the paper's (1 + √(2 ln 1/δ))/ε factor
     assert expected_std < sensitivity(50, bce, config) * (1 + math.sqrt(2 * math.log(1e6))) / 0.8
     assert result.event == events.approximate_dp(0.8, 1e-6)
-    minimum = approximate_minimizer(model, init, x, y, bce, config)
+    minimum = approximate_minimizer(model, init, x, y, bce, config, 50)
     replay = SeededNoise(3)
     for k, v in minimum.items():
         expected = v + replay.normal(tuple(v.shape), expected_std, v.dtype)
@@ -147,7 +149,9 @@ def test_float32_models_get_float32_parameters_noised_before_rounding() -> None:
     x, y = _data(20, 6)
     config = AOPConfig(1.0, 1e-5, regularization=1.0, gradient_tolerance=1e-4, feature_norm_bound=R)
     model = logistic_regression(4)
-    result = output_perturbation(model, parameters_of(model), (x, y), bce, config, SeededNoise(0))
+    result = output_perturbation(
+        model, parameters_of(model), (x, y), bce, config, 20, SeededNoise(0)
+    )
     assert all(v.dtype == torch.float32 for v in result.params.values())
 
 
@@ -158,4 +162,4 @@ def test_refuses_what_the_derivation_does_not_cover() -> None:
         sensitivity(10, focal(), config)
     model = mlp(4, (3,))
     with pytest.raises(ValueError, match="logistic regression"):
-        approximate_minimizer(model, parameters_of(model), x, y, bce, config)  # type: ignore[arg-type]
+        approximate_minimizer(model, parameters_of(model), x, y, bce, config, 10)  # type: ignore[arg-type]

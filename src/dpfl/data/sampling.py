@@ -46,15 +46,27 @@ class PoissonSampler(BatchSampler):
     """Each record joins each batch independently with probability q (Owkin, Def. 7).
 
     The batch size is Binomial(n, q). This is the sampling the Sampled Gaussian
-    Mechanism analysis assumes; each step is one `PoissonSampledDpEvent`.
+    Mechanism analysis assumes; each step is one `PoissonSampledDpEvent`. The normaliser
+    is q times the silo's *public* size (declared, or a DP count): the true n is private
+    under add/remove, and dividing by q·n would let one more record move every update.
     """
 
-    def __init__(self, dataset_size: int, sample_rate: float, rng: np.random.Generator) -> None:
-        if dataset_size < 1:
-            raise ValueError(f"dataset_size must be positive, got {dataset_size}")
+    def __init__(
+        self,
+        dataset_size: int,
+        sample_rate: float,
+        rng: np.random.Generator,
+        *,
+        public_size: int,
+    ) -> None:
+        if dataset_size < 1 or public_size < 1:
+            raise ValueError(
+                f"dataset and public sizes must be positive, got {dataset_size}, {public_size}"
+            )
         if not 0.0 < sample_rate <= 1.0:
             raise PrivacyParameterError(f"sample rate q must lie in (0, 1], got {sample_rate}")
         self.dataset_size = dataset_size
+        self.public_size = public_size
         self.sample_rate = sample_rate
         self._rng = rng
 
@@ -64,7 +76,7 @@ class PoissonSampler(BatchSampler):
 
     @property
     def expected_batch_size(self) -> float:
-        return self.sample_rate * self.dataset_size
+        return self.sample_rate * self.public_size
 
     def privacy_event(self, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
         return events.poisson_gaussian(self.sample_rate, noise_multiplier, steps=steps)
@@ -131,12 +143,19 @@ class BalancedPoissonSampler(BatchSampler):
 
     sensitivity_in_clip_norms = 2.0
 
-    def __init__(self, labels: np.ndarray, sample_rate: float, rng: np.random.Generator) -> None:
+    def __init__(
+        self,
+        labels: np.ndarray,
+        sample_rate: float,
+        rng: np.random.Generator,
+        *,
+        public_size: int,
+    ) -> None:
         labels = np.asarray(labels)
         classes = np.unique(labels)
         if len(classes) > 2:
             raise ValueError(f"balanced downsampling is for two classes, got {len(classes)}")
-        self._poisson = PoissonSampler(len(labels), sample_rate, rng)
+        self._poisson = PoissonSampler(len(labels), sample_rate, rng, public_size=public_size)
         self._labels = labels
         self._classes = classes
         self._rng = rng
@@ -154,7 +173,7 @@ class BalancedPoissonSampler(BatchSampler):
 
     @property
     def expected_batch_size(self) -> float:
-        """q·n, a public constant: the mean balanced size 2·E[s] depends on private class
+        """q·n, n public: a constant; the mean balanced size 2·E[s] depends on private class
         counts. The ratio between the two is absorbed by the learning rate."""
         return self._poisson.expected_batch_size
 

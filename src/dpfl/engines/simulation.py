@@ -7,6 +7,13 @@ What it adds around an algorithm's rounds:
   unaffordable run fails before it touches data; each event is recorded during the
   round, before the update it paid for is aggregated. With `calibrate=True`, σ is the
   least noise that keeps every silo's plan within its budget.
+* public sizes: a silo that declares no public size gets a DP count of its records,
+  released once (charged to each of its accounts before anything else, kept in the
+  ledger and re-used by every later run over it); mechanisms are shaped by it alone.
+* run instances: each run gets an id kept in its checkpoint and in the label of every
+  ledger entry it makes. Only a resume of that instance from its own checkpoint may
+  count an entry as already paid (a round paid for but never checkpointed); a rerun, or
+  the same run with a new checkpoint, pays in full.
 * determinism: every generator and noise source is derived from (seed, trial, silo,
   round), so a run repeats bit for bit, trials stacked together equal trials run alone,
   and a run resumed from its checkpoint ends with the same model as an uninterrupted one.
@@ -23,6 +30,8 @@ import hashlib
 import math
 import os
 import tempfile
+import time
+import uuid
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -43,6 +52,10 @@ from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibrate_noise, events
 
 _T = TypeVar("_T")
+
+DEFAULT_SIZE_NOISE = 20.0
+"""Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
+δ = 1e-5 on its own, and a ±20 error that barely moves q for a silo of hundreds."""
 
 
 @dataclass
@@ -150,24 +163,37 @@ def simulate(
     progress: bool = True,
     checkpoint: str | Path | None = None,
     eval_every: int = 1,
+    size_noise: float = DEFAULT_SIZE_NOISE,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
     Budgets: `budgets[name] = (ε, δ)` per silo, else (`epsilon_budget`, `delta`) for all;
     with no ε given, each account's budget is what the plan spends. `research_noise`
-    uses seeded noise (reproducible, for research); False draws from the CSPRNG.
+    uses seeded noise (reproducible, for research); False draws from the CSPRNG. A silo
+    without a declared public size gets a DP count with Gaussian noise of std
+    `size_noise` records (sensitivity 1), charged first (non-private runs use the count).
     """
     _check_run(silos, rounds, trials, eval_every)
     targets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
     book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+    counts: dict[str, events.PrivacyEvent] = {}
+    declared = {s.name: s.public_size for s in silos}
+    if algorithm.private:
+        _register_accounts(book, silos, trials, targets)
+        silos, counts = _public_sizes(book, silos, trials, size_noise, research_noise, seed)
+    else:
+        silos = [s if s.public_size else dataclasses.replace(s, public_size=s.size) for s in silos]
+    if algorithm.private:
+        _register_views(book, algorithm, silos, trials, targets, declared)
     if calibrate:
         if not algorithm.private:
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-        sigma = _calibrated_sigma(algorithm, silos, rounds, targets, book.accountant)
+        sigma = _calibrated_sigma(algorithm, silos, rounds, targets, book.accountant, counts)
         algorithm = algorithm.with_noise(sigma)
     start, state, history = 0, algorithm.initial_state(silos, trials), []
     messages: list[dict[str, Any]] = []
     fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
+    instance, resumed = uuid.uuid4().hex[:16], False
     if checkpoint is not None and Path(checkpoint).exists():
         saved = torch.load(checkpoint, weights_only=False)
         if saved["fingerprint"] != fingerprint:
@@ -178,6 +204,10 @@ def simulate(
             saved["history"],
             saved["messages"],
         )
+        # a checkpoint of an older dpfl has no instance: its entries count as unpaid
+        instance, resumed = saved.get("instance", instance), "instance" in saved
+    elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
+        _save(checkpoint, fingerprint, instance, -1, state, history, messages)
     stopped_by_budget = False
     if algorithm.private and algorithm.stops_at_budget:
         affordable = start + _affordable_rounds(book, algorithm, silos, rounds - start, targets)
@@ -187,12 +217,10 @@ def simulate(
                 "costs more than what is left (add noise or raise the budget)"
             )
         stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-    label = f"{algorithm.name} run {fingerprint[:12]}"
-    prepaid = (
-        Counter() if checkpoint is None else _prepaid(book, algorithm, silos, trials, start, label)
-    )
+    label = f"{algorithm.name} run {fingerprint[:12]} instance {instance}"
+    prepaid = _prepaid(book, algorithm, silos, trials, start, label) if resumed else Counter[Any]()
     if algorithm.private:
-        _open_accounts(book, algorithm, silos, trials, rounds - start, targets, prepaid)
+        _check_plans(book, algorithm, silos, trials, rounds - start, targets, prepaid)
 
     def record(charges: Sequence[tuple[str, events.PrivacyEvent]]) -> None:
         if prepaid and current == start:  # only the resumed round can have been paid
@@ -221,7 +249,7 @@ def simulate(
             }
         )
 
-    interrupted, current, completed = False, start, start
+    interrupted, current, completed, shown = False, start, start, -math.inf
     bar = Progress(
         TextColumn(f"{algorithm.name}"),
         BarColumn(),
@@ -249,9 +277,10 @@ def simulate(
                 if (current + 1) % eval_every == 0 or current == rounds - 1:
                     history += _evaluate(algorithm, state, silos, current)
                 if checkpoint is not None:
-                    _save(checkpoint, fingerprint, current, state, history, messages)
-                if progress:
-                    bar.update(task, status=_status(book, silos, history, algorithm.private))
+                    _save(checkpoint, fingerprint, instance, current, state, history, messages)
+                if progress and (time.monotonic() >= shown + 1.0 or current == rounds - 1):
+                    bar.update(task, status=_status(book, silos, trials, history, algorithm))
+                    shown = time.monotonic()
                 bar.update(task, advance=1)
                 completed = current + 1
         except KeyboardInterrupt:
@@ -281,7 +310,15 @@ def simulate(
         ledger_path=book.path,
         interrupted=interrupted,
         stopped_by_budget=stopped_by_budget,
-        metadata={"seed": seed, "research_noise": research_noise, "rounds": rounds},
+        metadata={
+            "seed": seed,
+            "research_noise": research_noise,
+            "rounds": rounds,
+            "fingerprint": fingerprint,
+            "instance": instance,
+            "public_sizes": {s.name: s.public_size for s in silos},
+            "released_sizes": sorted(counts),
+        },
     )
 
 
@@ -295,25 +332,104 @@ def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int)
         raise ValueError("rounds, trials and eval_every must be ≥ 1")
 
 
+def _register_accounts(
+    book: Ledger,
+    silos: Sequence[Silo],
+    trials: int,
+    targets: Mapping[str, tuple[float | None, float]],
+) -> None:
+    """Open every (silo, trial) account with the silo's budget and declared size. A silo
+    without an ε budget gets an account that records without limit (a research run at a
+    fixed σ, its ε read off afterwards)."""
+    for silo in silos:
+        eps, delta = targets[silo.name]
+        for trial in range(trials):
+            book.register_silo(
+                account(silo, trial),
+                epsilon=math.inf if eps is None else eps,
+                delta=delta,
+                size=silo.public_size,
+            )
+
+
+def _register_views(
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[Silo],
+    trials: int,
+    targets: Mapping[str, tuple[float | None, float]],
+    declared: Mapping[str, int | None],
+) -> None:
+    """Accounts for what observers other than the server learn: recorded, never binding."""
+    for silo in silos:
+        for view in algorithm.view_events(silo, silos):
+            for trial in range(trials):
+                book.register_silo(
+                    account(silo, trial, view),
+                    epsilon=math.inf,
+                    delta=targets[silo.name][1],
+                    size=declared[silo.name],
+                )
+
+
+def _public_sizes(
+    book: Ledger,
+    silos: Sequence[Silo],
+    trials: int,
+    size_noise: float,
+    research: bool,
+    seed: int,
+) -> tuple[list[Silo], dict[str, events.PrivacyEvent]]:
+    """Each silo with its public size: declared, or a DP count released through the
+    ledger (charged to every trial's account before it is drawn, drawn once, kept).
+    Returns the silos and, per released silo, the count's event (for calibration)."""
+    if not size_noise > 0:
+        raise ValueError(f"size_noise must be > 0 to release a DP count, got {size_noise}")
+    out, counts = [], {}
+    for k, silo in enumerate(silos):
+        if silo.public_size is not None:
+            out.append(silo)
+            continue
+        count = events.gaussian(size_noise)
+        noise = _noise(research, [seed, 0, k + 1, 0, 0, 2])
+
+        def draw(silo: Silo = silo, noise: NoiseSource = noise) -> float:
+            return silo.size + float(noise.normal((1,), size_noise, torch.float64)[0])
+
+        value = book.release(
+            f"record count of {silo.name}",
+            [(account(silo, trial), count) for trial in range(trials)],
+            draw,
+        )
+        out.append(dataclasses.replace(silo, public_size=max(1, round(value))))
+        counts[silo.name] = count
+    return out, counts
+
+
 def _calibrated_sigma(
     algorithm: Algorithm,
     silos: Sequence[Silo],
     rounds: int,
     targets: Mapping[str, tuple[float | None, float]],
     accountant: Accountant | None,
+    counts: Mapping[str, events.PrivacyEvent],
 ) -> float:
-    """The least σ that keeps every silo's whole plan within its budget (by the
-    ledger's accountant, which will hold the run to it)."""
+    """The least σ that keeps every silo's whole plan (with its released count, if any)
+    within its budget, by the ledger's accountant, which will hold the run to it."""
     sigmas: dict[tuple[str, float, float], float] = {}
     for silo in silos:
         eps, delta = targets[silo.name]
         if eps is None:
             raise ValueError("calibrate=True needs an ε budget for every silo")
+        before = [counts[silo.name]] if silo.name in counts else []
 
-        def plan(sigma: float, silo: Silo = silo) -> events.PrivacyEvent:
-            return events.repeat(
+        def plan(
+            sigma: float, silo: Silo = silo, before: list[events.PrivacyEvent] = before
+        ) -> events.PrivacyEvent:
+            rounds_of = events.repeat(
                 algorithm.with_noise(sigma).participation_event(silo, silos), rounds
             )
+            return events.compose([*before, rounds_of]) if before else rounds_of
 
         key = (plan(1.0).to_json(), eps, delta)
         if key not in sigmas:
@@ -332,11 +448,9 @@ def _affordable_rounds(
     account stands for all trials: they spend alike."""
     counts = []
     for silo in silos:
-        eps, delta = targets[silo.name]
-        if eps is None:
+        if targets[silo.name][0] is None:
             raise ValueError(f"{algorithm.name} stops at a budget: give every silo an ε")
         name = account(silo, 0)
-        book.register_silo(name, epsilon=eps, delta=delta, size=silo.size)
         per_round = algorithm.participation_event(silo, silos)
         fits = book.can_afford(name, events.repeat(per_round, rounds_left))
         counts.append(rounds_left if fits else book.affordable_repeats(name, per_round))
@@ -393,7 +507,7 @@ def _unpaid(
     return due
 
 
-def _open_accounts(
+def _check_plans(
     book: Ledger,
     algorithm: Algorithm,
     silos: Sequence[Silo],
@@ -402,11 +516,8 @@ def _open_accounts(
     targets: Mapping[str, tuple[float | None, float]],
     prepaid: Counter[tuple[str, int, str]],
 ) -> None:
-    """Register every (silo, trial) account and check that the rest of the plan fits
-    (a first round already paid for, see `_prepaid`, is not planned twice).
-
-    A silo without an ε budget gets an account that records without limit (a research
-    run at a fixed σ, its ε read off afterwards); so do the views, which never bind."""
+    """Check that the rest of every account's plan fits (a first round already paid for,
+    see `_prepaid`, is not planned twice)."""
     paid = {name for name, _, _ in prepaid}
     for silo in silos:
         event = algorithm.participation_event(silo, silos)
@@ -415,17 +526,12 @@ def _open_accounts(
         for trial in range(trials):
             name = account(silo, trial)
             plan = events.repeat(event, rounds_left - (name in paid))
-            book.register_silo(name, epsilon=budget, delta=delta, size=silo.size)
             if not book.can_afford(name, plan):
                 raise ValueError(
                     f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
                     f"ε={budget:g} at δ={delta:g} (ε would be "
                     f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
-                    "rounds, or pass calibrate=True"
-                )
-            for view in algorithm.view_events(silo, silos):
-                book.register_silo(
-                    account(silo, trial, view), epsilon=math.inf, delta=delta, size=silo.size
+                    "rounds, or calibrate the noise to the budget"
                 )
 
 
@@ -527,14 +633,22 @@ def _final_silo_metrics(
 
 
 def _status(
-    book: Ledger, silos: Sequence[Silo], history: list[dict[str, Any]], private: bool
+    book: Ledger,
+    silos: Sequence[Silo],
+    trials: int,
+    history: list[dict[str, Any]],
+    algorithm: Algorithm,
 ) -> str:
-    """Largest ε spent in trial 0 (RDP: cheap, and an upper bound on the PLD figure)."""
+    """The worst ε spent so far, over silos and trials, by the accountant that enforces
+    the budgets (named), and the latest accuracy."""
     accuracy = history[-1]["metrics"]["accuracy"] if history else math.nan
-    if not private:
+    if not algorithm.private:
         return f"non-private  accuracy {accuracy:.3f}"
-    spent = max(book.spent(account(s, 0), accountant=Accountant.RDP).epsilon for s in silos)
-    return f"ε ≤ {spent:.3f}  accuracy {accuracy:.3f}"
+    worst = max(
+        (book.spent(account(s, r)) for s in silos for r in range(trials)),
+        key=lambda report: report.epsilon,
+    )
+    return f"max ε {worst.epsilon:.3f} ({worst.accountant.value.upper()})  accuracy {accuracy:.3f}"
 
 
 def _ledger_path(ledger: str | Path | None) -> Path:
@@ -547,7 +661,8 @@ def _fingerprint(
     algorithm: Algorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool
 ) -> str:
     """Identifies a run across processes: what a checkpoint may be resumed into."""
-    text = _stable((algorithm, [(s.name, s.size) for s in silos], trials, seed, research))
+    sizes = [(s.name, s.public_size, s.size) for s in silos]
+    text = _stable((algorithm, sizes, trials, seed, research))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -572,6 +687,7 @@ def _stable(value: Any) -> str:
 def _save(
     path: str | Path,
     fingerprint: str,
+    instance: str,
     round_: int,
     state: State,
     history: list[dict[str, Any]],
@@ -583,6 +699,7 @@ def _save(
     torch.save(
         {
             "fingerprint": fingerprint,
+            "instance": instance,
             "round": round_,
             "state": state,
             "history": history,

@@ -1,4 +1,11 @@
-"""A silo: one hospital's training records (and, for evaluation, its test records)."""
+"""A silo: one hospital's training records (and, for evaluation, its test records).
+
+Under add/remove neighbouring a silo's record count is private: one more patient must
+not change how the mechanism works. So every quantity that shapes a mechanism (sampling
+rate, steps, the normaliser of a noisy sum, a sensitivity) is computed from the silo's
+*public size*: a number the hospital declares (as Kerkouche's Table 4 publishes each
+hospital's size), or a DP count that the engine releases and charges before round 0.
+"""
 
 from __future__ import annotations
 
@@ -19,6 +26,8 @@ class Silo:
     """Training tensors x (float32, dense or sparse COO) and y (labels), optional test set.
 
     Labels stay integers: binary losses cast them, cross-entropy needs them as classes.
+    `public_size` is the declared public record count (None: the engine releases a DP
+    count first); `size` is the true count, which only indexes the data.
     """
 
     name: str
@@ -26,10 +35,18 @@ class Silo:
     y: Tensor
     x_test: Tensor | None = None
     y_test: Tensor | None = None
+    public_size: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a silo needs a name")
+        if self.public_size is not None and not (
+            isinstance(self.public_size, int) and self.public_size > 0
+        ):
+            raise ValueError(
+                f"silo {self.name!r}: public_size must be a positive integer, got "
+                f"{self.public_size!r}"
+            )
         _check_pair(self.name, "training", self.x, self.y)
         if (self.x_test is None) != (self.y_test is None):
             raise ValueError(f"silo {self.name!r}: give both x_test and y_test, or neither")
@@ -38,7 +55,18 @@ class Silo:
 
     @property
     def size(self) -> int:
+        """The true record count: private; never let it shape a mechanism."""
         return int(self.x.shape[0])
+
+    @property
+    def declared_size(self) -> int:
+        """The public size every mechanism is shaped by; refuses if none is known yet."""
+        if self.public_size is None:
+            raise ValueError(
+                f"silo {self.name!r} has no public size: declare one (public_size=...) or "
+                "let the engine release a DP count of its records first"
+            )
+        return self.public_size
 
     @classmethod
     def from_arrays(
@@ -48,6 +76,8 @@ class Silo:
         y: np.ndarray,
         x_test: np.ndarray | None = None,
         y_test: np.ndarray | None = None,
+        *,
+        public_size: int | None = None,
     ) -> Silo:
         """From numpy arrays: features become float32, labels int64."""
 
@@ -66,6 +96,7 @@ class Silo:
             labels(y),
             None if x_test is None else features(x_test),
             None if y_test is None else labels(y_test),
+            public_size,
         )
 
 
@@ -76,10 +107,15 @@ def silos_from_dataset(
     test_fraction: float = 0.2,
     seed: int = 0,
     names: Sequence[str] | None = None,
+    declare_sizes: bool = True,
 ) -> list[Silo]:
     """One silo per part of `partition` (index arrays, e.g. from `dpfl.data.partition`),
     each split into stratified train/test (Kerkouche: 80/20 per hospital). Sparse CSR
-    features become sparse COO tensors. Refuses NaN: impute first (publicly)."""
+    features become sparse COO tensors. Refuses NaN: impute first (publicly).
+
+    `declare_sizes`: the partition is part of the study's public design, so each silo's
+    training-set size is declared public (fixed here: records added later do not move
+    it). False leaves the sizes private, to be released as DP counts by the engine."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
     if names is not None and len(names) != len(partition):
@@ -98,6 +134,7 @@ def silos_from_dataset(
                 labels[train],
                 _features(dataset, test),
                 labels[test],
+                len(train) if declare_sizes else None,
             )
         )
     return silos

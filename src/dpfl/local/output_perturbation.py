@@ -10,13 +10,14 @@ hides θ* itself, and with γ → 0 their σ → 0 while the minimisers of neigh
 datasets still differ. dpfl keeps their algorithm but calibrates σ to the whole
 sensitivity, derived below; `paper_noise_std` gives their σ for comparison.
 
-Derivation (add/remove-one neighbours, dpfl's default; n is treated as public, as the
-q·n normaliser of DP-SGD also does).
+Derivation (add/remove-one neighbours, dpfl's default). The record count is private
+under add/remove, so the objective is normalised by the silo's *public* size n (declared,
+or a DP count), which neighbouring datasets share; the true count never shapes σ.
 
 Objective, in Iyengar et al.'s convention (the regulariser is divided by n, which the
 n in nγ/Λ depends on):
 
-    J_D(θ) = (1/n) Σ_i ℓ(θ; d_i) + (Λ / 2n) ‖θ‖²,    stop when ‖∇J_D(θ̂)‖ ≤ γ.
+    J_D(θ) = (1/n) [Σ_i ℓ(θ; d_i) + (Λ/2) ‖θ‖²],    stop when ‖∇J_D(θ̂)‖ ≤ γ.
 
 Let F_D = n·J_D = Σ_i ℓ(θ; d_i) + (Λ/2)‖θ‖², which is Λ-strongly convex, and let every
 ℓ(·; d) be convex and L-Lipschitz.
@@ -27,8 +28,8 @@ Let F_D = n·J_D = Σ_i ℓ(θ; d_i) + (Λ/2)‖θ‖², which is Λ-strongly co
    and ∇F_D(θ*_D) = 0, ∇F_D(θ*_D') = −∇ℓ(θ*_D'; d) give
    Λ‖θ*_D' − θ*_D‖² ≤ ⟨∇F_D(θ*_D') − ∇F_D(θ*_D), θ*_D' − θ*_D⟩ ≤ L‖θ*_D' − θ*_D‖,
    so ‖θ*_D' − θ*_D‖ ≤ L/Λ.  (The term A*STAR leave out; AMP's b₁ covers it.)
-3. Triangle inequality, the larger neighbour having n + 1 records:
-   Δ = ‖θ̂_D − θ̂_D'‖ ≤ (L + nγ + (n + 1)γ) / Λ = (L + (2n + 1)γ) / Λ.
+3. Triangle inequality, both neighbours normalised by the same public n:
+   Δ = ‖θ̂_D − θ̂_D'‖ ≤ (L + 2nγ) / Λ.
 4. Gaussian mechanism: σ = Δ·σ₁(ε, δ), σ₁ the noise multiplier of the analytic
    Gaussian mechanism (Balle & Wang 2018), exactly (ε, δ)-DP for every ε. A*STAR's
    factor (1 + √(2 ln 1/δ))/ε is larger, and valid only for ε ≤ 2(1 + √(2 ln 1/δ)).
@@ -103,9 +104,10 @@ def lipschitz(loss: Loss, feature_norm_bound: float) -> float:
 
 
 def sensitivity(n: int, loss: Loss, config: AOPConfig) -> float:
-    """Δ = (L + (2n + 1)γ)/Λ: how far θ̂ can move when one record is added or removed."""
+    """Δ = (L + 2nγ)/Λ, n the public size: how far θ̂ can move when one record is added
+    or removed."""
     lip = lipschitz(loss, config.feature_norm_bound)
-    return (lip + (2 * n + 1) * config.gradient_tolerance) / config.regularization
+    return (lip + 2 * n * config.gradient_tolerance) / config.regularization
 
 
 def noise_std(n: int, loss: Loss, config: AOPConfig) -> float:
@@ -126,21 +128,29 @@ def clip_rows(x: Tensor, bound: float) -> Tensor:
 
 
 def approximate_minimizer(
-    model: nn.Linear, init: Params, x: Tensor, y: Tensor, loss: Loss, config: AOPConfig
+    model: nn.Linear,
+    init: Params,
+    x: Tensor,
+    y: Tensor,
+    loss: Loss,
+    config: AOPConfig,
+    public_size: int,
 ) -> Params:
-    """θ̂ with ‖∇J_D(θ̂)‖ ≤ γ, by L-BFGS, in float64 (the precision the condition was
-    checked in). Not private: never release it as is."""
+    """θ̂ with ‖∇J_D(θ̂)‖ ≤ γ (J normalised by the public size n), by L-BFGS, in float64
+    (the precision the condition was checked in). Not private: never release it as is."""
     if not isinstance(model, nn.Linear) or model.bias is None:
         raise ValueError("output perturbation is implemented for logistic regression (nn.Linear)")
+    if public_size < 1:
+        raise ValueError(f"public size must be positive, got {public_size}")
     x = clip_rows(x.double(), config.feature_norm_bound)
-    n = x.shape[0]
+    n = public_size
     k, d = model.weight.shape
     theta = torch.cat([init["weight"].double().flatten(), init["bias"].double()]).requires_grad_()
 
     def objective() -> Tensor:
         weight, bias = theta[: k * d].view(k, d), theta[k * d :]
-        mean_loss = loss(x @ weight.t() + bias, y).mean()
-        return mean_loss + config.regularization / (2 * n) * theta.square().sum()
+        total = loss(x @ weight.t() + bias, y).sum()
+        return (total + config.regularization / 2 * theta.square().sum()) / n
 
     optimizer = torch.optim.LBFGS(
         [theta],
@@ -173,16 +183,18 @@ def output_perturbation(
     data: tuple[Tensor, Tensor],
     loss: Loss,
     config: AOPConfig,
+    public_size: int,
     noise: NoiseSource | None = None,
 ) -> AOPResult:
-    """A*STAR's AOP with σ calibrated to the full sensitivity: one (ε, δ)-DP release.
+    """A*STAR's AOP with σ calibrated to the full sensitivity: one (ε, δ)-DP release;
+    `public_size` is the silo's public record count (σ must not depend on the true one).
 
     Noise is cryptographically secure unless a `SeededNoise` is passed (research mode).
     """
     noise = noise or SecureNoise()
     x, y = data
-    n = x.shape[0]
-    minimizer = approximate_minimizer(model, init, x, y, loss, config)
+    n = public_size
+    minimizer = approximate_minimizer(model, init, x, y, loss, config, n)
     std = noise_std(n, loss, config)
     # Noise in float64 first, then the cast: rounding θ̂ before the noise would move it by
     # a data-dependent amount the sensitivity does not cover; after, it is post-processing.

@@ -11,18 +11,22 @@ post-processing for it and costs nothing. The ledger is a SQLite file (one per s
   `kill -9` can lose an update but never spent budget.
 * An event that would take the silo past its budget is refused and nothing is written.
 * Reopening the file continues from what was spent.
+* Readers open it read-only (`create=False`), and a damaged file is reported by name,
+  never as a traceback.
 """
 
 from __future__ import annotations
 
 import functools
+import json
 import math
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Concatenate, ParamSpec, TypeVar
 
 from dp_accounting import dp_event as dpe
 
@@ -30,11 +34,23 @@ from dpfl.privacy import calibration, events
 from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
 from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
 from dpfl.privacy.events import Neighbouring, PrivacyEvent
-from dpfl.sqlite_file import open_database, write_transaction
+from dpfl.sqlite_file import database_errors, open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
-_SCHEMA_VERSION = 1
-_SCHEMA = """
+_SCHEMA_VERSION = 2
+_FACTS = """
+CREATE TABLE facts (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL,
+    recorded_at REAL NOT NULL
+);
+"""
+_MIGRATIONS = {1: _FACTS}  # schema 1 had no facts: no owner, no released values
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+_SCHEMA = (
+    _FACTS
+    + """
 CREATE TABLE silos (
     silo TEXT PRIMARY KEY,
     epsilon REAL NOT NULL CHECK (epsilon > 0),
@@ -53,6 +69,7 @@ CREATE TABLE events (
 );
 CREATE INDEX events_by_silo ON events(silo, id);
 """
+)
 
 
 @dataclass(frozen=True)
@@ -91,6 +108,19 @@ class SiloAccount:
         return max(self.budget.epsilon - self.spent.epsilon, 0.0)
 
 
+def _guarded(
+    method: Callable[Concatenate[Ledger, _P], _R],
+) -> Callable[Concatenate[Ledger, _P], _R]:
+    """SQLite's errors inside `method` become a `LedgerError` that names the file."""
+
+    @functools.wraps(method)
+    def guarded(self: Ledger, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        with database_errors(self.path, "ledger", LedgerError):
+            return method(self, *args, **kwargs)
+
+    return guarded
+
+
 class Ledger:
     """Per-silo (ε, δ) accounts persisted in one SQLite file.
 
@@ -102,6 +132,9 @@ class Ledger:
     self-composition. Multisets already shown to be within budget are remembered: ε
     never falls when events are added, so recording anything still inside such a
     multiset (a round of a plan checked with `can_afford`) needs no new accounting.
+
+    `create=False` opens an existing ledger read-only, for readers: nothing is ever
+    written to it (not even an empty or older file is initialised or upgraded).
     """
 
     def __init__(
@@ -112,15 +145,14 @@ class Ledger:
         create: bool = True,
     ) -> None:
         self.path = Path(path)
-        if not create and not self.path.is_file():
-            raise LedgerError(f"no ledger at {self.path}")
         self.accountant = None if accountant is None else Accountant(accountant)
-        self._db = _open(self.path)
+        self._db = _open(self.path, read_only=not create)
         self._within_budget: dict[str, list[Counter[str]]] = {}
         self._budgets: dict[str, Budget] = {}
 
     # -- silos ----------------------------------------------------------------------
 
+    @_guarded
     def register_silo(
         self,
         silo: str,
@@ -166,9 +198,11 @@ class Ledger:
                 )
         return wanted
 
+    @_guarded
     def silos(self) -> list[str]:
         return [row[0] for row in self._db.execute("SELECT silo FROM silos ORDER BY rowid")]
 
+    @_guarded
     def budget(self, silo: str) -> Budget:
         if silo in self._budgets:  # budgets never change once registered
             return self._budgets[silo]
@@ -181,6 +215,7 @@ class Ledger:
 
     # -- spending -------------------------------------------------------------------
 
+    @_guarded
     def spent(
         self,
         silo: str,
@@ -199,6 +234,7 @@ class Ledger:
             accountant or self.accountant,
         )
 
+    @_guarded
     def projected(self, silo: str, event: PrivacyEvent) -> EpsilonReport:
         """ε the silo would have spent, at its δ, if `event` were recorded now."""
         budget = self._budget_for(silo, event)
@@ -208,6 +244,7 @@ class Ledger:
             self._remember_within(silo, after)
         return report
 
+    @_guarded
     def can_afford(self, silo: str, event: PrivacyEvent) -> bool:
         """Whether `event` (e.g. every round still planned) fits in what is left."""
         budget = self._budget_for(silo, event)
@@ -218,6 +255,7 @@ class Ledger:
             or (self.projected(silo, event).epsilon <= budget.epsilon)
         )
 
+    @_guarded
     def affordable_repeats(self, silo: str, event: PrivacyEvent) -> int:
         """How many more times `event` fits in the silo's budget (e.g. DP-SGD steps left)."""
         budget = self._budget_for(silo, event)
@@ -241,6 +279,7 @@ class Ledger:
         """
         return self.record_many([(silo, event)], label=label, round=round)[0]
 
+    @_guarded
     def record_many(
         self,
         charges: Sequence[tuple[str, PrivacyEvent]],
@@ -251,26 +290,34 @@ class Ledger:
         """Charge several (silo, event) pairs in ONE durable transaction: all are recorded
         or, if any silo would pass its budget, none is. One commit for a round's silos
         instead of one each; release their outputs only after this returns."""
+        with write_transaction(self._db) as db:  # the checks and inserts: one transaction
+            return self._insert(db, charges, label, round)
+
+    def _insert(
+        self,
+        db: sqlite3.Connection,
+        charges: Sequence[tuple[str, PrivacyEvent]],
+        label: str,
+        round: int | None,
+    ) -> list[Entry]:
+        """Check every charge against its silo's budget, then insert them all (inside
+        the caller's write transaction)."""
         budgets = [self._budget_for(silo, event) for silo, event in charges]
-        entries = []
-        with write_transaction(
-            self._db
-        ) as db:  # the budget checks and the inserts are one transaction
-            pending = _histories(db, [silo for silo, _ in charges])
-            for (silo, event), budget in zip(charges, budgets, strict=True):
-                before = pending[silo]
-                after = pending[silo] = before + _leaves(event)
-                self._check_within(silo, event, before, after, budget)
-            recorded_at = time.time()
-            for silo, event in charges:
-                cursor = db.execute(
-                    "INSERT INTO events (silo, round, label, event, recorded_at)"
-                    " VALUES (?, ?, ?, ?, ?)",
-                    (silo, round, label, event.to_json(), recorded_at),
-                )
-                entries.append(
-                    Entry(int(cursor.lastrowid or 0), silo, event, label, round, recorded_at)
-                )
+        pending = _histories(db, [silo for silo, _ in charges]) if charges else {}
+        for (silo, event), budget in zip(charges, budgets, strict=True):
+            before = pending[silo]
+            after = pending[silo] = before + _leaves(event)
+            self._check_within(silo, event, before, after, budget)
+        recorded_at, entries = time.time(), []
+        for silo, event in charges:
+            cursor = db.execute(
+                "INSERT INTO events (silo, round, label, event, recorded_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (silo, round, label, event.to_json(), recorded_at),
+            )
+            entries.append(
+                Entry(int(cursor.lastrowid or 0), silo, event, label, round, recorded_at)
+            )
         return entries
 
     def _check_within(
@@ -292,8 +339,76 @@ class Ledger:
             )
         self._remember_within(silo, after)
 
+    @_guarded
+    def release(
+        self,
+        name: str,
+        charges: Sequence[tuple[str, PrivacyEvent]],
+        draw: Callable[[], float],
+        *,
+        round: int | None = None,
+    ) -> float:
+        """A value released once and kept for good (e.g. a silo's DP record count): the
+        first call charges `charges`, calls `draw` and stores its result in one
+        transaction; later calls return the stored value, charging only accounts that
+        have not paid for it yet (a new trial using it). Re-using a released value is
+        post-processing, and a value that was paid for is never drawn again."""
+        label = f"release {name}"
+        with write_transaction(self._db) as db:
+            row = db.execute("SELECT value FROM facts WHERE key = ?", (label,)).fetchone()
+            paid = {
+                silo
+                for (silo,) in db.execute(
+                    "SELECT DISTINCT silo FROM events WHERE label = ?", (label,)
+                )
+            }
+            due = [(silo, event) for silo, event in charges if silo not in paid]
+            self._insert(db, due, label, round)
+            if row is not None:
+                return float(json.loads(row[0]))
+            value = float(draw())
+            db.execute(
+                "INSERT INTO facts VALUES (?, ?, ?)", (label, json.dumps(value), time.time())
+            )
+            return value
+
+    @_guarded
+    def released(self, name: str) -> float | None:
+        """The value `release(name, ...)` stored, if any."""
+        if schema_of(self._db) < 2:
+            return None
+        row = self._db.execute(
+            "SELECT value FROM facts WHERE key = ?", (f"release {name}",)
+        ).fetchone()
+        return None if row is None else float(json.loads(row[0]))
+
+    @_guarded
+    def claim(self, owner: str) -> None:
+        """Mark the ledger as the account book of `owner` (e.g. a study's run id); a ledger
+        already claimed by another owner is refused, so that one run's spending can never
+        be read as another's."""
+        with write_transaction(self._db) as db:
+            row = db.execute("SELECT value FROM facts WHERE key = 'owner'").fetchone()
+            if row is None:
+                db.execute("INSERT INTO facts VALUES ('owner', ?, ?)", (owner, time.time()))
+            elif row[0] != owner:
+                raise LedgerError(
+                    f"ledger {self.path} belongs to {row[0]!r}, not to {owner!r}; refusing to "
+                    "mix two runs' accounts"
+                )
+
+    @property
+    @_guarded
+    def owner(self) -> str | None:
+        """Who claimed this ledger (`claim`), if anyone (no one, in a schema-1 ledger)."""
+        if schema_of(self._db) < 2:
+            return None
+        row = self._db.execute("SELECT value FROM facts WHERE key = 'owner'").fetchone()
+        return None if row is None else str(row[0])
+
     # -- reading --------------------------------------------------------------------
 
+    @_guarded
     def entries(self, silo: str) -> list[Entry]:
         self.budget(silo)
         rows = self._db.execute(
@@ -306,6 +421,7 @@ class Ledger:
             for row in rows
         ]
 
+    @_guarded
     def accounts(self, *, accountant: Accountant | str | None = None) -> list[SiloAccount]:
         """Every silo's budget, number of recorded events and ε spent at its own δ."""
         counts = dict(self._db.execute("SELECT silo, COUNT(*) FROM events GROUP BY silo"))
@@ -444,7 +560,7 @@ def _show_budget(budget: Budget) -> str:
     return f"(ε={budget.epsilon:g}, δ={budget.delta:g}, {budget.neighbouring.description})"
 
 
-def _open(path: Path) -> sqlite3.Connection:
+def _open(path: Path, *, read_only: bool) -> sqlite3.Connection:
     """Open or create a ledger file; refuse, without touching it, anything that is not one."""
     return open_database(
         path,
@@ -453,4 +569,6 @@ def _open(path: Path) -> sqlite3.Connection:
         schema=_SCHEMA,
         schema_version=_SCHEMA_VERSION,
         error=LedgerError,
+        migrations=_MIGRATIONS,
+        read_only=read_only,
     )

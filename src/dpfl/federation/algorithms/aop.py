@@ -6,9 +6,9 @@ noise, (ε/T, δ/T)-DP (Algorithm 2); the server averages the K releases (line 7
 release is charged as an (ε/T, δ/T) event, and the ledger composes them by basic
 composition, as the paper does (§3.5): after T epochs a silo has spent (ε, δ).
 
-dpfl's `output_perturbation` calibrates σ to a sensitivity that holds, Δ = (L + (2n + 1)γ)/Λ,
-not the paper's nγ/Λ (see that module); it supports logistic regression (`nn.Linear`)
-with `bce` or `cross_entropy` only.
+dpfl's `output_perturbation` calibrates σ to a sensitivity that holds, Δ = (L + 2nγ)/Λ
+with n the silo's public size, not the paper's nγ/Λ (see that module); it supports
+logistic regression (`nn.Linear`) with `bce` or `cross_entropy` only.
 """
 
 from __future__ import annotations
@@ -87,6 +87,7 @@ class AOP(Algorithm):
                     (silo.x, silo.y),
                     self.loss,
                     release,
+                    silo.declared_size,
                     noise=context.noise(r, k),
                 )
                 context.charge(r, k, result.event)

@@ -131,11 +131,16 @@ class DPSGDAlgorithm(Algorithm):
         return self.dpsgd.noise_multiplier
 
     def sample_rate(self, silo: Silo) -> float:
-        """q = B / n: the expected batch of B records over the silo's n."""
-        rate = self.expected_batch_size / silo.size
+        """q = B / n: the expected batch of B records over the silo's public size n (the
+        true count would make q, and so every record's privacy, depend on a private fact)."""
+        return self.rate_for(silo.declared_size, silo.name)
+
+    def rate_for(self, public_size: int, who: str) -> float:
+        """q = B / n for a public size n (of a silo, or of a pool of silos)."""
+        rate = self.expected_batch_size / public_size
         if rate > 1:
             raise ValueError(
-                f"silo {silo.name!r} has {silo.size} records, fewer than the expected batch "
+                f"{who!r} declares {public_size} records, fewer than the expected batch "
                 f"size {self.expected_batch_size:g}"
             )
         return rate
@@ -199,7 +204,12 @@ class DPSGDAlgorithm(Algorithm):
                 start = stack([starts[i] for i in batch])
                 data = [(silos[k].x, silos[k].y) for _, k in chosen]
                 samplers = [
-                    PoissonSampler(silos[k].size, self.sample_rate(silos[k]), context.rng(r, k))
+                    PoissonSampler(
+                        silos[k].size,
+                        self.sample_rate(silos[k]),
+                        context.rng(r, k),
+                        public_size=silos[k].declared_size,
+                    )
                     for r, k in chosen
                 ]
                 noises = [context.noise(r, k) for r, k in chosen]

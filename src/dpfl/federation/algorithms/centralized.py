@@ -25,12 +25,19 @@ from dpfl.privacy import events
 
 
 def pool(silos: Sequence[Silo]) -> Silo:
-    """All silos' training records as one dataset (test sets stay with their silos)."""
+    """All silos' training records as one dataset (test sets stay with their silos); its
+    public size is the sum of theirs."""
     return Silo(
         "pooled",
         torch.cat([s.x for s in silos]),
         torch.cat([s.y for s in silos]),
+        public_size=pooled_size(silos),
     )
+
+
+def pooled_size(silos: Sequence[Silo]) -> int:
+    """N: the pool's public size, from the silos' public sizes (no data is pooled)."""
+    return sum(s.declared_size for s in silos)
 
 
 @dataclass(frozen=True)
@@ -46,11 +53,16 @@ class Centralized(DPSGDAlgorithm):
 
     def local_steps(self, silo: Silo) -> int:
         """Steps of the pooled run per round: `epochs_per_round` passes over the pool."""
-        return max(1, round(self.epochs_per_round / self.sample_rate(silo)))
+        return self._steps(self.sample_rate(silo))
+
+    def _steps(self, rate: float) -> int:
+        return max(1, round(self.epochs_per_round / rate))
 
     def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
-        """The pooled run's event (q = B / N over all N pooled records), whichever silo."""
-        return super().participation_event(pool(silos), silos)
+        """The pooled run's event (q = B / N over the N pooled records' public size),
+        whichever silo; from public sizes only, without pooling any data."""
+        rate = self.rate_for(pooled_size(silos), "pooled")
+        return events.poisson_gaussian(rate, self.dpsgd.noise_multiplier, steps=self._steps(rate))
 
     def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
         return {"global": self.initial_global(trials)}

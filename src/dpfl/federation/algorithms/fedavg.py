@@ -6,6 +6,7 @@ Poisson sample at rate C, or K of N); each runs `local_epochs` epochs of Poisson
 silo size (FedAvg) or uniformly (Kerkouche's 1/|K|). A silo is charged for the rounds it
 takes part in: the participation pattern is drawn by the server without looking at any
 data, so accounting for the realised pattern is exact for it (docs/privacy.md).
+Sizes (steps, weights) are the silos' public sizes, never their true record counts.
 """
 
 from __future__ import annotations
@@ -88,7 +89,7 @@ class FedAvg(DPSGDAlgorithm):
                 continue
             weights = torch.tensor(
                 [
-                    float(silos[members[i][1]].size) if self.weighting == "size" else 1.0
+                    float(silos[members[i][1]].declared_size) if self.weighting == "size" else 1.0
                     for i in mine
                 ]
             )

@@ -50,7 +50,9 @@ class MRMTL(Local):
         message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in mean.values()))
         for r, k in members:
             context.traffic(r, k, message, message)  # receives w̄, sends w_k
-        weights = torch.tensor([float(s.size) if self.weighting == "size" else 1.0 for s in silos])
+        weights = torch.tensor(
+            [float(s.declared_size) if self.weighting == "size" else 1.0 for s in silos]
+        )
         return {
             "global": {
                 name: aggregators.weighted_mean(v.flatten(2), weights).reshape(mean[name].shape)
