@@ -154,3 +154,27 @@ def test_gse7390_bad_files_are_named(shared_data: Path, tmp_path: Path) -> None:
     path.write_text(text.replace("@attribute e.tdm {0,1}\n", ""))
     with pytest.raises(DataFormatError, match=r"missing attributes \[.e\.tdm.\]"):
         genomics.gse7390(tmp_path)
+
+
+def test_empty_and_non_finite_genomics_files_are_named(tmp_path: Path) -> None:
+    path = tmp_path / genomics.GSE7390_FILE
+    path.write_text("")
+    with pytest.raises(DataFormatError, match="not a readable ARFF file: empty file"):
+        genomics.gse7390(tmp_path)
+    attributes = "".join(
+        f"@attribute {name} numeric\n" for name in ("age", "size", "grade", "er", "t.tdm", "e.tdm")
+    )
+    path.write_text(f"@relation gse7390\n{attributes}@data\n")
+    with pytest.raises(DataFormatError, match=r"metastasis\.arff: no records"):
+        genomics.gse7390(tmp_path)
+    small = synthetic.synthetic_bc_tcga(seed=2, n_normal=2, n_tumour=2, n_genes=5, n_signal=1)
+    genomics.write_bc_tcga(tmp_path, small)
+    normal = tmp_path / "BC-TCGA-Normal.txt"
+    lines = normal.read_text().splitlines()
+    lines[2] = "\t".join([*lines[2].split("\t")[:2], "NaN"])
+    normal.write_text("\n".join(lines) + "\n")
+    with pytest.raises(DataFormatError, match=r"line 3, column .*: non-finite value 'NaN'"):
+        genomics.bc_tcga(tmp_path)
+    normal.write_text(lines[0] + "\n")
+    with pytest.raises(DataFormatError, match=r"Normal\.txt: no gene rows"):
+        genomics.bc_tcga(tmp_path)

@@ -153,3 +153,24 @@ def test_public_ranges_scale_every_feature(physionet: Dataset) -> None:
     assert ready.features.min() >= 0 and ready.features.max() <= 1
     assert "226 features in all" in ready.preprocessing[0]
     assert ready.privacy_caveats == ()
+
+
+def test_empty_files_are_named(tmp_path: Path) -> None:
+    _write_set(tmp_path, {"1.txt": GOOD}, "")
+    with pytest.raises(DataFormatError, match=r"Outcomes-a\.txt: no outcomes"):
+        physionet2012(tmp_path, sets=("a",))
+    _write_set(tmp_path, {}, OUTCOMES.splitlines()[0] + "\n")
+    with pytest.raises(DataFormatError, match=r"Outcomes-a\.txt: no outcomes"):
+        physionet2012(tmp_path, sets=("a",))
+    _write_set(tmp_path, {}, OUTCOMES)
+    with pytest.raises(DataFormatError, match=r"set-a\.tar\.gz: no stay files"):
+        physionet2012(tmp_path, sets=("a",))
+    (tmp_path / "set-a.tar.gz").write_bytes(b"")
+    with pytest.raises(DataFormatError, match=r"set-a\.tar\.gz: unreadable archive"):
+        physionet2012(tmp_path, sets=("a",))
+
+
+def test_a_nan_measurement_is_named(tmp_path: Path) -> None:
+    _write_set(tmp_path, {"1.txt": GOOD + "02:00,HR,nan\n"}, OUTCOMES)
+    with pytest.raises(DataFormatError, match=r"line 10, column 'Value': non-finite value 'nan'"):
+        physionet2012(tmp_path, sets=("a",))

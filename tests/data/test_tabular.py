@@ -131,3 +131,29 @@ def test_tcga_brca_centre_must_match_tss_region(shared_data: Path, tmp_path: Pat
         DataFormatError, match="patient TCGA-AO-A1KO of region Northeast has no fold"
     ):
         tabular.tcga_brca_clinical(target)
+
+
+def test_empty_heart_files_are_named(tmp_path: Path) -> None:
+    for filename, _ in tabular.HEART_SITES:
+        (tmp_path / filename).write_text("")
+    with pytest.raises(
+        DataFormatError, match=r"processed\.cleveland\.data: no records of Cleveland"
+    ):
+        tabular.heart_disease(tmp_path)
+
+
+def test_one_empty_heart_file_is_named(shared_data: Path, tmp_path: Path) -> None:
+    directory = _copy_heart(shared_data, tmp_path)
+    (directory / "processed.va.data").write_text("")
+    with pytest.raises(DataFormatError, match=r"processed\.va\.data: no records of VA Long Beach"):
+        tabular.heart_disease(directory)
+
+
+def test_header_only_csv_and_empty_diabetes_table_are_named(tmp_path: Path) -> None:
+    (tmp_path / "brca.csv").write_text("pid," + ",".join(f"f{i}" for i in range(39)) + ",E,T\n")
+    with pytest.raises(DataFormatError, match=r"brca\.csv: no rows after the header"):
+        tabular.tcga_brca_clinical(tmp_path)
+    with zipfile.ZipFile(tmp_path / "dataset_diabetes.zip", "w") as archive:
+        archive.writestr(tabular.DIABETES_MEMBER, "")
+    with pytest.raises(DataFormatError, match=r"diabetic_data\.csv: no encounters"):
+        tabular.diabetes130(tmp_path)

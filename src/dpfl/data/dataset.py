@@ -43,6 +43,13 @@ def require_file(path: Path) -> Path:
     return path
 
 
+def require_records(path: Path | str, count: int, what: str = "records") -> None:
+    """Refuse a file that held nothing to learn from: an empty dataset would otherwise
+    fail far from its cause (in array indexing or partitioning)."""
+    if count == 0:
+        raise DataFormatError(path, f"no {what} (empty file?)")
+
+
 @dataclass(frozen=True)
 class Dataset:
     """Records (rows) with features, integer labels and optional per-record metadata.

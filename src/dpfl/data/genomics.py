@@ -13,7 +13,8 @@ from pathlib import Path
 import numpy as np
 from scipy.io import arff
 
-from dpfl.data.dataset import DataFormatError, Dataset, require_file
+from dpfl.data.dataset import DataFormatError, Dataset, require_file, require_records
+from dpfl.data.tabular import parse_float
 
 GSE7390_FILE = "breast_cancer_GSE7390-metastasis.arff"
 GRADES = ("well differentiated", "intermediate", "poorly differentiated")
@@ -30,8 +31,11 @@ def gse7390(directory: Path | str) -> Dataset:
     path = require_file(Path(directory) / GSE7390_FILE)
     try:
         records, meta = arff.loadarff(path)
+    except StopIteration:  # scipy's answer to an empty file
+        raise DataFormatError(path, "not a readable ARFF file: empty file") from None
     except (ValueError, arff.ArffError) as exc:
         raise DataFormatError(path, f"not a readable ARFF file: {exc}") from exc
+    require_records(path, len(records))
     names = list(meta.names())
     required = ("age", "size", "grade", "er", "t.tdm", "e.tdm")
     absent = [n for n in required if n not in names]
@@ -119,21 +123,14 @@ def _read_genes_by_samples(path: Path) -> tuple[list[str], list[str], np.ndarray
                 raise DataFormatError(
                     path, f"expected {len(header)} columns, got {len(cells)}", line=line_no
                 )
-            row = []
-            for sample, cell in zip(header[1:], cells[1:], strict=True):
-                if cell == "null":
-                    row.append(np.nan)
-                    continue
-                try:
-                    row.append(float(cell))
-                except ValueError:
-                    raise DataFormatError(
-                        path, f"cannot parse {cell!r}", line=line_no, column=sample
-                    ) from None
             genes.append(cells[0])
-            rows.append(row)
-    if not rows:
-        raise DataFormatError(path, "no gene rows")
+            rows.append(
+                [
+                    parse_float(cell, path, line_no, sample, missing="null")
+                    for sample, cell in zip(header[1:], cells[1:], strict=True)
+                ]
+            )
+    require_records(path, len(rows), "gene rows")
     return genes, header[1:], np.asarray(rows, dtype=np.float32)
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpfl.data.dataset import DataFormatError, Dataset, require_file
+from dpfl.data.dataset import DataFormatError, Dataset, require_file, require_records
 from dpfl.data.tabular import parse_float
 
 DESCRIPTORS = ("RecordID", "Age", "Gender", "Height", "ICUType", "Weight")
@@ -128,7 +128,8 @@ def _parse_stay(text: str, where: str) -> tuple[int, int, list[float]]:
 
 def _parse_outcomes(path: Path) -> dict[int, int]:
     lines = require_file(path).read_text(encoding="ascii").splitlines()
-    header = lines[0].split(",") if lines else []
+    require_records(path, len(lines[1:]), "outcomes")
+    header = lines[0].split(",")
     if "RecordID" not in header or "In-hospital_death" not in header:
         raise DataFormatError(path, "header must name RecordID and In-hospital_death", line=1)
     id_col, label_col = header.index("RecordID"), header.index("In-hospital_death")
@@ -171,6 +172,7 @@ def _parse_set(directory: Path, name: str) -> tuple[np.ndarray, np.ndarray, np.n
                 stays[record_id] = (icu_type, features)
     except (tarfile.TarError, EOFError, OSError) as exc:
         raise DataFormatError(archive_path, f"unreadable archive: {exc}") from exc
+    require_records(archive_path, len(stays), "stay files (*.txt)")
     if set(stays) != set(outcomes):
         unmatched = sorted(set(stays) ^ set(outcomes))
         raise DataFormatError(

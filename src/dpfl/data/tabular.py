@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from dpfl.data.dataset import DataFormatError, Dataset, require_file
+from dpfl.data.dataset import DataFormatError, Dataset, require_file, require_records
 
 
 def parse_float(text: str, path: Path, line: int, column: str, missing: str | None = None) -> float:
@@ -130,10 +130,11 @@ def heart_disease(directory: Path | str) -> Dataset:
     directory = Path(directory)
     rows: list[list[float]] = []
     sites: list[int] = []
-    for site, (filename, _) in enumerate(HEART_SITES):
+    for site, (filename, hospital) in enumerate(HEART_SITES):
         path = require_file(directory / filename)
-        text = path.read_text(encoding="ascii")
-        for line_no, line in enumerate(text.splitlines(), start=1):
+        lines = path.read_text(encoding="ascii").splitlines()
+        require_records(path, len(lines), f"records of {hospital}")
+        for line_no, line in enumerate(lines, start=1):
             cells = line.strip().split(",")
             if len(cells) != len(HEART_COLUMNS) + 1:
                 raise DataFormatError(
@@ -177,6 +178,7 @@ def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
         except StopIteration:
             raise DataFormatError(path, "empty file") from None
         rows = list(reader)
+    require_records(path, len(rows), "rows after the header")
     for line_no, row in enumerate(rows, start=2):
         if len(row) != len(header):
             raise DataFormatError(
@@ -334,11 +336,12 @@ def diabetes130(
     try:
         with zipfile.ZipFile(path) as archive, archive.open(DIABETES_MEMBER) as raw:
             reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
-            header = next(reader)
+            header = next(reader, [])
             rows = list(reader)
     except (KeyError, zipfile.BadZipFile) as exc:
         raise DataFormatError(path, f"cannot read {DIABETES_MEMBER}: {exc}") from exc
     where = Path(f"{path}:{DIABETES_MEMBER}")
+    require_records(where, len(rows), "encounters")
     needed = ("patient_nbr", "age", "readmitted", *DIABETES_NUMERIC, *DIABETES_CATEGORIES)
     absent = [c for c in needed if c not in header]
     if absent:
