@@ -89,3 +89,53 @@ def test_unreadable_files_are_refused_clearly(tmp_path: Path) -> None:
         load(_write(tmp_path, "rounds = = 3"))
     with pytest.raises(ConfigError, match="empty list"):
         Study({**{"rounds": [], "data": {"dataset": "x"}}})
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (
+            ('dataset = "breast_cancer"', 'dataset = "heart"'),
+            r"data.dataset: unknown dataset 'heart'",
+        ),
+        (
+            ('dataset = "breast_cancer"', 'dataset = "heart_disease"'),
+            r"data: heart_disease is read from files: give data.path",
+        ),
+        (("[data]", '[data]\npath = "nowhere"'), r"data.path: .*nowhere is not a folder"),
+        (("[data]", '[data]\npath = "."'), r"data: breast_cancer reads no files"),
+        (("epsilon = 1.0", "epsilon = inf"), r"privacy.epsilon: Input should be a finite number"),
+        (
+            ("epsilon = 1.0", "noise_multiplier = inf"),
+            r"privacy.noise_multiplier: Input should be a finite number",
+        ),
+        (("epsilon = 1.0", "epsilon = nan"), r"privacy.epsilon: Input should be a finite number"),
+    ],
+)
+def test_what_would_fail_inside_a_run_is_refused_at_load(
+    tmp_path: Path, change: tuple[str, str], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        load(_write(tmp_path, BASE.replace(*change)))
+
+
+def test_a_relative_data_path_is_read_from_the_study_files_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "data" / "heart").mkdir(parents=True)
+    (tmp_path / "studies").mkdir()
+    (tmp_path / "elsewhere").mkdir()
+    text = BASE.replace('dataset = "breast_cancer"', 'dataset = "heart_disease"')
+    study = tmp_path / "studies" / "heart.toml"
+    study.write_text(text.replace("[data]", '[data]\npath = "../data/heart"'), encoding="utf-8")
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    ((_, config),) = load(Path("..") / "studies" / "heart.toml").points
+    assert config.data.path == tmp_path / "data" / "heart"
+
+
+def test_evaluation_only_at_the_end(tmp_path: Path) -> None:
+    text = BASE.replace("rounds = 3", 'rounds = [3, 5]\neval_every = "end"')
+    study = load(_write(tmp_path, text))
+    assert [config.eval_every for _, config in study.points] == [3, 5]
+    with pytest.raises(ConfigError, match="eval_every"):
+        load(_write(tmp_path, BASE.replace("rounds = 3", 'rounds = 3\neval_every = "never"')))

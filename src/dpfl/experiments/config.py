@@ -7,6 +7,7 @@ trials = 5
 
 [data]
 dataset = "breast_cancer"          # see dpfl.experiments.datasets.DATASETS
+# path = "../data/uci_heart_disease" # real data: relative to this file's folder
 partition = { kind = "iid", silos = 3 }
 
 [model]
@@ -24,7 +25,8 @@ delta = 1e-5
 A list where the schema expects one value makes a grid axis; `sweep` runs the product of
 all axes. Keys whose value is itself a list (`model.hidden`, `metrics`,
 `data.partition.names`) become axes when given a list of lists. Unknown keys and bad
-values are refused with the dotted path of the key and the reason.
+values (infinite or NaN numbers among them) are refused with the dotted path of the key
+and the reason, before anything runs.
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 AlgorithmName = Literal[
     "fedavg",
@@ -61,7 +70,10 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys and non-finite numbers are errors: TOML's `inf` and `nan` are no
+    budget, noise or rate (a run without a limit leaves `epsilon` out)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PartitionConfig(_Strict):
@@ -84,11 +96,40 @@ class PartitionConfig(_Strict):
 class DataConfig(_Strict):
     dataset: str
     path: Path | None = None
-    """Folder of the dataset's files (real data); unused by embedded and synthetic data."""
+    """Folder of the dataset's files (real data); embedded and synthetic data take none.
+    In a study file, relative to the file's folder."""
     options: dict[str, Any] = Field(default_factory=dict)
     """Keyword arguments of the dataset's builder."""
     partition: PartitionConfig = PartitionConfig(kind="natural")
     test_fraction: float = Field(0.2, gt=0, lt=1)
+
+    @field_validator("dataset")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from dpfl.experiments.datasets import DATASETS  # the registry imports torch
+
+        if name not in DATASETS:
+            raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        return name
+
+    @field_validator("path")
+    @classmethod
+    def _a_folder(cls, path: Path | None) -> Path | None:
+        if path is not None and not path.is_dir():
+            raise ValueError(f"{path} is not a folder")
+        return path
+
+    @model_validator(mode="after")
+    def _files_where_needed(self) -> DataConfig:
+        from dpfl.experiments.datasets import READERS
+
+        if self.dataset in READERS and self.path is None:
+            raise ValueError(
+                f"{self.dataset} is read from files: give data.path, the folder that holds them"
+            )
+        if self.dataset not in READERS and self.path is not None:
+            raise ValueError(f"{self.dataset} reads no files: leave data.path out")
+        return self
 
 
 class ModelConfig(_Strict):
@@ -174,6 +215,8 @@ class StudyConfig(_Strict):
     trials: int = Field(1, ge=1)
     rounds: int = Field(ge=1)
     eval_every: int = Field(1, ge=1)
+    """Rounds between evaluations on the test sets; `"end"`: only after the last round.
+    Every evaluation releases metrics of held-out records outside ε."""
     engine: Literal["simulation"] = "simulation"
     research_noise: bool = True
     """Seeded noise, reproducible (research); false draws it from the OS CSPRNG."""
@@ -183,6 +226,13 @@ class StudyConfig(_Strict):
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig
     privacy: PrivacyConfig
+
+    @model_validator(mode="before")
+    @classmethod
+    def _evaluate_at_the_end(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("eval_every") == "end":
+            return {**raw, "eval_every": raw.get("rounds")}
+        return raw
 
     @model_validator(mode="after")
     def _fits_the_algorithm(self) -> StudyConfig:
@@ -232,7 +282,8 @@ class Study:
 
 
 def load(path: str | Path) -> Study:
-    """Read and validate a study file; errors name the file, the key and the reason."""
+    """Read and validate a study file; errors name the file, the key and the reason.
+    A relative `data.path` is read from the file's folder, wherever dpfl runs."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -240,7 +291,38 @@ def load(path: str | Path) -> Study:
         raise ConfigError(f"{path}: no such file") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    data = raw.get("data")
+    if isinstance(data, dict) and "path" in data:
+        folders = data["path"]
+        data["path"] = (
+            [_beside(path, f) for f in folders]
+            if isinstance(folders, list)
+            else _beside(path, folders)
+        )
     return Study(raw, str(path))
+
+
+def _beside(study_file: Path, folder: Any) -> Any:
+    """`folder` read relative to the study file's folder (a non-text value is left for
+    validation to refuse)."""
+    if not isinstance(folder, str):
+        return folder
+    return str((study_file.parent / Path(folder).expanduser()).resolve())
+
+
+API_TERMS = {
+    "add noise, run fewer rounds, or calibrate the noise to the budget": "raise "
+    "privacy.noise_multiplier, lower rounds, or leave privacy.noise_multiplier out of the "
+    "study file (σ is then calibrated to privacy.epsilon)",
+}
+"""Advice the Python API gives, as a study file's user takes it."""
+
+
+def study_terms(message: str) -> str:
+    """`message`, raised by the Python API under a study, in the study file's terms."""
+    for api, study in API_TERMS.items():
+        message = message.replace(api, study)
+    return message
 
 
 def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, list[Any]]]:

@@ -11,34 +11,32 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from dpfl.data import Dataset, partition, preprocess
-from dpfl.experiments.config import DataConfig
 from dpfl.federation.silo import Silo, silos_from_dataset
 
-Builder = Callable[[Path | None, int, dict[str, Any]], Dataset]
-"""(folder of the files or None, seed, options) -> dataset."""
+if TYPE_CHECKING:  # config validates names against this registry
+    from dpfl.experiments.config import DataConfig
+
+Reader = Callable[[Path, dict[str, Any]], Dataset]
+"""(folder of the files, options) -> dataset: real data, read from `data.path`."""
+Generator = Callable[[int, dict[str, Any]], Dataset]
+"""(seed, options) -> dataset: embedded or synthetic data, which need no files."""
 
 
-def _folder(path: Path | None, dataset: str) -> Path:
-    if path is None:
-        raise ValueError(f"data.path: {dataset} is read from files; give their folder")
-    return path
-
-
-def _breast_cancer(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _breast_cancer(seed: int, options: dict[str, Any]) -> Dataset:
     from dpfl.data import tabular
 
     return preprocess.scale_to_ranges(tabular.breast_cancer_wisconsin(), tabular.WDBC_RANGES)
 
 
-def _heart_disease(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _heart_disease(path: Path, options: dict[str, Any]) -> Dataset:
     from dpfl.data import tabular
 
-    data = tabular.heart_disease(_folder(path, "heart_disease"))
+    data = tabular.heart_disease(path)
     data = preprocess.one_hot(data, tabular.HEART_CATEGORIES)
     return preprocess.zero_impute(preprocess.scale_to_ranges(data, tabular.HEART_RANGES))
 
@@ -48,10 +46,10 @@ _PHYSIONET_PARSED: dict[tuple[Path, str], Dataset] = {}
 process share one parse of the 8,000 stay files instead of repeating it."""
 
 
-def _physionet2012(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _physionet2012(path: Path, options: dict[str, Any]) -> Dataset:
     from dpfl.data import physionet
 
-    key = (_folder(path, "physionet2012").resolve(), repr(sorted(options.items())))
+    key = (path.resolve(), repr(sorted(options.items())))
     if key not in _PHYSIONET_PARSED:
         data = physionet.physionet2012(key[0], **options)
         ranges = physionet.public_ranges()
@@ -59,7 +57,7 @@ def _physionet2012(path: Path | None, seed: int, options: dict[str, Any]) -> Dat
     return _PHYSIONET_PARSED[key]
 
 
-def _synthetic_ehr(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _synthetic_ehr(seed: int, options: dict[str, Any]) -> Dataset:
     from dpfl.data import synthetic
 
     return synthetic.synthetic_ehr(seed, **options)
@@ -71,29 +69,27 @@ scale and the BC-TCGA-shaped generator draws its gene means around 8. Subtractin
 a fixed map of each value, never a statistic of the records."""
 
 
-def _gse7390(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _gse7390(path: Path, options: dict[str, Any]) -> Dataset:
     """The probesets of a published signature (`signature`, default Wang's `gene76`, which
     are the file's 76), matched by probe id; log2 values centred at a declared constant.
     The clinical columns are left out: the seeds learn from expression alone."""
     from dpfl.data import genomics
 
-    folder = _folder(path, "gse7390")
-    data = _signature(genomics.gse7390(folder), folder, options, probe_level=True)
+    data = _signature(genomics.gse7390(path), path, options, probe_level=True)
     return _centre_log2(data)
 
 
-def _bc_tcga(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _bc_tcga(path: Path, options: dict[str, Any]) -> Dataset:
     """The genes of a published signature (`signature`, default `gene76`), matched by
     symbol, missing values set to zero and nothing rescaled, as in Owkin's submission: the
     values are log ratios, so zero is the neutral value."""
     from dpfl.data import genomics
 
-    folder = _folder(path, "bc_tcga")
-    data = _signature(genomics.bc_tcga(folder), folder, options, probe_level=False)
+    data = _signature(genomics.bc_tcga(path), path, options, probe_level=False)
     return preprocess.zero_impute(data)
 
 
-def _synthetic_bc_tcga(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _synthetic_bc_tcga(seed: int, options: dict[str, Any]) -> Dataset:
     """The generator's signal genes (its declared list stands in for a published
     signature; options are the generator's size and effect arguments), centred at the
     generator's declared centre, missing values imputed at the centre (zero)."""
@@ -129,39 +125,49 @@ def _centre_log2(data: Dataset) -> Dataset:
     return dataclasses.replace(data, features=features, preprocessing=(*data.preprocessing, note))
 
 
-def _image(loader: str) -> Builder:
-    def build(path: Path | None, seed: int, options: dict[str, Any]) -> Dataset:
+def _image(loader: str) -> Reader:
+    def read(path: Path, options: dict[str, Any]) -> Dataset:
         from dpfl.data import images
 
-        dataset: Dataset = getattr(images, loader)(_folder(path, loader))
+        dataset: Dataset = getattr(images, loader)(path)
         return dataset
 
-    return build
+    return read
 
 
-DATASETS: dict[str, Builder] = {
-    "breast_cancer": _breast_cancer,
+READERS: dict[str, Reader] = {
     "heart_disease": _heart_disease,
     "physionet2012": _physionet2012,
-    "synthetic_ehr": _synthetic_ehr,
     "retinamnist": _image("retinamnist"),
     "breastmnist": _image("breastmnist"),
     "gse7390": _gse7390,
     "bc_tcga": _bc_tcga,
+}
+"""Real data: name -> reader of the folder `data.path`."""
+GENERATORS: dict[str, Generator] = {
+    "breast_cancer": _breast_cancer,
+    "synthetic_ehr": _synthetic_ehr,
     "synthetic_bc_tcga": _synthetic_bc_tcga,
 }
-"""name -> builder. `breast_cancer` (scikit-learn's embedded WDBC table, scaled by
-published ranges) needs no files."""
+"""Data that need no files: `breast_cancer` (scikit-learn's embedded WDBC table, scaled
+by published ranges) and the synthetic generators."""
+DATASETS = (*GENERATORS, *READERS)
+"""Every name a study's `data.dataset` can take."""
+
+
+def load_dataset(config: DataConfig, seed: int) -> Dataset:
+    """The configured dataset, read from `data.path` or generated from `seed`."""
+    options = dict(config.options)
+    if config.dataset in GENERATORS:
+        return GENERATORS[config.dataset](seed, options)
+    assert config.path is not None  # checked by DataConfig
+    return READERS[config.dataset](config.path, options)
 
 
 def build_silos(config: DataConfig, seed: int) -> list[Silo]:
     """The study's silos: the dataset, split by `config.partition`, each silo with its own
     stratified train/test split (`test_fraction`)."""
-    if config.dataset not in DATASETS:
-        raise ValueError(
-            f"data.dataset: unknown dataset {config.dataset!r}; known: {', '.join(DATASETS)}"
-        )
-    data = DATASETS[config.dataset](config.path, seed, dict(config.options))
+    data = load_dataset(config, seed)
     preprocess.require_finite(data)
     parts = _partition(config, data, seed)
     names = config.partition.names or _site_names(data, config, len(parts))
