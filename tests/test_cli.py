@@ -3,12 +3,19 @@
 from __future__ import annotations
 
 import json
+import tomllib
 from pathlib import Path
+from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from dpfl import __version__
 from dpfl.cli import app
+from dpfl.experiments import recipes
+from dpfl.experiments.config import Study
+from dpfl.experiments.datasheet import RESEARCH_NOISE
+from dpfl.experiments.runner import run_study
 from dpfl.privacy import Ledger, epsilon, events
 
 runner = CliRunner()
@@ -146,3 +153,94 @@ def test_demo_trains_three_hospitals_within_budget_and_writes_the_report(tmp_pat
         accuracy = float(row.split("│")[2].split("±")[0])
         assert accuracy > 0.8  # the majority class is 0.63
     assert (tmp_path / "report" / "index.html").is_file()
+    assert "† research noise" in " ".join(table.split())  # seeded: not to be released
+
+
+STUDY = """
+name = "cli"
+rounds = 2
+[data]
+dataset = "breast_cancer"
+partition = { kind = "iid", silos = 2 }
+[algorithm]
+name = "fedavg"
+learning_rate = 1.0
+[privacy]
+noise_multiplier = 1.0
+"""
+
+
+def _run(tmp_path: Path, text: str, out: str) -> Any:
+    """`dpfl run` on a study file holding `text`, into tmp_path / out."""
+    path = tmp_path / "study.toml"
+    path.write_text(text, encoding="utf-8")
+    return runner.invoke(app, ["run", str(path), "-o", str(tmp_path / out)])
+
+
+def _flat(text: str) -> str:
+    """Console output without the line breaks and borders rich adds."""
+    return " ".join(text.replace("│", " ").split())
+
+
+def test_run_says_where_research_noise_makes_the_epsilon_unreleasable(tmp_path: Path) -> None:
+    seeded = _run(tmp_path, STUDY, "a")
+    assert seeded.exit_code == 0, seeded.output
+    assert "(PLD) †" in seeded.stdout and _flat(f"† {RESEARCH_NOISE}") in _flat(seeded.stdout)
+    secure = STUDY.replace('name = "cli"', 'name = "cli"\nresearch_noise = false')
+    plain = _run(tmp_path, secure, "b")
+    assert plain.exit_code == 0, plain.output
+    assert "(PLD)" in plain.stdout and "†" not in plain.stdout
+
+
+def test_a_config_that_would_fail_inside_a_run_is_refused_before_it_starts(tmp_path: Path) -> None:
+    text = STUDY.replace('"breast_cancer"', '"heart_disease"')
+    result = _run(tmp_path, text, "o")
+    assert result.exit_code == 2
+    assert "data: heart_disease is read from files: give data.path" in result.stderr
+    assert "Traceback" not in result.output and not (tmp_path / "o").exists()
+
+
+def test_a_refusal_speaks_the_study_files_terms(tmp_path: Path) -> None:
+    text = STUDY.replace("noise_multiplier = 1.0", "noise_multiplier = 0.5\nepsilon = 0.1")
+    result = _run(tmp_path, text, "o")
+    assert result.exit_code == 1
+    assert "leave privacy.noise_multiplier out of the study file" in _flat(result.stderr)
+    assert "calibrate=True" not in result.output
+    assert "calibrate the noise to the budget" not in _flat(result.output)
+
+
+def test_best_refuses_unknown_metric_and_silo_names(tmp_path: Path) -> None:
+    run_study(Study(tomllib.loads(STUDY)), tmp_path)
+    base = ["best", str(tmp_path), "-e", "100", "-d", "1e-5"]
+    metric = runner.invoke(app, [*base, "--metric", "acuracy"])
+    assert metric.exit_code == 2
+    assert "unknown metric 'acuracy'; the finished runs have accuracy, auprc" in metric.stderr
+    silo = runner.invoke(app, [*base, "--validation-silo", "hospital-a"])
+    assert silo.exit_code == 2
+    assert "unknown validation silo 'hospital-a'" in silo.stderr
+    assert "are hospital-0, hospital-1" in silo.stderr
+    assert runner.invoke(app, [*base, "--validation-silo", "hospital-1"]).exit_code == 0
+
+
+def test_reproduce_says_which_real_data_it_could_not_find(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked: dict[str, Any] = {}
+
+    def fake(name: str, out: Path, **options: Any) -> recipes.Reproduction:
+        asked.update(options)
+        return recipes.Reproduction(name, "title", [], [], [])
+
+    monkeypatch.setattr(recipes, "reproduce", fake)
+    monkeypatch.chdir(tmp_path)  # outside the project: ../shared/data is not there
+    result = runner.invoke(app, ["reproduce", "owkin-idash2020", "-o", str(tmp_path / "o")])
+    assert result.exit_code == 0, result.output
+    assert asked["data_dir"] == Path("../shared/data")  # the recipe names what it skips
+    note = _flat(result.stderr)
+    assert "no real data" in note and str((tmp_path / "../shared/data").resolve()) in note
+    assert "pass --data-dir FOLDER" in note
+    missing = runner.invoke(
+        app, ["reproduce", "owkin-idash2020", "-o", "o", "--data-dir", str(tmp_path / "none")]
+    )
+    assert missing.exit_code == 2
+    assert "--data-dir" in missing.stderr and "not a folder" in missing.stderr

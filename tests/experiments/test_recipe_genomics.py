@@ -14,7 +14,7 @@ import pytest
 
 from dpfl.data import DataFormatError, genomics, signatures, synthetic
 from dpfl.experiments.config import DataConfig
-from dpfl.experiments.datasets import DATASETS, build_silos
+from dpfl.experiments.datasets import GENERATORS, READERS, build_silos
 from dpfl.experiments.recipes import (
     Reproduction,
     astar,
@@ -71,7 +71,10 @@ def test_owkin_rows_compare_the_papers_points(owkin_smoke: Path, shared_data: Pa
     assert "N = 2, E = 7" in result.rows[0].setting  # Owkin's published ε≈1 setting
     assert "N = 10, E = 3" in result.rows[1].setting  # and their large-ε one
     assert "not BC-TCGA" in result.rows[0].note and "SYNTHETIC" in result.rows[2].note
-    assert result.notes == [f"real BC-TCGA skipped: {shared_data / 'bc_tcga'} not found."]
+    assert result.notes == [
+        f"skipped real BC-TCGA: {(shared_data / 'bc_tcga').resolve()} not found "
+        "(real data, not shipped with dpfl)"
+    ]
     assert all(run.algorithm == "cyclic" and run.status == "finished" for run in result.runs)
 
 
@@ -97,7 +100,7 @@ def test_every_epsilon_in_the_store_is_within_its_budget(
     with ResultsStore(out / STORE) as store:
         for run in store.runs():
             privacy = run.config["privacy"]
-            spent = store.final_epsilon(run)
+            spent = store.epsilon_by_silo(run).max
             if privacy["private"]:
                 assert 0.9 * privacy["epsilon"] < spent <= privacy["epsilon"] + 1e-9
             else:
@@ -127,8 +130,8 @@ def test_without_real_data_only_the_synthetic_study_runs(tmp_path: Path) -> None
     first = reproduce(astar.NAME, tmp_path / "a", data_dir=None, scale="smoke")
     assert {run.config["data"]["dataset"] for run in first.runs} == {"synthetic_bc_tcga"}
     assert first.notes == [
-        "GSE7390 skipped: no data folder was given.",
-        "real BC-TCGA skipped: no data folder was given.",
+        "skipped GSE7390: no data folder given (real data, not shipped with dpfl)",
+        "skipped real BC-TCGA: no data folder given (real data, not shipped with dpfl)",
     ]
     second = reproduce(astar.NAME, tmp_path / "b", data_dir=None, scale="smoke")
     assert second.rows == first.rows  # seeded: the same numbers again
@@ -152,7 +155,10 @@ def test_real_bc_tcga_runs_with_each_profiles_signature(shared_data: Path, tmp_p
     genomics.write_bc_tcga(tmp_path / "bc_tcga", fake)
     (tmp_path / "gene_signatures").symlink_to(lists)
     plan = owkin.studies(tmp_path, "smoke")
-    assert plan.notes == [f"GSE7390 skipped: {tmp_path / 'gse7390'} not found."]
+    assert plan.notes == [
+        f"skipped GSE7390: {(tmp_path / 'gse7390').resolve()} not found "
+        "(real data, not shipped with dpfl)"
+    ]
     real = [s.points[0][1] for s in plan.studies if s.points[0][1].data.dataset == "bc_tcga"]
     assert [c.data.options for c in real] == [{"signature": "gene76"}, {"signature": "citbcmst"}]
     widths = [build_silos(c.data, c.seed)[0].x.shape[1] for c in real]
@@ -160,11 +166,10 @@ def test_real_bc_tcga_runs_with_each_profiles_signature(shared_data: Path, tmp_p
 
 
 def test_builders_use_public_preprocessing_only(shared_data: Path) -> None:
-    data = DATASETS["gse7390"](shared_data / "gse7390", 0, {})
+    data = READERS["gse7390"](shared_data / "gse7390", {})
     assert data.features.shape == (198, 76) and data.feature_names[0] == "219340_s_at"
     assert data.privacy_caveats == ()  # nothing was fitted on the records
-    holes = DATASETS["synthetic_bc_tcga"](
-        None,
+    holes = GENERATORS["synthetic_bc_tcga"](
         0,
         {
             "n_normal": 5,
@@ -189,9 +194,9 @@ def test_builders_refuse_bad_input(shared_data: Path, tmp_path: Path) -> None:
     end = text.index("\n", first)
     (broken / genomics.GSE7390_FILE).write_text(text[:last_value] + "?" + text[end:])
     with pytest.raises(DataFormatError, match="missing numeric values"):
-        DATASETS["gse7390"](broken, 0, {})
+        READERS["gse7390"](broken, {})
     with pytest.raises(ValueError, match="takes only"):
-        DATASETS["gse7390"](shared_data / "gse7390", 0, {"signatures_dir": "x"})
+        READERS["gse7390"](shared_data / "gse7390", {"signatures_dir": "x"})
 
     fake = synthetic.synthetic_bc_tcga(
         seed=0, n_normal=4, n_tumour=8, n_genes=80, signal_genes=["ESR1", "ERBB2"]
@@ -207,5 +212,5 @@ def test_builders_refuse_bad_input(shared_data: Path, tmp_path: Path) -> None:
             "partition": {"kind": "iid", "silos": 2},
         }
     )
-    with pytest.raises(ValueError, match="non-finite value at record 3, feature 'ESR1'"):
+    with pytest.raises(DataFormatError, match=r"Normal\.txt, line \d+, .*: non-finite value 'inf'"):
         build_silos(config, seed=0)

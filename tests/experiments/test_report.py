@@ -1,14 +1,18 @@
 """`dpfl report`: the page reads the right rows of a hand-built store, its figures are real
-PNGs, and it renders in headless Chromium without errors or missing images."""
+PNGs embedded in the one file, and it renders in headless Chromium without errors or
+missing images."""
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import html
+import io
 import json
 import math
 import os
 import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from html.parser import HTMLParser
 from pathlib import Path
@@ -21,6 +25,8 @@ from playwright.sync_api import sync_playwright
 from typer.testing import CliRunner
 
 from dpfl.cli.report import report
+from dpfl.experiments import report as report_module
+from dpfl.experiments.datasheet import RESEARCH_NOISE
 from dpfl.experiments.report import ReportError, write_report
 from dpfl.experiments.store import ResultsStore, RunResults, StoreError
 
@@ -39,6 +45,7 @@ THREAT_MODEL = (
     "Honest-but-curious server sees each silo's noised update; silos see <weights> & metrics."
 )
 ASSUMPTIONS = ["Poisson sampling is implemented as analysed", "no server–silo collusion"]
+EVALUATION = "Test-set metrics are released every round, outside ε."
 
 
 @dataclass(frozen=True)
@@ -52,6 +59,7 @@ class Plan:
     trials: int = 2
     rounds: int = 4
     rounds_completed: int = 4
+    research_noise: bool = True
 
     @property
     def id(self) -> str:
@@ -61,7 +69,9 @@ class Plan:
 PLANS = [
     Plan("fedavg", {"privacy.noise_multiplier": 0.8}, 0.8),
     Plan("fedavg", {"privacy.noise_multiplier": 1.6}, 1.6),
-    Plan("fedsgd_secure", {}, 1.0, accountant="rdp", rounds_completed=3),  # stopped by budget
+    Plan(
+        "fedsgd_secure", {}, 1.0, accountant="rdp", rounds_completed=3, research_noise=False
+    ),  # stopped by budget; noise from the CSPRNG
     Plan("centralized", {}, None),
 ]
 FAILED = Plan("cyclic", {}, 1.0)
@@ -83,18 +93,22 @@ def accuracy(plan: Plan, trial: int, round_: int) -> float:
 
 
 def epsilon(plan: Plan, silo: int, round_: int, accountant: str, trial: int) -> float:
+    """Trials spend differently (as under client sampling): silo 0 most in trial 0."""
     assert plan.sigma is not None
     rdp = 1.1 if accountant == "rdp" else 1.0
-    return (round_ + 1) * (0.2 + 0.05 * silo) / plan.sigma * rdp + 0.01 * trial
+    extra = 0.3 if (silo == 0) == (trial == 0) else 0.0
+    return (round_ + 1) * (0.2 + 0.05 * silo) / plan.sigma * rdp + extra
+
+
+def silo_epsilon(plan: Plan, silo: int, accountant: str, round_: int | None = None) -> float:
+    """What the page must show for a silo: its largest ε over trials."""
+    last = plan.rounds_completed - 1 if round_ is None else round_
+    return max(epsilon(plan, silo, last, accountant, t) for t in range(plan.trials))
 
 
 def final_epsilon(plan: Plan, accountant: str) -> float:
-    """What the page must show: the largest final ε over silos, mean over trials."""
-    last = plan.rounds_completed - 1
-    return statistics.fmean(
-        max(epsilon(plan, k, last, accountant, t) for k in range(len(SILOS)))
-        for t in range(plan.trials)
-    )
+    """What the page must show for a run: the largest final ε over silos and trials."""
+    return max(silo_epsilon(plan, k, accountant) for k in range(len(SILOS)))
 
 
 def auroc(plan: Plan, trial: int, round_: int) -> float:
@@ -126,7 +140,7 @@ def results(plan: Plan) -> RunResults:
                 for a in ("pld", "rdp") if r == last else (plan.accountant,):
                     privacy.append((t, r, silo, None, a, DELTA, epsilon(plan, k, r, a, t)))
                 if plan.algorithm == "fedsgd_secure":  # what the other hospitals see
-                    privacy.append((t, r, silo, "hospitals", plan.accountant, DELTA, 99.0))
+                    privacy.append((t, r, silo, "hospitals", plan.accountant, DELTA, 99.0 + t))
     return RunResults(
         rounds_completed=plan.rounds_completed,
         noise_multiplier=plan.sigma,
@@ -146,6 +160,8 @@ def datasheet(plan: Plan) -> dict[str, Any]:
         "assumptions": ASSUMPTIONS,
         "accountant": plan.accountant,
         "noise_multiplier": plan.sigma,
+        "research_noise": plan.sigma is not None and plan.research_noise,
+        "evaluation": EVALUATION,
     }
     if plan.sigma is None:
         return sheet | {"unit": "none", "mechanism": "non-private", "clip_norm": None, "silos": {}}
@@ -159,21 +175,25 @@ def datasheet(plan: Plan) -> dict[str, Any]:
                 "budget_epsilon": 8.0,
                 "delta": DELTA,
                 "sample_rates": [16 / size],
-                "participations": plan.rounds_completed,
+                "participations": [plan.rounds_completed - t for t in range(plan.trials)],
                 "events": [
-                    f"{plan.rounds_completed} × 12 × Poisson(q={16 / size:.4g}) "
-                    f"Gaussian(σ={plan.sigma}) [add/remove one record]"
+                    f"{plan.rounds_completed - 1}–{plan.rounds_completed} (by trial) × 12 × "
+                    f"Poisson(q={16 / size:.4g}) Gaussian(σ={plan.sigma}) [add/remove one record]"
                 ],
-                "epsilon_pld": epsilon(plan, k, plan.rounds_completed - 1, "pld", 0),
-                "epsilon_rdp": epsilon(plan, k, plan.rounds_completed - 1, "rdp", 0),
-                "views": {"hospitals": 99.0} if plan.algorithm == "fedsgd_secure" else {},
+                "views": ["hospitals"] if plan.algorithm == "fedsgd_secure" else [],
             }
-            for k, (silo, size) in enumerate(SILOS.items())
+            for silo, size in SILOS.items()
         },
     }
 
 
-def build_study(directory: Path, plans: list[Plan], *, failed: bool = True) -> Path:
+def build_study(
+    directory: Path,
+    plans: list[Plan],
+    *,
+    failed: bool = True,
+    results_of: Callable[[Plan], RunResults] = results,
+) -> Path:
     with ResultsStore(directory / "results.sqlite") as store:
         for plan in [*plans, FAILED, RUNNING] if failed else plans:
             store.start(
@@ -188,7 +208,7 @@ def build_study(directory: Path, plans: list[Plan], *, failed: bool = True) -> P
             if plan is FAILED:
                 store.fail(plan.id, "RuntimeError: loss is NaN at round 2 <diverged> & stopped")
             elif plan is not RUNNING:
-                store.finish(plan.id, results(plan))
+                store.finish(plan.id, results_of(plan))
     return directory
 
 
@@ -274,49 +294,69 @@ def test_results_table_reads_the_union_at_the_last_round_and_the_server_view(pag
         assert row["bytes up per client"] == f"{40 * plan.rounds_completed:.3g} kB"
         if plan.sigma is None:
             assert row["σ"] == "—"
-            assert row["max ε (PLD)"] == row["max ε (RDP)"] == "∞ (non-private)"
+            assert row["max ε (enforced)"] == row["max ε (other accountant)"] == "∞ (non-private)"
             assert row["AUROC"] == f"{auroc(plan, 0, last):.3f}"  # trial 1's is undefined
         else:
+            other = "rdp" if plan.accountant == "pld" else "pld"
+            mark = " †" if plan.research_noise else ""
             assert row["σ"] == f"{plan.sigma:.3g}"
-            assert row["max ε (PLD)"] == f"{final_epsilon(plan, 'pld'):.3g}"
-            assert row["max ε (RDP)"] == f"{final_epsilon(plan, 'rdp'):.3g}"
+            assert row["max ε (enforced)"] == (
+                f"{final_epsilon(plan, plan.accountant):.3g} ({plan.accountant.upper()}){mark}"
+            )
+            assert row["max ε (other accountant)"] == (
+                f"{final_epsilon(plan, other):.3g} ({other.upper()})"
+            )
     fedavg = table[PLANS[0].id[:8]]
     assert fedavg["grid point"] == "noise_multiplier=0.8"
     assert fedavg["rounds"] == "4/4"
     assert table[PLANS[2].id[:8]]["rounds"] == "3/4 (budget spent)"
 
 
-def test_datasheets_show_every_field_escaped(page: Path) -> None:
+def test_datasheets_show_every_field_escaped_and_the_worst_trial(page: Path) -> None:
     text = page.read_text(encoding="utf-8")
     assert "<weights>" not in text
     for plan in PLANS:
         sheet = section(text, plan.id)
         assert html.escape(THREAT_MODEL) in sheet
         assert all(html.escape(a) in sheet for a in ASSUMPTIONS)
+        assert f"<dt>released outside ε</dt><dd>{html.escape(EVALUATION)}</dd>" in sheet
         if plan.sigma is None:
             assert "ε = ∞ (non-private)" in sheet
             assert "<dt>accountant (enforces budgets)</dt><dd>—</dd>" in sheet
             continue
         assert f"<dd>{plan.accountant.upper()}</dd>" in sheet
+        assert (html.escape(RESEARCH_NOISE) in sheet) == plan.research_noise
         data = datasheet(plan)
         assert data["unit"] in sheet
         assert data["mechanism"] in sheet
         (silo_table,) = tables(sheet)
+        own, other = plan.accountant, "rdp" if plan.accountant == "pld" else "pld"
         assert silo_table == [
             {
                 "silo": name,
                 "records": str(silo["size"]),
                 "δ": "1e-05",
                 "q": f"{16 / silo['size']:.4g}",
-                "rounds charged": str(plan.rounds_completed),
-                "ε (PLD)": f"{silo['epsilon_pld']:.3g}",
-                "ε (RDP)": f"{silo['epsilon_rdp']:.3g}",
-                "ε, other observers": "hospitals: 99" if silo["views"] else "—",
+                "rounds charged": f"{plan.rounds_completed - 1}–{plan.rounds_completed} (by trial)",
+                f"ε ({own.upper()}, enforced)": f"{silo_epsilon(plan, k, own):.3g}",
+                f"ε ({other.upper()}, not enforced)": f"{silo_epsilon(plan, k, other):.3g}",
+                "ε, other observers": "hospitals: 100" if silo["views"] else "—",
                 "budget ε": "8",
                 "events": silo["events"][0],
             }
-            for name, silo in data["silos"].items()
+            for k, (name, silo) in enumerate(data["silos"].items())
         ]
+
+
+def test_the_worst_trial_is_shown_not_trial_0_nor_the_mean(page: Path) -> None:
+    plan = PLANS[0]
+    first = max(epsilon(plan, k, 3, "pld", 0) for k in range(len(SILOS)))
+    mean = statistics.fmean(
+        max(epsilon(plan, k, 3, "pld", t) for k in range(len(SILOS))) for t in range(plan.trials)
+    )
+    worst = final_epsilon(plan, "pld")
+    assert worst > mean > first or worst > first > mean  # the hand-built trials differ
+    assert results_table(page)[plan.id[:8]]["max ε (enforced)"] == f"{worst:.3g} (PLD) †"
 
 
 def test_failed_runs_are_listed_with_their_error(page: Path) -> None:
@@ -339,19 +379,49 @@ def test_page_is_self_contained(page: Path) -> None:
     assert "http:" not in text and "https:" not in text and "<script" not in text
 
 
-def test_every_image_is_a_png_beside_the_page(page: Path) -> None:
+def test_every_image_is_a_png_inside_the_page(page: Path) -> None:
     sources = image_sources(page)
-    assert sorted(sources) == [
-        "communication.png",
-        "epsilon_rounds.png",
-        "learning_curves.png",
-        "privacy_utility.png",
-    ]
+    assert len(sources) == 4
     for source in sources:
-        with Image.open(page.parent / source) as image:
+        prefix, _, data = source.partition(",")
+        assert prefix == "data:image/png;base64"
+        with Image.open(io.BytesIO(base64.b64decode(data, validate=True))) as image:
             assert image.format == "PNG"
             assert image.width > 400 and image.height > 200
             image.verify()
+    assert [p.name for p in page.parent.iterdir()] == ["index.html"]  # one file to send
+
+
+def test_research_noise_is_said_under_the_results_table(page: Path) -> None:
+    text = page.read_text(encoding="utf-8")
+    results = text[text.index("<h2 id='results'>") : text.index("<h2 id='privacy-utility'>")]
+    assert f"† {html.escape(RESEARCH_NOISE)}" in results
+
+
+def test_privacy_utility_draws_one_line_per_value_of_another_axis(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    plans = [
+        Plan("mrmtl", {"algorithm.strength": strength, "privacy.noise_multiplier": sigma}, sigma)
+        for strength in (0.1, 1.0)
+        for sigma in (0.8, 1.6, 3.2)
+    ]
+    drawn: dict[str, Any] = {}
+    draw = report_module._figure_html
+
+    def keep(figure: Any, caption: str, absent: str = "") -> str:
+        drawn.setdefault(caption.split(" ")[0], figure)
+        return draw(figure, caption, absent)
+
+    monkeypatch.setattr(report_module, "_figure_html", keep)
+    write_report(build_study(tmp_path, plans, failed=False))
+    (ax,) = drawn["Final"].axes  # the privacy–utility figure's caption starts so
+    handles, labels = ax.get_legend_handles_labels()
+    assert labels == ["mrmtl (strength=0.1)", "mrmtl (strength=1.0)"]
+    for handle, strength in zip(handles, (0.1, 1.0), strict=True):
+        mine = [p for p in plans if p.grid["algorithm.strength"] == strength]
+        expected = sorted(final_epsilon(p, "pld") for p in mine)
+        assert list(handle[0].get_xdata()) == pytest.approx(expected)  # the line, not its bars
 
 
 def test_empty_store_says_so(tmp_path: Path) -> None:
@@ -375,15 +445,15 @@ def test_single_run_single_trial_has_no_spread(tmp_path: Path) -> None:
 def test_an_accountant_missing_at_the_last_round_is_not_read_off_an_earlier_one(
     tmp_path: Path,
 ) -> None:
+    def pld_only(plan: Plan) -> RunResults:
+        full = results(plan)
+        return replace(full, privacy=[row for row in full.privacy if row[4] == "pld"])
+
     plan = Plan("fedavg", {}, 1.2)
-    build_study(tmp_path, [plan], failed=False)
-    full = results(plan)
-    pld_only = [row for row in full.privacy if row[4] == "pld"]
-    with ResultsStore(tmp_path / "results.sqlite") as store:
-        store.finish(plan.id, replace(full, privacy=pld_only))
+    build_study(tmp_path, [plan], failed=False, results_of=pld_only)
     row = results_table(write_report(tmp_path))[plan.id[:8]]
-    assert row["max ε (PLD)"] == f"{final_epsilon(plan, 'pld'):.3g}"
-    assert row["max ε (RDP)"] == "—"
+    assert row["max ε (enforced)"] == f"{final_epsilon(plan, 'pld'):.3g} (PLD) †"
+    assert row["max ε (other accountant)"] == "—"
 
 
 def test_unknown_metric_and_missing_store_are_errors(tmp_path: Path) -> None:
@@ -449,7 +519,7 @@ def test_page_renders_in_chromium_without_errors(page: Path) -> None:
         finally:
             browser.close()
     assert problems == []
-    assert all(url.startswith(page.parent.as_uri()) for url in requests), requests
+    assert all(url == page.as_uri() or url.startswith("data:") for url in requests), requests
     assert len(images) == 4
     assert all(width > 0 for _, width in images), images
     assert title == "dpfl report: icu-mortality"

@@ -20,8 +20,10 @@ from dpfl.cli import app
 from dpfl.engines.simulation import account
 from dpfl.experiments import best
 from dpfl.experiments.config import Study
+from dpfl.experiments.report import write_report
 from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.summary import run_summaries, silo_summaries
 from dpfl.privacy import Ledger, epsilon, events
 
 STUDY = {
@@ -58,7 +60,8 @@ def test_a_tiny_sweep_lands_in_sqlite_with_epsilon_from_each_ledger(tmp_path: Pa
                     )
                     assert row["epsilon"] == spent.epsilon
             fedavg_step = run.datasheet["silos"]["hospital-0"]
-            assert fedavg_step["participations"] == 3 and fedavg_step["epsilon_pld"] > 0
+            assert fedavg_step["participations"] == [3, 3]  # per trial
+            assert store.epsilon_by_silo(run).by_silo["hospital-0"] > 0
             bytes_up = sum(r["bytes_up"] for r in store.rows("communication", run.id))
             assert bytes_up > 0
     again = run_study(study, tmp_path)  # everything finished: nothing reruns
@@ -67,11 +70,63 @@ def test_a_tiny_sweep_lands_in_sqlite_with_epsilon_from_each_ledger(tmp_path: Pa
 
 def test_the_ledger_epsilon_matches_an_independent_composition(tmp_path: Path) -> None:
     (run,) = run_study(_study(), tmp_path)
-    sheet = run.datasheet["silos"]["hospital-0"]
-    (q,) = sheet["sample_rates"]
+    (q,) = run.datasheet["silos"]["hospital-0"]["sample_rates"]
     steps = round(1 / q)
     independent = epsilon(events.repeat(events.poisson_gaussian(q, 1.0, steps=steps), 3), 1e-5)
-    assert sheet["epsilon_pld"] == pytest.approx(independent.epsilon, rel=1e-9)
+    with ResultsStore(tmp_path / STORE) as store:
+        shown = store.epsilon_by_silo(run).by_silo["hospital-0"]
+    assert shown == pytest.approx(independent.epsilon, rel=1e-9)
+
+
+CLIENT_SAMPLED = {
+    **STUDY,
+    "rounds": 4,
+    "trials": 3,
+    "algorithm": {"name": "fedavg", "learning_rate": 1.0, "client_rate": 0.5},
+}
+
+
+def test_every_epsilon_shown_is_the_worst_trial_under_client_sampling(tmp_path: Path) -> None:
+    (run,) = run_study(Study(CLIENT_SAMPLED), tmp_path)
+    silos = ["hospital-0", "hospital-1", "hospital-2"]
+    with Ledger(tmp_path / "ledgers" / f"{run.id}.sqlite", create=False) as book:
+        spent = {
+            silo: [book.spent(account(silo, t), accountant="pld").epsilon for t in range(3)]
+            for silo in silos
+        }
+    assert any(len(set(trials)) > 1 for trials in spent.values())  # the trials differ
+    worst = {silo: max(trials) for silo, trials in spent.items()}
+    overall = max(worst.values())
+    assert overall > max(trials[0] for trials in spent.values())  # trial 0 is not the worst
+    with ResultsStore(tmp_path / STORE) as store:
+        shown = store.epsilon_by_silo(run)
+        assert shown.accountant == "pld" and shown.by_silo == worst and shown.max == overall
+        at_delta = store.epsilon_by_silo(run, delta=1e-5)
+        assert at_delta.by_silo == pytest.approx(worst, rel=1e-9)
+    participations = run.datasheet["silos"]["hospital-0"]["participations"]
+    assert len(participations) == 3  # one count per trial, not trial 0's
+    assert run.datasheet["research_noise"] is True
+    assert "outside ε" in run.datasheet["evaluation"]
+
+    (summary,) = run_summaries(tmp_path)
+    assert summary["epsilon"]["pld"] == overall and summary["research_noise"]
+    by_silo = {s["silo"]: s["epsilon"]["pld"] for s in silo_summaries(tmp_path, run.id)}
+    assert by_silo == worst
+
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    assert f"<td>{overall:.3g} (PLD) †</td>" in page  # the results table
+    for silo, spent_by_silo in worst.items():  # the datasheet
+        assert f"<td>{silo}</td>" in page and f"<td>{spent_by_silo:.3g}</td>" in page
+
+    just_above = best.candidates(tmp_path, epsilon=overall * 1.001, delta=1e-5)
+    assert [c.qualifies for c in just_above] == [True]
+    assert just_above[0].epsilon == pytest.approx(overall, rel=1e-9)
+    below = best.candidates(tmp_path, epsilon=overall * 0.999, delta=1e-5)
+    assert [c.qualifies for c in below] == [False]
+
+    table = CliRunner().invoke(app, ["best", str(tmp_path), "-e", "100", "-d", "1e-5"])
+    assert table.exit_code == 0, table.output
+    assert f"{overall:.4g} (PLD) †" in table.output and "research noise" in table.output
 
 
 SWEEP = """
@@ -168,3 +223,12 @@ def test_run_refuses_a_grid_and_reports_a_bad_config_cleanly(tmp_path: Path) -> 
     config.write_text(SWEEP.replace("rounds = 8", "rounds = 'eight'"), encoding="utf-8")
     bad = CliRunner().invoke(app, ["run", str(config), "--out", str(tmp_path / "o")])
     assert bad.exit_code == 2 and "rounds: Input should be a valid integer" in bad.output
+
+
+def test_evaluating_only_at_the_end_releases_one_round_of_metrics(tmp_path: Path) -> None:
+    (run,) = run_study(Study({**STUDY, "trials": 1, "eval_every": "end"}), tmp_path)
+    with ResultsStore(tmp_path / STORE) as store:
+        assert {row["round"] for row in store.rows("metrics", run.id)} == {2}
+    assert "released after 1 of the 3 rounds" in run.datasheet["evaluation"]
+    every = run_study(Study({**STUDY, "trials": 1}), tmp_path / "every")[0]
+    assert "released after 3 of the 3 rounds" in every.datasheet["evaluation"]

@@ -3,17 +3,23 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
+
+from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise
+from dpfl.experiments.store import enforcing_accountant
 
 from .common import console, errors, print_json, reported_errors
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (results, ledgers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 CORES = os.cpu_count() or 1
+DEFAULT_DATA = Path("../shared/data")
 WorkersOpt = Annotated[
     int, typer.Option("--workers", "-j", help="Grid points run at once, one per process.")
 ]
@@ -78,6 +84,8 @@ def best(
                         "mean": chosen.mean,
                         "std": chosen.std,
                         "epsilon": chosen.epsilon,
+                        "accountant": enforcing_accountant(chosen.run),
+                        "research_noise": research_noise(chosen.run),
                         "delta": delta,
                         "config": chosen.run.config,
                     },
@@ -87,7 +95,10 @@ def best(
                 }
             )
             return
-        table = Table(title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}")
+        table = Table(
+            title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}",
+            caption=_research_caption(research_noise(c.run) for c in found),
+        )
         for column in ("run", "algorithm", "grid point", metric, f"ε at δ={delta:g}", "within"):
             table.add_column(column)
         for c in found:
@@ -96,7 +107,7 @@ def best(
                 c.run.algorithm,
                 _grid(c.run.grid),
                 f"{c.mean:.4f} ± {c.std:.4f}",
-                f"{c.epsilon:.4g}",
+                _epsilon(c.epsilon, enforcing_accountant(c.run), research_noise(c.run)),
                 "yes" if c.qualifies else "no",
             )
         console.print(table)
@@ -106,6 +117,8 @@ def best(
         console.print(
             f"best: run {chosen.run.id} ({chosen.run.algorithm} {_grid(chosen.run.grid)})"
         )
+        if research_noise(chosen.run):
+            console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
         console.print(f"[yellow]caveat:[/yellow] {CAVEAT}")
 
 
@@ -119,7 +132,11 @@ def reproduce(
     out: OutOpt,
     full: Annotated[bool, typer.Option("--full", help="The paper's scale (hours).")] = False,
     data_dir: Annotated[
-        Path | None, typer.Option(help="Folder of the real datasets (default: ../shared/data).")
+        Path | None,
+        typer.Option(
+            help="Folder of the real datasets (default: ../shared/data, from the working "
+            "directory)."
+        ),
     ] = None,
     workers: WorkersOpt = CORES,
     json: JsonOpt = False,
@@ -128,11 +145,19 @@ def reproduce(
     from dpfl.experiments.recipes import reproduce as run_recipe
 
     with reported_errors():
-        folder = data_dir or Path("../shared/data")
+        if data_dir is not None and not data_dir.is_dir():
+            raise ValueError(f"--data-dir: {data_dir} is not a folder")
+        folder = data_dir or DEFAULT_DATA
+        if not folder.is_dir():
+            errors.print(
+                f"[yellow]note:[/yellow] no real data: the default data folder {DEFAULT_DATA} "
+                f"(from the working directory: {folder.resolve()}) does not exist; pass "
+                "--data-dir FOLDER, the folder that holds gse7390/, physionet2012/, ..."
+            )
         result = run_recipe(
             name,
             out,
-            data_dir=folder if folder.is_dir() else None,
+            data_dir=folder,
             scale="full" if full else "default",
             workers=workers,
             report=(lambda line: None) if json else errors.print,
@@ -158,6 +183,7 @@ def reproduce(
 
 
 def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> None:
+    from dpfl.experiments.config import study_terms
     from dpfl.experiments.runner import run_study
     from dpfl.experiments.summary import run_summaries
 
@@ -166,7 +192,9 @@ def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> 
         out,
         workers=workers,
         progress=progress,
-        report=(lambda line: None) if json else errors.print,
+        report=(lambda line: None)
+        if json
+        else lambda line: errors.print(escape(study_terms(line))),
     )
     failed = [run for run in runs if run.status == "failed"]
     by_id = {s["id"]: s for s in run_summaries(out)}
@@ -176,14 +204,19 @@ def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> 
     else:
         console.print(runs_table(summaries, study.points[0][1].metrics))
     for run in failed:
-        errors.print(f"[red]failed:[/red] {run.id} {_grid(run.grid)}: {run.error}")
+        error = escape(study_terms(run.error or ""))
+        errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
     if failed:
         raise typer.Exit(1)
 
 
 def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
-    """One row per run: grid point, σ, largest ε over silos, metrics, bytes per client."""
-    table = Table(title="runs (means ± std over trials; ε: largest over silos)")
+    """One row per run: grid point, σ, largest ε over silos and trials (by the enforcing
+    accountant), metrics, bytes per client."""
+    table = Table(
+        title="runs (means ± std over trials; ε: largest over silos and trials)",
+        caption=_research_caption(s["research_noise"] for s in summaries),
+    )
     for column in ("run", "algorithm", "grid point", "trials", "σ", "ε", *metrics, "bytes up"):
         table.add_column(column)
     for s in summaries:
@@ -194,11 +227,23 @@ def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
             _grid(s["grid"]),
             str(s["trials"]),
             "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.4g}",
-            "∞" if eps is None else f"{eps[s['accountant']]:.4g} ({s['accountant'].upper()})",
+            "∞"
+            if eps is None
+            else _epsilon(eps[s["accountant"]], s["accountant"], s["research_noise"]),
             *[_metric(s["metrics"].get(m)) for m in metrics],
             f"{s['bytes_up_per_client']:,.0f}",
         )
     return table
+
+
+def _epsilon(value: float, accountant: str, seeded: bool) -> str:
+    """ε labelled with the accountant that enforced it, marked if the noise was seeded."""
+    return f"{value:.4g} ({accountant.upper()})" + (f" {RESEARCH_MARK}" if seeded else "")
+
+
+def _research_caption(seeded: Iterable[bool]) -> str | None:
+    """The warning under a table whose ε include research runs."""
+    return f"{RESEARCH_MARK} {RESEARCH_NOISE}" if any(seeded) else None
 
 
 def _metric(value: dict[str, float] | None) -> str:

@@ -14,10 +14,8 @@ import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfl.engines.simulation import account
 from dpfl.experiments.runner import STORE
 from dpfl.experiments.store import ResultsStore, RunRow
-from dpfl.privacy import Ledger
 
 CAVEAT = (
     "Choosing among configurations by their results on private data leaks information "
@@ -47,14 +45,15 @@ def candidates(
     validation_silo: str | None = None,
 ) -> list[Candidate]:
     """Every finished run, best first among those within (ε, δ); its metric is the final
-    one on the union of test sets, or on `validation_silo`'s test set if given."""
+    one on the union of test sets, or on `validation_silo`'s test set if given. A metric
+    or silo that no finished run has is refused with the names there are."""
     if not (epsilon > 0 and 0 < delta < 1):
         raise ValueError(f"need ε > 0 and 0 < δ < 1, got ε={epsilon}, δ={delta}")
     with ResultsStore(Path(directory) / STORE, create=False) as store:
         found = []
         for run in store.runs(status="finished"):
             values = store.final_metric(run, metric, validation_silo)
-            spent = _epsilon_at(store, run, delta)
+            spent = store.epsilon_by_silo(run, delta=delta).max
             found.append(
                 Candidate(
                     run,
@@ -64,6 +63,8 @@ def candidates(
                     spent <= epsilon and bool(values),
                 )
             )
+        if found and all(math.isnan(c.mean) for c in found):
+            _require_known(store, [c.run for c in found], metric, validation_silo)
     lower_is_better = metric == "loss"
     return sorted(
         found,
@@ -74,15 +75,15 @@ def candidates(
     )
 
 
-def _epsilon_at(store: ResultsStore, run: RunRow, delta: float) -> float:
-    """The largest ε at `delta` over the run's silos and trials (server view), from its
-    ledger; ∞ for a run without one (non-private)."""
-    accounts = {
-        account(row["silo"], row["trial"])
-        for row in store.rows("privacy", run.id)
-        if row["view"] is None
-    }
-    if not accounts or run.ledger is None:
-        return math.inf
-    with Ledger(store.ledger_of(run), create=False) as book:
-        return max(book.spent(name, delta=delta).epsilon for name in accounts)
+def _require_known(store: ResultsStore, runs: list[RunRow], metric: str, silo: str | None) -> None:
+    """Refuse a misspelt metric or silo, which would rank every run as undefined; asked
+    only when no run has a value, since it reads every metric row."""
+    rows = [row for run in runs for row in store.rows("metrics", run.id)]
+    metrics = sorted({row["metric"] for row in rows})
+    silos = sorted({row["silo"] for row in rows} - {None})
+    if metric not in metrics:
+        raise ValueError(f"unknown metric {metric!r}; the finished runs have {', '.join(metrics)}")
+    if silo is not None and silo not in silos:
+        raise ValueError(
+            f"unknown validation silo {silo!r}; the finished runs' silos are {', '.join(silos)}"
+        )

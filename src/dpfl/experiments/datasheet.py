@@ -2,19 +2,25 @@
 
 Every number comes from the run's ledger (the events its samplers declared), never from
 the config: the unit of privacy, the mechanism, the accountant, q, σ, C, how often each
-silo took part, and ε per silo at its δ by both PLD and RDP; then who sees what.
+silo took part in each trial, then who sees what, what is released outside ε (test-set
+metrics) and whether the noise may be released at all. ε itself is read from the
+results store (`ResultsStore.epsilon_by_silo`): the largest over trials, per silo.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as dpe
 
-from dpfl.engines.simulation import SimulationResult
-from dpfl.experiments.config import StudyConfig
-from dpfl.privacy import Accountant, Ledger
+from dpfl.privacy import Ledger
+
+if TYPE_CHECKING:  # the report reads datasheets without importing torch
+    from dpfl.engines.simulation import SimulationResult
+    from dpfl.experiments.config import StudyConfig
+    from dpfl.experiments.store import RunRow
 
 THREAT_MODELS = {
     "fedavg": (
@@ -71,8 +77,24 @@ ASSUMPTIONS = [
 ]
 
 
+RESEARCH_NOISE = (
+    "research noise: seeded, so anyone who learns the seed can subtract it; the ε shown "
+    "holds only for unpredictable noise, so a model trained with it must not be released "
+    "(research_noise = false draws the noise from the operating system's CSPRNG)"
+)
+"""Said wherever the ε of a run with seeded noise is shown, the ε marked with RESEARCH_MARK."""
+RESEARCH_MARK = "†"
+
+
+def research_noise(run: RunRow) -> bool:
+    """Whether a private run's noise was seeded (the study default), so that its ε is a
+    research figure and its model must not be released."""
+    return bool(run.datasheet.get("research_noise"))
+
+
 def datasheet(config: StudyConfig, result: SimulationResult, book: Ledger) -> dict[str, Any]:
-    """The datasheet of a finished run, trial 0 standing for all (trials spend alike)."""
+    """The datasheet of a finished run. Each silo's charges are listed over all its
+    trials, which differ under client sampling; no trial stands for the others."""
     algorithm = config.algorithm
     private = config.privacy.private
     sheet: dict[str, Any] = {
@@ -85,31 +107,46 @@ def datasheet(config: StudyConfig, result: SimulationResult, book: Ledger) -> di
         "accountant": config.privacy.accountant,
         "noise_multiplier": result.noise_multiplier if private else None,
         "clip_norm": algorithm.clip_norm if private and algorithm.name != "aop" else None,
+        "research_noise": private and config.research_noise,
+        "evaluation": _evaluation(config, result),
         "silos": {},
     }
-    if not private or not result.accounts:
+    if not private or not any(result.accounts):
         return sheet
-    for silo, views in result.accounts[0].items():
-        name = views[None]
-        budget = book.budget(name)
-        entries = book.entries(name)
-        shown = Counter(e.event.describe() for e in entries)
+    for silo in result.accounts[0]:
+        trials = [accounts[silo] for accounts in result.accounts]
+        entries = [book.entries(views[None]) for views in trials]
+        budget = book.budget(trials[0][None])  # every trial has the silo's budget
+        charged = [Counter(e.event.describe() for e in mine) for mine in entries]
+        events = dict.fromkeys(text for counts in charged for text in counts)
         sheet["silos"][silo] = {
             "size": budget.size,
             "budget_epsilon": None if budget.epsilon == float("inf") else budget.epsilon,
             "delta": budget.delta,
-            "sample_rates": sorted({q for e in entries for q in _sample_rates(e.event.dp_event)}),
-            "participations": len(entries),
-            "events": [f"{count} × {text}" for text, count in shown.items()],
-            "epsilon_pld": book.spent(name, accountant=Accountant.PLD).epsilon,
-            "epsilon_rdp": book.spent(name, accountant=Accountant.RDP).epsilon,
-            "views": {
-                view: book.spent(account).epsilon
-                for view, account in views.items()
-                if view is not None
-            },
+            "sample_rates": sorted(
+                {q for mine in entries for e in mine for q in _sample_rates(e.event.dp_event)}
+            ),
+            "participations": [len(mine) for mine in entries],
+            "events": [f"{span([c[text] for c in charged])} × {text}" for text in events],
+            "views": sorted(view for view in trials[0] if view is not None),
         }
     return sheet
+
+
+def span(counts: Sequence[int]) -> str:
+    """Per-trial counts as one figure, or their range where trials differ."""
+    low, high = min(counts), max(counts)
+    return str(low) if low == high else f"{low}–{high} (by trial)"
+
+
+def _evaluation(config: StudyConfig, result: SimulationResult) -> str:
+    evaluated = len({row["round"] for row in result.history})
+    return (
+        f"Metrics on each silo's held-out test records (and on their union) are released "
+        f"after {evaluated} of the {result.rounds_completed} rounds "
+        f"(eval_every = {config.eval_every}), without noise: they are outside ε, which "
+        'protects the training records only. eval_every = "end" releases them once.'
+    )
 
 
 def _mechanism(config: StudyConfig) -> str:

@@ -1,15 +1,18 @@
 """`dpfl report DIR`: one self-contained HTML page about a study, read off its results store.
 
-DIR/report/index.html holds a results table, four figures (PNG files beside the page,
-drawn on matplotlib `Figure`s, which need no GUI backend) and a privacy datasheet per
-run. Only finished runs are reported; failed runs are listed with their error. Metrics
-are those of the union of the silos' test sets, and ε is the server's view: the one
-budgets bind.
+DIR/report/index.html holds a results table, four figures (PNGs drawn on matplotlib
+`Figure`s, which need no GUI backend, embedded as data URIs so that the page is one
+file to send) and a privacy datasheet per run. Only finished runs are reported; failed
+runs are listed with their error. Metrics are those of the union of the silos' test
+sets, and ε is the server's view (the one budgets bind), the largest over each silo's
+trials, from `ResultsStore.epsilon_by_silo`.
 """
 
 from __future__ import annotations
 
+import base64
 import html
+import io
 import math
 import statistics
 import textwrap
@@ -25,7 +28,9 @@ from matplotlib.axis import Axis
 from matplotlib.figure import Figure
 from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.config import study_terms
+from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
+from dpfl.experiments.store import ResultsStore, RunRow, SiloEpsilons, enforcing_accountant
 
 RESULTS_FILE = "results.sqlite"
 REPORT_FOLDER = "report"
@@ -36,6 +41,9 @@ _METRIC_NAMES = {"auroc": "AUROC", "auprc": "AUPRC"}
 _DPI = 110
 _LINE_STYLES = ("-", "--", ":", "-.")
 _MARKERS = ("o", "s", "^", "D", "v")
+EPSILON_AXES = ("privacy.epsilon", "privacy.noise_multiplier")
+"""Grid axes that move a run along a privacy–utility curve; every other axis (e.g.
+MR-MTL's strength λ) gives each of its values a curve of its own."""
 
 Row = dict[str, Any]
 
@@ -82,17 +90,23 @@ class RunSummary:
     """round -> the report's metric on the union, over trials"""
     private: bool
     """whether the run has any server-view privacy rows (a non-private run has none)"""
-    epsilon: dict[str, float | None]
-    """accountant -> largest final ε over silos, mean over trials (None: not accounted)"""
+    epsilon: dict[str, SiloEpsilons]
+    """accountant -> final ε per silo, each the largest over trials"""
+    views: dict[str, SiloEpsilons]
+    """observer other than the server -> its final ε per silo (never enforced)"""
     epsilon_rounds: dict[str, list[tuple[int, float]]]
-    """silo -> (round, ε) in the first trial at the run's own accountant"""
+    """silo -> (round, ε, the largest over trials) at the run's own accountant"""
     bytes_up: list[int]
     """total bytes sent up per (trial, silo)"""
     bytes_down: list[int]
 
     @property
     def accountant(self) -> str:
-        return _accountant(self.run)
+        return enforcing_accountant(self.run)
+
+    @property
+    def other_accountant(self) -> str:
+        return next(a for a in ACCOUNTANTS if a != self.accountant)
 
     def score(self, metric: str) -> Stat:
         """The final value of `metric`, undefined (NaN) if the run did not report it."""
@@ -100,11 +114,14 @@ class RunSummary:
 
     @property
     def own_epsilon(self) -> float | None:
-        return self.epsilon.get(self.accountant)
+        """The largest final ε over silos and trials by the enforcing accountant; None if
+        it accounted none (non-private, or no figure at the last round)."""
+        spent = self.epsilon[self.accountant]
+        return spent.max if spent.by_silo else None
 
 
 def write_report(directory: Path, *, metric: str = "accuracy") -> Path:
-    """Write DIR/report/index.html and its figures from DIR/results.sqlite; return the page.
+    """Write DIR/report/index.html (figures embedded) from DIR/results.sqlite; return it.
 
     Raises `StoreError` if DIR holds no results store, and `ReportError` if no finished
     run has `metric`."""
@@ -128,7 +145,7 @@ def write_report(directory: Path, *, metric: str = "accuracy") -> Path:
     if summaries:
         body += [
             _results_table(summaries, metric),
-            _figures(out, summaries, metric),
+            _figures(summaries, metric),
             "<h2 id='datasheets'>Privacy datasheets</h2>",
             *(_datasheet(s) for s in summaries),
         ]
@@ -143,7 +160,9 @@ def write_report(directory: Path, *, metric: str = "accuracy") -> Path:
 
 def _summarise(store: ResultsStore, run: RunRow, label: str, metric: str) -> RunSummary:
     union = [r for r in store.rows("metrics", run.id) if r["silo"] is None]
-    server = [r for r in store.rows("privacy", run.id) if r["view"] is None]
+    privacy = store.rows("privacy", run.id)
+    server = [r for r in privacy if r["view"] is None]
+    own = [r for r in server if r["accountant"] == enforcing_accountant(run)]
     communication = store.rows("communication", run.id)
     return RunSummary(
         run=run,
@@ -154,16 +173,15 @@ def _summarise(store: ResultsStore, run: RunRow, label: str, metric: str) -> Run
             for round_, rows in sorted(_group(_of_metric(union, metric), "round").items())
         },
         private=bool(server),
-        epsilon={a: _final_epsilon(server, a) for a in ACCOUNTANTS},
-        epsilon_rounds=_epsilon_rounds(server, _accountant(run)),
+        epsilon={a: store.epsilon_by_silo(run, accountant=a) for a in ACCOUNTANTS},
+        views={
+            view: store.epsilon_by_silo(run, view)
+            for view in sorted({r["view"] for r in privacy} - {None})
+        },
+        epsilon_rounds=_epsilon_rounds(store, run, sorted({int(r["round"]) for r in own})),
         bytes_up=_totals(communication, "bytes_up"),
         bytes_down=_totals(communication, "bytes_down"),
     )
-
-
-def _accountant(run: RunRow) -> str:
-    """The accountant that enforced the run's budgets ("pld" or "rdp")."""
-    return str(run.datasheet.get("accountant", ""))
 
 
 def _group(rows: Iterable[Row], key: str) -> dict[Any, list[Row]]:
@@ -190,31 +208,15 @@ def _final_values(rows: list[Row]) -> list[float]:
     ]
 
 
-def _final_epsilon(server: list[Row], accountant: str) -> float | None:
-    """The largest ε over silos at each trial's last accounted round, mean over trials.
-
-    None if that round has no figure from `accountant`: an earlier round's ε would
-    understate what was spent."""
-    per_trial = []
-    for rows in _group(server, "trial").values():
-        last = max(int(r["round"]) for r in rows)
-        spent = [r["epsilon"] for r in rows if r["round"] == last and r["accountant"] == accountant]
-        if not spent:
-            return None
-        per_trial.append(max(spent))
-    return statistics.fmean(per_trial) if per_trial else None
-
-
-def _epsilon_rounds(server: list[Row], accountant: str) -> dict[str, list[tuple[int, float]]]:
-    """ε per silo round by round, in the first trial (all trials spend alike)."""
-    if not server:
-        return {}
-    first = min(int(r["trial"]) for r in server)
-    rows = [r for r in server if r["trial"] == first and r["accountant"] == accountant]
-    return {
-        silo: sorted((int(r["round"]), float(r["epsilon"])) for r in silo_rows)
-        for silo, silo_rows in _group(rows, "silo").items()
-    }
+def _epsilon_rounds(
+    store: ResultsStore, run: RunRow, rounds: list[int]
+) -> dict[str, list[tuple[int, float]]]:
+    """ε per silo after each accounted round, the largest over trials."""
+    curves: dict[str, list[tuple[int, float]]] = defaultdict(list)
+    for round_ in rounds:
+        for silo, spent in store.epsilon_by_silo(run, through_round=round_).by_silo.items():
+            curves[silo].append((round_, spent))
+    return dict(curves)
 
 
 def _totals(rows: list[Row], column: str) -> list[int]:
@@ -235,10 +237,10 @@ def _labels(runs: Sequence[RunRow]) -> list[str]:
     ]
 
 
-def _point(run: RunRow) -> str:
+def _point(run: RunRow, leave_out: Sequence[str] = ()) -> str:
     """The grid point for legends and tables: the last part of each dotted key (unless two
-    would then read alike), and no `algorithm.name`, which is shown on its own."""
-    grid = {k: v for k, v in run.grid.items() if k != "algorithm.name"}
+    would then read alike), without `algorithm.name` (shown on its own) or `leave_out`."""
+    grid = {k: v for k, v in run.grid.items() if k not in ("algorithm.name", *leave_out)}
     keys = sorted(grid)
     names = [key.rsplit(".", 1)[-1] for key in keys]
     if len(set(names)) < len(names):
@@ -260,8 +262,8 @@ def _by_algorithm(summaries: Iterable[RunSummary]) -> dict[str, list[RunSummary]
 # -- figures ----------------------------------------------------------------------------
 
 
-def _figures(out: Path, summaries: list[RunSummary], metric: str) -> str:
-    """The four figures, saved beside the page, with their headings and captions."""
+def _figures(summaries: list[RunSummary], metric: str) -> str:
+    """The four figures, embedded in the page, with their headings and captions."""
     name = _metric_name(metric)
     accounted = [s for s in summaries if s.epsilon_rounds]
     shown = accounted[:MAX_EPSILON_PANELS]
@@ -276,36 +278,29 @@ def _figures(out: Path, summaries: list[RunSummary], metric: str) -> str:
         [
             "<h2 id='privacy-utility'>Privacy–utility</h2>",
             _figure_html(
-                out,
-                "privacy_utility.png",
                 _privacy_utility_figure(summaries, metric, colors),
                 f"Final {name} on the union of the silos' test sets (mean ± sample std over "
-                "trials) against ε: the largest final ε over silos in the server's view, at "
-                "each run's own accountant and the silo's δ, mean over trials. Non-private "
-                "runs (ε = ∞) are dashed horizontal lines.",
+                "trials) against ε: the largest final ε over silos and trials in the "
+                "server's view, at each run's own accountant and the silo's δ. One line per "
+                "algorithm and value of the grid's other axes. Non-private runs (ε = ∞) are "
+                "dashed horizontal lines.",
                 "No private run: there is no privacy–utility trade-off to plot.",
             ),
             "<h2 id='learning-curves'>Learning curves</h2>",
             _figure_html(
-                out,
-                "learning_curves.png",
                 _learning_curves_figure(summaries, metric, colors),
                 f"{name.capitalize()} on the union of the silos' test sets at each evaluated "
                 "round: mean over trials, band ± 1 sample std (no band with a single trial).",
             ),
             "<h2 id='epsilon-rounds'>Privacy spent over rounds</h2>",
             _figure_html(
-                out,
-                "epsilon_rounds.png",
                 _epsilon_figure(shown),
-                "ε per silo after each round in the server's view (first trial, each run's "
-                f"own accountant); dotted lines are the silos' budgets.{capped}",
+                "ε per silo after each round in the server's view (the largest over trials, "
+                f"each run's own accountant); dotted lines are the silos' budgets.{capped}",
                 "No private run: no privacy was accounted.",
             ),
             "<h2 id='communication'>Communication</h2>",
             _figure_html(
-                out,
-                "communication.png",
                 _communication_figure(summaries),
                 "Bytes sent per client over all rounds, mean over silos, trials and the "
                 "algorithm's runs.",
@@ -315,17 +310,15 @@ def _figures(out: Path, summaries: list[RunSummary], metric: str) -> str:
     )
 
 
-def _figure_html(
-    out: Path, name: str, figure: Figure | None, caption: str, absent: str = ""
-) -> str:
-    """Save the figure beside the page and return its <figure>, or say why there is none."""
-    path = out / name
+def _figure_html(figure: Figure | None, caption: str, absent: str = "") -> str:
+    """The figure as a PNG data URI in a <figure>, or a sentence saying why there is none."""
     if figure is None:
-        path.unlink(missing_ok=True)  # no stale figure from an earlier report
         return f"<p>{_e(absent)}</p>"
-    figure.savefig(path, dpi=_DPI)
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=_DPI)
+    source = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode("ascii")
     return (
-        f'<figure><img src="{name}" alt="{_e(caption)}">'
+        f'<figure><img src="{source}" alt="{_e(caption)}">'
         f"<figcaption>{_e(caption)}</figcaption></figure>"
     )
 
@@ -333,26 +326,30 @@ def _figure_html(
 def _privacy_utility_figure(
     summaries: list[RunSummary], metric: str, colors: dict[str, Any]
 ) -> Figure | None:
-    points: dict[str, list[tuple[float, Stat]]] = defaultdict(list)
+    """One line per algorithm and value of the other grid axes, along ε."""
+    points: dict[tuple[str, str], list[tuple[float, Stat]]] = defaultdict(list)
     for s in summaries:
         if s.own_epsilon is not None:
-            points[s.run.algorithm].append((s.own_epsilon, s.score(metric)))
+            curve = (s.run.algorithm, _point(s.run, EPSILON_AXES))
+            points[curve].append((s.own_epsilon, s.score(metric)))
     if not points:
         return None
     figure, ax = _new_figure(
-        "Privacy–utility", "ε (server's view, largest over silos)", _metric_name(metric)
+        "Privacy–utility", "ε (server's view, largest over silos and trials)", _metric_name(metric)
     )
-    for algorithm, pairs in sorted(points.items()):
+    drawn: Counter[str] = Counter()
+    for (algorithm, point), pairs in sorted(points.items()):
         pairs.sort(key=lambda pair: pair[0])
         ax.errorbar(
             [epsilon for epsilon, _ in pairs],
             [stat.mean for _, stat in pairs],
             yerr=[stat.std for _, stat in pairs],
-            marker="o",
             capsize=4,
             color=colors[algorithm],
-            label=algorithm,
+            label=f"{algorithm} ({point})" if point else algorithm,
+            **_style(drawn[algorithm]),
         )
+        drawn[algorithm] += 1
     for s in summaries:
         if not s.private and not math.isnan(s.score(metric).mean):
             color = colors[s.run.algorithm]
@@ -377,15 +374,7 @@ def _learning_curves_figure(
             rounds = list(s.curve)
             mean = [s.curve[r].mean for r in rounds]
             std = [s.curve[r].std for r in rounds]
-            ax.plot(
-                rounds,
-                mean,
-                color=color,
-                ls=_LINE_STYLES[i % len(_LINE_STYLES)],
-                marker=_MARKERS[i % len(_MARKERS)],
-                markersize=4,
-                label=s.label,
-            )
+            ax.plot(rounds, mean, color=color, markersize=4, label=s.label, **_style(i))
             if any(math.isfinite(d) for d in std):
                 low = [m - d for m, d in zip(mean, std, strict=True)]
                 high = [m + d for m, d in zip(mean, std, strict=True)]
@@ -413,7 +402,8 @@ def _epsilon_figure(summaries: list[RunSummary]) -> Figure | None:
             if budget is not None:
                 ax.axhline(budget, ls=":", color=line.get_color())
             highest = max(highest, *spent, budget or 0.0)
-        _label_axes(ax, textwrap.fill(s.label, 45), "round", f"ε ({s.accountant.upper()})")
+        ylabel = f"ε ({s.accountant.upper()}), largest over trials"
+        _label_axes(ax, textwrap.fill(s.label, 45), "round", ylabel)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(0, 1.1 * highest or 1.0)  # room above a budget spent in full
         ax.legend(fontsize="x-small", loc="upper left")
@@ -453,6 +443,11 @@ def _communication_figure(summaries: list[RunSummary]) -> Figure | None:
     ax.margins(y=0.1)
     figure.legend(loc="outside right upper", fontsize="small")
     return figure
+
+
+def _style(i: int) -> dict[str, Any]:
+    """The i-th line of one colour: distinct line style and marker for up to 20."""
+    return {"ls": _LINE_STYLES[i % len(_LINE_STYLES)], "marker": _MARKERS[i % len(_MARKERS)]}
 
 
 def _new_figure(title: str, xlabel: str, ylabel: str) -> tuple[Figure, Axes]:
@@ -505,7 +500,8 @@ def _overview(runs: list[RunRow], summaries: list[RunSummary]) -> str:
         lead = (
             f"{len(summaries)} finished run(s) from {RESULTS_FILE}. Metrics are on the union "
             "of the silos' test sets at each trial's last evaluated round (mean ± sample std "
-            "over trials); ε is the server's view, the one budgets bind."
+            "over trials); ε is the server's view, the one budgets bind, and for each silo "
+            "the largest over its trials."
         )
     others = f" Failed: {counts['failed']}. Still running (not shown): {counts['running']}."
     return f"<p>{_e(lead + others)}</p>"
@@ -520,8 +516,8 @@ def _results_table(summaries: list[RunSummary], metric: str) -> str:
         "trials",
         "rounds",
         "σ",
-        "max ε (PLD)",
-        "max ε (RDP)",
+        "max ε (enforced)",
+        "max ε (other accountant)",
         *(_metric_name(m) for m in metrics),
         "bytes up per client",
     ]
@@ -533,13 +529,20 @@ def _results_table(summaries: list[RunSummary], metric: str) -> str:
             s.run.trials,
             _rounds_text(s.run),
             _number(s.run.noise_multiplier) if s.private else "—",
-            *(_epsilon_text(s, a) for a in ACCOUNTANTS),
+            _epsilon_text(s, s.accountant, mark=True),
+            _epsilon_text(s, s.other_accountant),
             *(s.score(m).text() for m in metrics),
             _bytes(_mean(s.bytes_up)),
         ]
         for s in summaries
     ]
-    return "<h2 id='results'>Results</h2>\n" + _table(header, rows)
+    caption = (
+        "<p>ε: the largest over silos and trials, by the accountant that enforced the "
+        "budgets; the other accountant's figure is shown for comparison only.</p>"
+    )
+    if any(research_noise(s.run) for s in summaries):
+        caption += f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>"
+    return "<h2 id='results'>Results</h2>\n" + _table(header, rows) + caption
 
 
 def _rounds_text(run: RunRow) -> str:
@@ -547,8 +550,16 @@ def _rounds_text(run: RunRow) -> str:
     return text + " (budget spent)" if run.stopped_by_budget else text
 
 
-def _epsilon_text(s: RunSummary, accountant: str) -> str:
-    return _number(s.epsilon[accountant]) if s.private else "∞ (non-private)"
+def _epsilon_text(s: RunSummary, accountant: str, *, mark: bool = False) -> str:
+    """The run's largest ε by `accountant`, labelled with it; marked if `mark` and the
+    noise was seeded."""
+    if not s.private:
+        return "∞ (non-private)"
+    spent = s.epsilon[accountant]
+    if not spent.by_silo:
+        return "—"
+    seeded = f" {RESEARCH_MARK}" if mark and research_noise(s.run) else ""
+    return f"{spent.max:.3g} ({accountant.upper()}){seeded}"
 
 
 def _datasheet(s: RunSummary) -> str:
@@ -562,7 +573,9 @@ def _datasheet(s: RunSummary) -> str:
         "accountant (enforces budgets)": s.accountant.upper() if s.private else None,
         "noise multiplier σ": sheet.get("noise_multiplier"),
         "clip norm C": sheet.get("clip_norm"),
+        "noise": f"{RESEARCH_MARK} {RESEARCH_NOISE}" if research_noise(s.run) else None,
         "threat model (who sees what)": sheet.get("threat_model"),
+        "released outside ε": sheet.get("evaluation"),
     }
     listed = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_number(v))}</dd>" for k, v in facts.items())
     assumptions = sheet.get("assumptions") or ["none stated"]
@@ -573,8 +586,8 @@ def _datasheet(s: RunSummary) -> str:
         "δ",
         "q",
         "rounds charged",
-        "ε (PLD)",
-        "ε (RDP)",
+        f"ε ({s.accountant.upper()}, enforced)",
+        f"ε ({s.other_accountant.upper()}, not enforced)",
         "ε, other observers",
         "budget ε",
         "events",
@@ -585,20 +598,28 @@ def _datasheet(s: RunSummary) -> str:
             silo.get("size"),
             _number(silo.get("delta"), ".2g"),
             ", ".join(format(q, ".4g") for q in silo.get("sample_rates") or []) or "—",
-            silo.get("participations", "—"),
-            _number(silo.get("epsilon_pld")),
-            _number(silo.get("epsilon_rdp")),
-            _bullets(f"{view}: {eps:.3g}" for view, eps in (silo.get("views") or {}).items()),
+            span(silo["participations"]),
+            _number(s.epsilon[s.accountant].by_silo.get(name)),
+            _number(s.epsilon[s.other_accountant].by_silo.get(name)),
+            _bullets(
+                f"{view}: {spent.by_silo[name]:.3g}"
+                for view, spent in s.views.items()
+                if name in spent.by_silo
+            ),
             _number(silo.get("budget_epsilon"), absent="none"),
             _bullets(silo.get("events") or []),
         ]
         for name, silo in sorted(silos.items())
     ]
+    seeded = f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>" if research_noise(s.run) else ""
     spent = (
-        "<p>ε per silo at its δ after the run (trial 0; trials spend alike) by both "
-        "accountants, and against observers other than the server (at the run's "
-        "accountant; recorded, never enforced). q: Poisson sampling rate; the events give "
-        f"the steps per round.</p>{_table(header, rows)}"
+        f"<p>ε per silo at its δ after the run: the largest over the run's {s.run.trials} "
+        "trial(s), each a separate account (under client sampling they spend differently); "
+        "by the accountant that enforced the budgets and, for comparison only, by the "
+        "other; and against observers other than the server (at the run's accountant; "
+        "recorded, never enforced). q: Poisson sampling rate; rounds charged: per trial "
+        f"where trials differ; the events give the steps per round.</p>{seeded}"
+        f"{_table(header, rows)}"
         if rows
         else "<p>ε = ∞ (non-private): no record is protected by differential privacy.</p>"
     )
@@ -612,7 +633,13 @@ def _failed_runs(runs: list[RunRow]) -> str:
     if not runs:
         return ""
     rows = [
-        [r.id[:8], r.algorithm, _point(r) or "—", _Html(f"<pre>{_e(r.error)}</pre>")] for r in runs
+        [
+            r.id[:8],
+            r.algorithm,
+            _point(r) or "—",
+            _Html(f"<pre>{_e(study_terms(r.error or ''))}</pre>"),
+        ]
+        for r in runs
     ]
     return "<h2 id='failed'>Failed runs</h2>\n" + _table(
         ["run", "algorithm", "grid point", "error"], rows

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpfl.privacy import Ledger
 from dpfl.sqlite_file import open_database, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
@@ -129,6 +130,28 @@ class RunResults:
     """(trial, round, silo, view or None, accountant, delta, epsilon)"""
     communication: Sequence[tuple[int, int, str, int, int, int]]
     """(trial, round, silo, bytes_down, bytes_up, messages)"""
+
+
+def enforcing_accountant(run: RunRow) -> str:
+    """The accountant that held the run's silos to their budgets: PLD unless the run's
+    ledger enforced with RDP."""
+    return str(run.datasheet.get("accountant") or "pld")
+
+
+@dataclass(frozen=True)
+class SiloEpsilons:
+    """ε per silo of one run, each the largest over its trials (see
+    `ResultsStore.epsilon_by_silo`); no silos for a run that accounted none."""
+
+    accountant: str
+    by_silo: dict[str, float]
+    delta: dict[str, float]
+    """each silo's δ (or the δ asked for)"""
+
+    @property
+    def max(self) -> float:
+        """The largest ε over silos and trials; ∞ if none was accounted (non-private)."""
+        return max(self.by_silo.values(), default=math.inf)
 
 
 class ResultsStore:
@@ -277,19 +300,52 @@ class ResultsStore:
             and not math.isnan(row["value"])
         ]
 
-    def final_epsilon(self, run: RunRow, view: str | None = None) -> float:
-        """The largest ε after the last round over silos and trials, by the run's own
-        accountant, against `view` (None: the server, whom budgets bind); ∞ if the run
-        recorded none (non-private)."""
-        accountant = run.datasheet.get("accountant", "pld")
-        values = [
-            row["epsilon"]
-            for row in self.rows("privacy", run.id)
-            if row["view"] == view
-            and row["accountant"] == accountant
-            and row["round"] == run.last_round
-        ]
-        return max(values, default=math.inf)
+    def epsilon_by_silo(
+        self,
+        run: RunRow,
+        view: str | None = None,
+        accountant: str | None = None,
+        *,
+        delta: float | None = None,
+        through_round: int | None = None,
+    ) -> SiloEpsilons:
+        """What each silo is promised: the largest ε over the run's trials (each trial is
+        a separate account, and trials spend differently under client sampling), after
+        `through_round` (default: the run's last), by `accountant` (default: the one that
+        enforced the budgets), against `view` (None: the server, whom budgets bind), at
+        each silo's δ, or re-read from the run's ledger at `delta` if given. The one
+        place every ε shown for a run comes from."""
+        accountant = accountant or enforcing_accountant(run)
+        last = run.last_round if through_round is None else through_round
+        rows = self._db.execute(
+            "SELECT silo, trial, delta, epsilon FROM privacy WHERE run_id = ? AND view IS ?"
+            " AND accountant = ? AND round = ? ORDER BY silo, trial",
+            (run.id, view, accountant, last),
+        ).fetchall()
+        if delta is not None and rows:
+            from dpfl.engines.simulation import account  # imports torch: only when needed
+
+            with Ledger(self.ledger_of(run), create=False) as book:
+                rows = [
+                    (
+                        silo,
+                        trial,
+                        delta,
+                        book.spent(
+                            account(silo, trial, view),
+                            delta=delta,
+                            accountant=accountant,
+                            through_round=last,
+                        ).epsilon,
+                    )
+                    for silo, trial, _, _ in rows
+                ]
+        epsilon: dict[str, float] = {}
+        deltas: dict[str, float] = {}
+        for silo, _, silo_delta, spent in rows:
+            epsilon[silo] = max(epsilon.get(silo, -math.inf), spent)
+            deltas[silo] = silo_delta
+        return SiloEpsilons(accountant, epsilon, deltas)
 
     # -- internals --------------------------------------------------------------------
 

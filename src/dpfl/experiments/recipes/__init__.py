@@ -89,6 +89,17 @@ def reproduce(
     return Reproduction(name, module.TITLE, rows, plan.notes, runs)
 
 
+def real_folder(data_dir: Path | None, folder: str, what: str, notes: list[str]) -> Path | None:
+    """`data_dir / folder` if it exists; otherwise None, and a note naming what is
+    skipped and where it was looked for."""
+    if data_dir is not None and (data_dir / folder).is_dir():
+        return data_dir / folder
+    place = None if data_dir is None else (data_dir / folder).resolve()
+    where = "no data folder given" if place is None else f"{place} not found"
+    notes.append(f"skipped {what}: {where} (real data, not shipped with dpfl)")
+    return None
+
+
 def mean_std(values: Sequence[float], *, percent: bool = True) -> str:
     """'93.1 ± 1.2 %' over trials (no ± for one trial)."""
     scale, unit = (100.0, " %") if percent else (1.0, "")

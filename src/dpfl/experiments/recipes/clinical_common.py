@@ -6,7 +6,6 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, TypeVar
 
 from dpfl.experiments.recipes import Scale, mean_std
@@ -30,15 +29,6 @@ def budget(scale: Scale, epsilon: float | list[float], delta: float) -> dict[str
     """The `privacy` section of a private study: σ calibrated to ε (fixed in smoke runs)."""
     fixed = {"noise_multiplier": SMOKE_NOISE} if scale == "smoke" else {}
     return {"epsilon": epsilon, "delta": delta, **fixed}
-
-
-def real_folder(data_dir: Path | None, folder: str, what: str, notes: list[str]) -> Path | None:
-    """`data_dir / folder` if it exists; otherwise None, and a note that `what` is skipped."""
-    if data_dir is not None and (data_dir / folder).is_dir():
-        return data_dir / folder
-    where = "no data directory given" if data_dir is None else f"{data_dir / folder} not found"
-    notes.append(f"skipped {what}: {where} (real data, not shipped with dpfl)")
-    return None
 
 
 def setting(run: RunRow, dotted: str) -> Any:
@@ -94,7 +84,7 @@ def epsilon_text(store: ResultsStore, runs: Sequence[RunRow]) -> str:
     chosen = [run for run in runs if private(run)]
     if not chosen:
         return "non-private"
-    spent = max(store.final_epsilon(run) for run in chosen)
+    spent = max(store.epsilon_by_silo(run).max for run in chosen)
     budgets = {setting(run, "privacy.epsilon") for run in chosen} - {None}
     limit = f" (budget {', '.join(f'{b:g}' for b in sorted(budgets))})" if budgets else ""
     return f"ε = {spent:.3g}{limit}"

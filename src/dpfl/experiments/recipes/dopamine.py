@@ -22,14 +22,13 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale
+from dpfl.experiments.recipes import Plan, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
     epsilon_text,
     metric_text,
     private,
-    real_folder,
     setting,
 )
 from dpfl.experiments.store import ResultsStore, RunRow
@@ -148,7 +147,7 @@ def _method_row(method: str, epsilon: float | None, run: RunRow, store: ResultsS
         ours += f", σ = {run.noise_multiplier:.3g}"
     if run.algorithm == "fedsgd_secure":
         ours += (
-            f"; other hospitals' view ε = {store.final_epsilon(run, view='hospitals'):.3g}; "
+            f"; other hospitals' view ε = {store.epsilon_by_silo(run, 'hospitals').max:.3g}; "
             f"{run.rounds_completed} of {run.rounds} rounds"
             + (" (stopped at the budget)" if run.stopped_by_budget else "")
         )

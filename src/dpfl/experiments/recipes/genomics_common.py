@@ -21,7 +21,7 @@ import numpy as np
 
 from dpfl.experiments.config import DataConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.recipes import Row, Scale, mean_std
+from dpfl.experiments.recipes import Row, Scale, mean_std, real_folder
 from dpfl.experiments.store import ResultsStore, RunRow
 
 SILOS = 2
@@ -77,15 +77,13 @@ class GenomicsData:
 def genomics_data(data_dir: Path | None, scale: Scale) -> tuple[list[GenomicsData], list[str]]:
     """The datasets to run (real ones only where their folder exists) and why any is left
     out; the synthetic stand-in always runs."""
-    chosen, notes = [], []
+    chosen: list[GenomicsData] = []
+    notes: list[str] = []
     real = (("gse7390", 198, "GSE7390"), ("bc_tcga", 590, "real BC-TCGA"))
     for name, records, label in real:
-        folder = None if data_dir is None else data_dir / name
-        if folder is not None and folder.is_dir():
+        folder = real_folder(data_dir, name, label, notes)
+        if folder is not None:
             chosen.append(GenomicsData(name, records, folder))
-        else:
-            where = "no data folder was given" if folder is None else f"{folder} not found"
-            notes.append(f"{label} skipped: {where}.")
     synthetic = SYNTHETIC_OPTIONS[scale]
     size = synthetic.get("n_normal", 61) + synthetic.get("n_tumour", 529)
     chosen.append(GenomicsData("synthetic_bc_tcga", size, options=synthetic))
@@ -137,7 +135,7 @@ def _row(
     variants = _group(finished, _variant)
     best = max(variants.values(), key=lambda rs: statistics.fmean(_pooled(store, rs)))
     accuracy, auroc = _pooled(store, best), _pooled(store, best, "auroc")
-    spent = max(store.final_epsilon(r) for r in best)
+    spent = max(store.epsilon_by_silo(r).max for r in best)
     ours = f"{mean_std(accuracy)} (AUROC {mean_std(auroc)})"
     if eps is not None:
         ours += f", ε ≤ {spent:.3f}"

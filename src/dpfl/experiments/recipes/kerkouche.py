@@ -28,14 +28,13 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale
+from dpfl.experiments.recipes import Plan, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
     epsilon_text,
     metric_text,
     private,
-    real_folder,
     setting,
     upstream_per_client,
 )

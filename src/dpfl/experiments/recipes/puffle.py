@@ -21,13 +21,12 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale
+from dpfl.experiments.recipes import Plan, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
     epsilon_text,
     metric_text,
-    real_folder,
     setting,
     silo_mean,
 )
