@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import Tensor, nn
+from torch.func import vmap
 
 from dpfl.local.clipping import ClippedGradientSum
-from dpfl.local.dpsgd import parameters_of
+from dpfl.local.dpsgd import parameters_of, stack
 from dpfl.local.losses import Loss, bce, cross_entropy, focal, weighted_bce
-from dpfl.models import logistic_regression, mlp, small_cnn
+from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
 
 Case = tuple[nn.Module, Loss, Tensor, Tensor]
 
@@ -134,18 +136,31 @@ class _Residual(nn.Module):
         return self.head(x + torch.tanh(self.inner(x)))
 
 
+def _distance(a: dict[str, Tensor], b: dict[str, Tensor]) -> Tensor:
+    return torch.cat([(a[k] - b[k]).flatten() for k in a]).norm()
+
+
 def _moves_by_removal(
     clipped: ClippedGradientSum, x: Tensor, y: Tensor, clip: float
-) -> tuple[Tensor, Tensor]:
-    """How far removing each example in turn moves the clipped sum, and the raw norms."""
+) -> tuple[Tensor, Tensor, Tensor]:
+    """How far the clipped sum moves when each example in turn is removed from the batch,
+    how far when it is only masked, and the raw norms. Removal is the neighbouring
+    relation; a masked example still takes part in the forward pass, so masking alone
+    cannot see a model that mixes the examples of a batch."""
     params = parameters_of(clipped.model)
     full = torch.ones(len(x), dtype=torch.float64)
     total, norms = clipped(params, x, y, full, clip)
-    moved = []
+    removed, masked = [], []
     for i in range(len(x)):
-        without, _ = clipped(params, x, y, full * (torch.arange(len(x)) != i), clip)
-        moved.append(torch.cat([(total[k] - without[k]).flatten() for k in total]).norm())
-    return torch.stack(moved), norms
+        kept = torch.arange(len(x)) != i
+        if kept.any():
+            without, _ = clipped(params, x[kept], y[kept], full[kept], clip)
+        else:  # the empty batch
+            without = {k: torch.zeros_like(v) for k, v in total.items()}
+        hidden, _ = clipped(params, x, y, kept.double(), clip)
+        removed.append(_distance(total, without))
+        masked.append(_distance(total, hidden))
+    return torch.stack(removed), torch.stack(masked), norms
 
 
 @settings(max_examples=150, deadline=None)
@@ -172,8 +187,9 @@ def test_removing_any_example_moves_the_clipped_sum_by_at_most_c(
     model = model[kind].double()
     x = scale * torch.randn(batch, 7, generator=g, dtype=torch.float64)
     y = (torch.rand(batch, generator=g, dtype=torch.float64) < 0.5).double()
-    moved, _ = _moves_by_removal(ClippedGradientSum(model, bce), x, y, clip)
-    assert bool((moved <= clip * (1 + 1e-9)).all())
+    removed, masked, _ = _moves_by_removal(ClippedGradientSum(model, bce), x, y, clip)
+    assert bool((removed <= clip * (1 + 1e-9)).all())
+    assert bool((masked <= clip * (1 + 1e-9)).all())
 
 
 @settings(max_examples=25, deadline=None)
@@ -193,6 +209,57 @@ def test_cnn_clipping_bounds_each_example_contribution(
     x = scale * torch.randn(batch, 3, 8, 8, generator=g, dtype=torch.float64)
     y = torch.randint(0, 2, (batch,), generator=g)
     clipped = ClippedGradientSum(model, cross_entropy)
-    moved, norms = _moves_by_removal(clipped, x, y, clip)
-    assert bool((moved <= clip * (1 + 1e-9)).all())
-    assert moved.tolist() == pytest.approx(norms.clamp(max=clip).tolist(), rel=1e-6, abs=1e-12)
+    removed, masked, norms = _moves_by_removal(clipped, x, y, clip)
+    for moved in (removed, masked):
+        assert bool((moved <= clip * (1 + 1e-9)).all())
+        assert moved.tolist() == pytest.approx(norms.clamp(max=clip).tolist(), rel=1e-6, abs=1e-12)
+
+
+class _CentreOverBatch(nn.Module):
+    def forward(self, x: Tensor) -> Tensor:
+        return x - x.mean(0)
+
+
+def _centred_mlp() -> nn.Module:
+    """Passes the type check (no BatchNorm) but every output depends on the batch mean."""
+    return nn.Sequential(nn.Linear(4, 4), _CentreOverBatch(), nn.Tanh(), nn.Linear(4, 1)).double()
+
+
+def _outlier_batch() -> tuple[Tensor, Tensor]:
+    x = torch.randn(8, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    x[0] = 50.0
+    return x, torch.ones(8, dtype=torch.float64)
+
+
+def test_masking_hides_what_removing_a_record_does_to_a_model_that_mixes_examples(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Why the clipping tests remove records and why mixing models are refused: without
+    the check, removing one outlier moves the clipped sum by several C, and masking it
+    shows exactly C."""
+    monkeypatch.setattr("dpfl.local.clipping.check_per_example", lambda *_: None)
+    torch.manual_seed(0)
+    x, y = _outlier_batch()
+    clip = 1e-3
+    removed, masked, _ = _moves_by_removal(ClippedGradientSum(_centred_mlp(), bce), x, y, clip)
+    assert float(removed[0]) > 5 * clip
+    assert float(masked[0]) == pytest.approx(clip, rel=1e-9)
+
+
+@pytest.mark.parametrize("stacked", [False, True])
+def test_a_model_that_mixes_examples_is_refused_on_its_first_batch(stacked: bool) -> None:
+    torch.manual_seed(0)
+    model = _centred_mlp()
+    clipped = ClippedGradientSum(model, bce)  # the types alone give nothing away
+    x, y = _outlier_batch()
+    params, mask = parameters_of(model), torch.ones(8, dtype=torch.float64)
+    with pytest.raises(MixesExamplesError, match="mixes the examples"):
+        if stacked:
+            members = 2
+            vmap(partial(clipped, under_vmap=True), in_dims=(0, 0, 0, 0, None))(
+                stack([params] * members),
+                *(t.expand(members, *t.shape) for t in (x, y, mask)),
+                1.0,
+            )
+        else:
+            clipped(params, x, y, mask, 1.0)

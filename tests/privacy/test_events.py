@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from statistics import NormalDist
 
 import pytest
 from dp_accounting import dp_event as dpe
+from dp_accounting import rdp
 from hypothesis import given
 from hypothesis import strategies as st
 
 from dpfl.privacy import Neighbouring, PrivacyEvent, PrivacyParameterError, events
+from dpfl.privacy.accounting import RDP_ORDERS, epsilon
 from dpfl.privacy.events import ApproximateDpEvent, ClientSampledDpEvent
 
 
@@ -44,6 +47,29 @@ def test_fixed_size_sampling_only_under_replace_one() -> None:
         PrivacyEvent(event.dp_event, Neighbouring.ADD_REMOVE)
     with pytest.raises(PrivacyParameterError, match="batch_size"):
         events.fixed_size_gaussian(10, 11, 1.0)
+
+
+def _gaussian_delta(eps: float, sensitivity_over_std: float) -> float:
+    """Exact δ(ε) of the Gaussian mechanism (Balle & Wang 2018, Thm 8)."""
+    mu, phi = sensitivity_over_std, NormalDist().cdf
+    return phi(mu / 2 - eps / mu) - math.exp(eps) * phi(-mu / 2 - eps / mu)
+
+
+def test_fixed_size_gaussian_reads_dpsgd_sigma_against_the_replace_one_sensitivity() -> None:
+    """One full batch of n is the Gaussian mechanism: noise std σC on a sum that replacing
+    one record moves by up to 2C. The audit's case: σ = 2, δ = 1e-5."""
+    sigma, delta = 2.0, 1e-5
+    charged = epsilon(events.fixed_size_gaussian(100, 100, sigma), delta).epsilon
+    gaussian = rdp.RdpAccountant(list(RDP_ORDERS))
+    gaussian.compose(dpe.GaussianDpEvent(sigma / 2))
+    assert charged == pytest.approx(gaussian.get_epsilon(delta), rel=1e-12)
+    assert charged == pytest.approx(4.73, abs=0.005)
+    assert _gaussian_delta(charged, 2 / sigma) <= delta  # an upper bound on the true ε
+    assert _gaussian_delta(2.17, 2 / sigma) > 1000 * delta  # σ read as is: unsound
+    subsampled = events.fixed_size_gaussian(1000, 10, sigma, steps=3).dp_event
+    assert subsampled == dpe.SelfComposedDpEvent(
+        dpe.SampledWithoutReplacementDpEvent(1000, 10, dpe.GaussianDpEvent(sigma / 2)), 3
+    )
 
 
 def test_poisson_sampling_only_under_add_remove() -> None:

@@ -115,7 +115,7 @@ def test_events_must_match_the_silos_neighbouring_relation(ledger: Ledger) -> No
     with pytest.raises(PrivacyParameterError, match="add/remove one record neighbouring"):
         ledger.record("a", events.fixed_size_gaussian(5000, 50, 1.0))
     ledger.register_silo("c", epsilon=2.0, delta=1e-5, neighbouring=Neighbouring.REPLACE_ONE)
-    ledger.record("c", events.fixed_size_gaussian(5000, 50, 1.0, steps=10))
+    ledger.record("c", events.fixed_size_gaussian(5000, 50, 2.0, steps=10))
     assert ledger.spent("c").accountant.value == "rdp"
     assert ledger.spent("c").neighbouring is Neighbouring.REPLACE_ONE
 

@@ -25,7 +25,10 @@ noise is calibrated to. Two ways to get there:
   input gradients of the backward pass run batched, as in plain SGD.
 
 A `mask` marks real examples (1) and padding (0), so batches of different sizes can be
-stacked and mapped over with `vmap`; a padded row contributes exactly zero.
+stacked and mapped over with `vmap`; a padded row contributes exactly zero. Masking is
+not removal: both rules above assume that removing an example from the batch leaves the
+others' gradients unchanged, which `check_per_example` tests on the first batch of each
+input shape.
 """
 
 from __future__ import annotations
@@ -58,6 +61,7 @@ class ClippedGradientSum:
         elif isinstance(model, nn.Sequential):
             self._layers = [(f"{name}.", module) for name, module in model.named_children()]
         self._probe_shapes: dict[tuple[int, ...], list[torch.Size]] = {}
+        self._checked_shapes: set[tuple[int, ...]] = set()
 
     @property
     def layer_by_layer(self) -> bool:
@@ -77,6 +81,10 @@ class ClippedGradientSum:
         """`under_vmap` must be set when this call is mapped over stacked members: the
         layer-by-layer backward pass then uses `torch.func.grad` instead of the lighter
         `torch.autograd.grad`, which `vmap` does not support."""
+        example_shape = tuple(x.shape[1:])
+        if example_shape not in self._checked_shapes:
+            check_per_example(self.model, example_shape)
+            self._checked_shapes.add(example_shape)
         if self._layers is None:
             if x.is_sparse:
                 raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")

@@ -7,9 +7,12 @@ clipping that bounds each record's influence) are only defined for such modules.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
+import numpy as np
+import torch
 from torch import nn
 
 __all__ = [
@@ -75,17 +78,80 @@ def small_cnn(
     return nn.Sequential(*layers)
 
 
-def check_per_example(model: nn.Module) -> None:
+def check_per_example(model: nn.Module, example_shape: Sequence[int] | None = None) -> None:
     """Refuse modules whose output for one example depends on the rest of the batch.
 
-    BatchNorm normalises with batch statistics (and keeps running statistics of the
-    private data), so one record moves every other record's gradient and the clipping
-    bound no longer bounds its influence. Replace it with GroupNorm or LayerNorm.
+    Clipping bounds one record's influence on the sum of gradients by C only if removing
+    the record from the batch leaves every other example's gradient where it was.
+    BatchNorm is refused by type: it normalises with batch statistics (and keeps running
+    statistics of the private data). Given `example_shape`, the shape of one input
+    example, the property itself is tested on random public inputs, which catches any
+    other mixing, e.g. attention across the batch (`nn.TransformerEncoderLayer` with
+    `batch_first=False` on batch-first inputs) or centring over the batch.
     """
+    label = type(model).__name__
     for name, module in model.named_modules():
         if isinstance(module, nn.modules.batchnorm._BatchNorm):
             raise MixesExamplesError(
-                f"module {name or type(model).__name__!r} ({type(module).__name__}) mixes the "
+                f"module {name or label!r} ({type(module).__name__}) mixes the "
                 "examples of a batch, so per-example gradients and DP-SGD clipping are "
                 "undefined for it; use nn.GroupNorm or nn.LayerNorm instead"
             )
+    if example_shape is None:
+        return
+    mixing = _mixing_seen(model, tuple(example_shape))
+    if mixing is not None:
+        raise MixesExamplesError(
+            f"model {label} mixes the examples of a batch: on {_PROBE_BATCH} random inputs of "
+            f"shape {tuple(example_shape)}, {mixing}, so per-example gradients and DP-SGD "
+            "clipping are undefined for it. Normalise within each example (nn.GroupNorm, "
+            "nn.LayerNorm, not batch statistics) and keep the batch dimension first "
+            "(batch_first=True for attention layers)"
+        )
+
+
+_PROBE_BATCH = 4
+
+
+def _mixing_seen(model: nn.Module, example_shape: tuple[int, ...]) -> str | None:
+    """How removing each record in turn from a random batch changed the outputs of the
+    others, or None if they stayed put up to float32 rounding. Records are removed, not
+    masked: a masked record still takes part in the forward pass."""
+    reference = next((p for p in model.parameters() if p.is_floating_point()), None)
+    dtype = torch.get_default_dtype() if reference is None else reference.dtype
+    device = None if reference is None else reference.device
+    # numpy, not torch: torch's random operations are refused inside `vmap`
+    draws = np.random.default_rng(0).standard_normal((_PROBE_BATCH, *example_shape))
+    x = torch.from_numpy(draws).to(device=device, dtype=dtype)
+    with torch.no_grad(), _dropout_off(model):
+        full = model(x)
+        if full.shape[:1] != (_PROBE_BATCH,):
+            return f"it gave outputs of shape {tuple(full.shape)}, not one row per example"
+        scale = float(full.abs().max())
+        for removed in range(_PROBE_BATCH):
+            kept = torch.arange(_PROBE_BATCH, device=x.device) != removed
+            rest = model(x[kept])
+            if rest.shape != full[kept].shape:
+                return f"removing one record changed the others' outputs to {tuple(rest.shape)}"
+            change = float((rest - full[kept]).abs().max())
+            if not change <= 1e-4 * (1 + scale):
+                return f"removing one record moved another's output by {change:.3g} of {scale:.3g}"
+    return None
+
+
+@contextlib.contextmanager
+def _dropout_off(model: nn.Module) -> Iterator[None]:
+    """Dropout draws new masks for every batch, which the removal test would mistake for
+    mixing; it is switched off for the test (only the dropout modules themselves)."""
+    dropping = [
+        m
+        for m in model.modules()
+        if m.training and isinstance(m, nn.modules.dropout._DropoutNd | nn.MultiheadAttention)
+    ]
+    for module in dropping:
+        module.training = False
+    try:
+        yield
+    finally:
+        for module in dropping:
+            module.training = True
