@@ -326,6 +326,9 @@ def test_datasheets_show_every_field_escaped_and_the_worst_trial(page: Path) -> 
             continue
         assert f"<dd>{plan.accountant.upper()}</dd>" in sheet
         assert (html.escape(RESEARCH_NOISE) in sheet) == plan.research_noise
+        assert ("<dd>drawn from the operating system&#x27;s CSPRNG</dd>" in sheet) == (
+            not plan.research_noise
+        )
         data = datasheet(plan)
         assert data["unit"] in sheet
         assert data["mechanism"] in sheet

@@ -573,7 +573,7 @@ def _datasheet(s: RunSummary) -> str:
         "accountant (enforces budgets)": s.accountant.upper() if s.private else None,
         "noise multiplier σ": sheet.get("noise_multiplier"),
         "clip norm C": sheet.get("clip_norm"),
-        "noise": f"{RESEARCH_MARK} {RESEARCH_NOISE}" if research_noise(s.run) else None,
+        "noise": _noise_text(s),
         "threat model (who sees what)": sheet.get("threat_model"),
         "released outside ε": sheet.get("evaluation"),
     }
@@ -627,6 +627,15 @@ def _datasheet(s: RunSummary) -> str:
         f"<section class='datasheet' id='run-{_e(s.run.id)}'><h3>{_e(s.label)}</h3>"
         f"<dl>{listed}<dt>assumptions</dt><dd>{_bullets(assumptions)}</dd></dl>{spent}</section>"
     )
+
+
+def _noise_text(s: RunSummary) -> str | None:
+    """Whether the noise may be released: seeded (research) or from the CSPRNG."""
+    if research_noise(s.run):
+        return f"{RESEARCH_MARK} {RESEARCH_NOISE}"
+    if s.private and s.run.datasheet.get("research_noise") is False:
+        return "drawn from the operating system's CSPRNG"
+    return None  # non-private, or a datasheet that predates the field
 
 
 def _failed_runs(runs: list[RunRow]) -> str:
