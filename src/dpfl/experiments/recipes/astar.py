@@ -5,7 +5,7 @@ accuracy at ε = 1, δ = 1/n² ≈ 1e-6 (T = 1 epoch, their best) and 96.6 % wit
 over 1000 trials, each point the best of a grid over γ, η, T and Λ. We run T = 1 with a
 small grid over Λ (the best mean accuracy per ε is shown, as the paper chose), a
 published signature instead of CFS (which reads the data, test set included), and
-dpfl's σ calibrated to the whole sensitivity (L + (2n + 1)γ)/Λ instead of the paper's
+dpfl's σ calibrated to the whole sensitivity (L + 2nγ)/Λ (n public) instead of the paper's
 nγ/Λ, which leaves the exact minimiser unprotected (docs/privacy.md).
 
 dpfl's `aop` is always private (the runner has no noiseless AOP), so the non-private
@@ -34,7 +34,7 @@ DELTA = 1e-6
 EPOCHS = 1
 """T: the paper's best for private training."""
 GRADIENT_TOLERANCE = 1e-4
-"""γ: the (2n + 1)γ/Λ it adds to the sensitivity is small beside L/Λ."""
+"""γ: the 2nγ/Λ it adds to the sensitivity is small beside L/Λ."""
 FEATURE_NORM_BOUND = 20.0
 """R: rows (60-76 centred log2 values) longer than this are scaled down before training."""
 
