@@ -171,7 +171,8 @@ def datasheet(plan: Plan) -> dict[str, Any]:
         "clip_norm": 1.0,
         "silos": {
             silo: {
-                "size": size,
+                "public_size": size,
+                "public_size_source": "declared by the study",
                 "budget_epsilon": 8.0,
                 "delta": DELTA,
                 "sample_rates": [16 / size],
@@ -337,9 +338,9 @@ def test_datasheets_show_every_field_escaped_and_the_worst_trial(page: Path) -> 
         assert silo_table == [
             {
                 "silo": name,
-                "records": str(silo["size"]),
+                "public size": f"{silo['public_size']} (declared by the study)",
                 "δ": "1e-05",
-                "q": f"{16 / silo['size']:.4g}",
+                "q": f"{16 / silo['public_size']:.4g}",
                 "rounds charged": f"{plan.rounds_completed - 1}–{plan.rounds_completed} (by trial)",
                 f"ε ({own.upper()}, enforced)": f"{silo_epsilon(plan, k, own):.3g}",
                 f"ε ({other.upper()}, not enforced)": f"{silo_epsilon(plan, k, other):.3g}",
@@ -529,3 +530,12 @@ def test_page_renders_in_chromium_without_errors(page: Path) -> None:
     assert headings == HEADINGS
     assert len(datasheets) == len(PLANS)
     assert "fedavg (noise_multiplier=0.8)" in datasheets
+
+
+def test_datasheets_written_before_per_trial_counts_and_public_sizes_still_render() -> None:
+    from dpfl.experiments.datasheet import span
+    from dpfl.experiments.report import _public_size
+
+    assert span(5) == "5" and span([4, 5]) == "4–5 (by trial)"
+    assert _public_size({"size": 7}) == "7"
+    assert _public_size({"public_size": 9, "public_size_source": "declared"}) == "9 (declared)"

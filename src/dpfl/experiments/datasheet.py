@@ -113,6 +113,7 @@ def datasheet(config: StudyConfig, result: SimulationResult, book: Ledger) -> di
     }
     if not private or not any(result.accounts):
         return sheet
+    released = set(result.metadata.get("released_sizes", []))
     for silo in result.accounts[0]:
         trials = [accounts[silo] for accounts in result.accounts]
         entries = [book.entries(views[None]) for views in trials]
@@ -120,21 +121,27 @@ def datasheet(config: StudyConfig, result: SimulationResult, book: Ledger) -> di
         charged = [Counter(e.event.describe() for e in mine) for mine in entries]
         events = dict.fromkeys(text for counts in charged for text in counts)
         sheet["silos"][silo] = {
-            "size": budget.size,
+            "public_size": result.metadata.get("public_sizes", {}).get(silo, budget.size),
+            "public_size_source": "DP count released through the ledger (charged)"
+            if silo in released
+            else "declared by the study",
             "budget_epsilon": None if budget.epsilon == float("inf") else budget.epsilon,
             "delta": budget.delta,
             "sample_rates": sorted(
                 {q for mine in entries for e in mine for q in _sample_rates(e.event.dp_event)}
             ),
-            "participations": [len(mine) for mine in entries],
+            "participations": [sum(e.round is not None for e in mine) for mine in entries],
             "events": [f"{span([c[text] for c in charged])} × {text}" for text in events],
             "views": sorted(view for view in trials[0] if view is not None),
         }
     return sheet
 
 
-def span(counts: Sequence[int]) -> str:
-    """Per-trial counts as one figure, or their range where trials differ."""
+def span(counts: Sequence[int] | int) -> str:
+    """Per-trial counts as one figure, or their range where trials differ (a datasheet
+    written before per-trial counts holds one number)."""
+    if isinstance(counts, int):
+        return str(counts)
     low, high = min(counts), max(counts)
     return str(low) if low == high else f"{low}–{high} (by trial)"
 

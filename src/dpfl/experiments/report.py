@@ -582,7 +582,7 @@ def _datasheet(s: RunSummary) -> str:
     silos = sheet.get("silos") or {}
     header = [
         "silo",
-        "records",
+        "public size",
         "δ",
         "q",
         "rounds charged",
@@ -595,7 +595,7 @@ def _datasheet(s: RunSummary) -> str:
     rows = [
         [
             name,
-            silo.get("size"),
+            _public_size(silo),
             _number(silo.get("delta"), ".2g"),
             ", ".join(format(q, ".4g") for q in silo.get("sample_rates") or []) or "—",
             span(silo["participations"]),
@@ -667,6 +667,14 @@ def _table(header: list[str], rows: list[list[Any]]) -> str:
         f"<div class='scroll'><table><thead><tr>{head}</tr></thead>"
         f"<tbody>{body}</tbody></table></div>"
     )
+
+
+def _public_size(silo: dict[str, Any]) -> str:
+    """The size that shaped the mechanism, and where it came from (a datasheet written
+    before public sizes has only `size`)."""
+    size = silo.get("public_size", silo.get("size"))
+    source = silo.get("public_size_source")
+    return "—" if size is None else f"{size} ({source})" if source else str(size)
 
 
 def _bullets(items: Iterable[Any]) -> _Html:
