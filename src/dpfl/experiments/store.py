@@ -12,14 +12,16 @@ Tables (long format, one number a row, so that any grouping is one SQL query):
 * `communication`: (run, trial, round, silo, bytes_down, bytes_up, messages).
 
 A run's rows and its `finished` status are written in one transaction: a run killed
-half-way leaves no partial results, and a restarted sweep simply runs it again.
+half-way leaves no partial results, and a restarted sweep simply runs it again. Nothing
+ever deletes a finished run's rows: starting it again, or failing it, is refused. A run's
+ledger must have been claimed by that run (`Ledger.claim(run id)`); one copied in from
+another run is refused wherever runs are read.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sqlite3
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -158,9 +160,8 @@ class ResultsStore:
     """A study's results (see the module docstring); safe to share between processes."""
 
     def __init__(self, path: str | Path, *, create: bool = True) -> None:
+        """`create=False` opens an existing store read-only (readers never write)."""
         self.path = Path(path)
-        if not create and not self.path.is_file():
-            raise StoreError(f"no results store at {self.path}")
         self._db = open_database(
             self.path,
             kind="results store",
@@ -168,6 +169,7 @@ class ResultsStore:
             schema=_SCHEMA,
             schema_version=_SCHEMA_VERSION,
             error=StoreError,
+            read_only=not create,
         )
 
     def close(self) -> None:
@@ -191,13 +193,19 @@ class ResultsStore:
         grid: Mapping[str, Any],
         trials: int,
         rounds: int,
-    ) -> None:
-        """Mark a run as running, dropping whatever an earlier, unfinished attempt left."""
+    ) -> bool:
+        """Mark a run as running (again, after an unfinished attempt, which left no result
+        rows); False, changing nothing, if it has finished."""
         with write_transaction(self._db) as db:
-            db.execute("DELETE FROM runs WHERE id = ?", (run_id,))
+            if self.status(run_id) == "finished":
+                return False
             db.execute(
                 "INSERT INTO runs (id, study, algorithm, config, grid, status, trials, rounds,"
-                " started_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?)",
+                " started_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (id) DO"
+                " UPDATE SET study = excluded.study, algorithm = excluded.algorithm,"
+                " config = excluded.config, grid = excluded.grid, status = 'running',"
+                " error = NULL, trials = excluded.trials, rounds = excluded.rounds,"
+                " started_at = excluded.started_at, finished_at = NULL",
                 (
                     run_id,
                     study,
@@ -209,11 +217,12 @@ class ResultsStore:
                     time.time(),
                 ),
             )
+            return True
 
     def finish(self, run_id: str, results: RunResults) -> None:
         """Write a run's results and mark it finished, all in one transaction."""
         with write_transaction(self._db) as db:
-            self._require(db, run_id)
+            self._require_running(run_id)
             for table in ("metrics", "privacy", "communication"):
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.executemany(
@@ -245,8 +254,9 @@ class ResultsStore:
             )
 
     def fail(self, run_id: str, error: str) -> None:
+        """Mark a running run failed with `error`; its rows (it has none) stay as they are."""
         with write_transaction(self._db) as db:
-            self._require(db, run_id)
+            self._require_running(run_id)
             db.execute(
                 "UPDATE runs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
                 (error, time.time(), run_id),
@@ -258,7 +268,11 @@ class ResultsStore:
         query = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY rowid"
         cursor = self._db.execute(query, (status,) if status else ())
         names = [c[0] for c in cursor.description]
-        return [_run_row(dict(zip(names, row, strict=True))) for row in cursor]
+        runs = [_run_row(dict(zip(names, row, strict=True))) for row in cursor]
+        for run in runs:  # every reader of a study sees a swapped ledger refused
+            if run.ledger is not None and (self.path.parent / run.ledger).exists():
+                owned_ledger(self.path.parent / run.ledger, run.id).close()
+        return runs
 
     def run(self, run_id: str) -> RunRow:
         matches = [r for r in self.runs() if r.id == run_id]
@@ -267,9 +281,11 @@ class ResultsStore:
         return matches[0]
 
     def ledger_of(self, run: RunRow) -> Path:
-        """The run's privacy ledger (stored relative to the store's folder)."""
+        """The run's privacy ledger (stored relative to the store's folder), refused if
+        another run claimed it."""
         if run.ledger is None:
             raise StoreError(f"run {run.id} has no ledger (it did not finish)")
+        owned_ledger(self.path.parent / run.ledger, run.id).close()
         return self.path.parent / run.ledger
 
     def status(self, run_id: str) -> str | None:
@@ -349,10 +365,28 @@ class ResultsStore:
 
     # -- internals --------------------------------------------------------------------
 
-    @staticmethod
-    def _require(db: sqlite3.Connection, run_id: str) -> None:
-        if db.execute("SELECT 1 FROM runs WHERE id = ?", (run_id,)).fetchone() is None:
+    def _require_running(self, run_id: str) -> None:
+        status = self.status(run_id)
+        if status is None:
             raise StoreError(f"no run {run_id!r}: call start() first")
+        if status != "running":
+            raise StoreError(f"run {run_id} is {status}, not running; left as it is")
+
+
+def owned_ledger(path: Path, run_id: str) -> Ledger:
+    """The ledger at `path`, opened read-only, if run `run_id` claimed it (or nobody did:
+    a ledger older than claims); one that another run claimed is refused, since its ε
+    would be read as this run's."""
+    book = Ledger(path, create=False)
+    owner = book.owner
+    if owner is not None and owner != run_id:
+        book.close()
+        raise StoreError(
+            f"{path} is the ledger of run {owner}, not of run {run_id}: it was copied or "
+            "moved here from another run, and its ε would be read as this run's. Put back "
+            "this run's own ledger, or run the study again in a new directory"
+        )
+    return book
 
 
 def _run_row(row: dict[str, Any]) -> RunRow:
