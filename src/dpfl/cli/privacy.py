@@ -139,7 +139,8 @@ def ledger_command(
         if json:
             print_json([account_json(a, r) for a, r in zip(accounts, by_rdp, strict=True)])
             return
-        console.print(accounts_table(f"privacy ledger {path}", accounts, by_rdp))
+        owner = "" if ledger.owner is None else f" of run {ledger.owner}"
+        console.print(accounts_table(f"privacy ledger {path}{owner}", accounts, by_rdp))
         if events_:
             for silo in ledger.silos():
                 table = Table(title=f"events of {silo}")

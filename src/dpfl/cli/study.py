@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+import shlex
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -36,7 +38,8 @@ def run(config: Path, out: OutOpt, json: JsonOpt = False) -> None:
                 f"{config} is a grid of {len(study.points)} points "
                 f"({', '.join(study.axes)}); use `dpfl sweep`"
             )
-        _run(study, out, workers=1, json=json, progress=not json)
+        with _resumable(["run", str(config), "--out", str(out), *(["--json"] * json)]):
+            _run(study, out, workers=1, json=json, progress=not json)
 
 
 def sweep(
@@ -48,8 +51,9 @@ def sweep(
     """Run every grid point of a study × its trials; rerun to resume after a stop."""
     from dpfl.experiments.config import load
 
-    with reported_errors():
-        _run(load(config), out, workers=workers, json=json, progress=False)
+    again = ["sweep", str(config), "--out", str(out), "-j", str(workers), *(["--json"] * json)]
+    with reported_errors(), _resumable(again):
+        _run(load(config), out, workers=workers, json=json, progress=not json)
 
 
 def best(
@@ -143,8 +147,11 @@ def reproduce(
 ) -> None:
     """Re-run a seed paper's experiment on our data and print ours next to the paper's."""
     from dpfl.experiments.recipes import reproduce as run_recipe
+    from dpfl.experiments.runner import StudyBar
 
-    with reported_errors():
+    again = ["reproduce", name, "--out", str(out), *(["--full"] * full)]
+    again += [*(["--data-dir", str(data_dir)] if data_dir else []), "-j", str(workers)]
+    with reported_errors(), _resumable([*again, *(["--json"] * json)]):
         if data_dir is not None and not data_dir.is_dir():
             raise ValueError(f"--data-dir: {data_dir} is not a folder")
         folder = data_dir or DEFAULT_DATA
@@ -160,7 +167,7 @@ def reproduce(
             data_dir=folder,
             scale="full" if full else "default",
             workers=workers,
-            report=(lambda line: None) if json else errors.print,
+            report=(lambda line: None) if json else StudyBar(errors.print),
         )
         if json:
             print_json(
@@ -208,6 +215,20 @@ def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> 
         errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
     if failed:
         raise typer.Exit(1)
+
+
+@contextmanager
+def _resumable(command: list[str]) -> Iterator[None]:
+    """Ctrl-C ends the command with the exact command that resumes it."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        errors.print(
+            "[yellow]interrupted:[/yellow] finished points are kept; an unfinished point "
+            "resumes from its last checkpoint and pays for no round twice. Resume with:\n  "
+            + escape(shlex.join(["dpfl", *command]))
+        )
+        raise typer.Exit(130) from None
 
 
 def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:

@@ -1,30 +1,51 @@
 """Running studies: one config point (all its trials, stacked) or a whole grid.
 
 Each point's run keeps, beside the study's `results.sqlite`, its own privacy ledger
-(`ledgers/<id>.sqlite`) and, while it runs, a checkpoint (`checkpoints/<id>.pt`). A
-sweep that is killed and restarted skips the finished points and resumes the others
-from their checkpoints with their ledgers, so it loses nothing and pays for nothing
-twice. Points run in separate processes (`workers`), trials stacked inside each.
+(`ledgers/<id>.sqlite`, claimed with the run's id) and, while it runs, a checkpoint
+(`checkpoints/<id>.pt`). A sweep that is killed and restarted skips the finished points
+and resumes the others from their checkpoints with their ledgers, so it loses nothing
+and pays for nothing twice. Points run in separate processes (`workers`), trials
+stacked inside each.
+
+A study directory has one owner at a time: `run_study` holds an exclusive lock on
+`study.lock` in it, and a second sweep on the same directory is refused with the
+holder's pid, host and start time (it never waits: two sweeps would only queue the same
+points). The lock is an `flock`, which the OS drops when its holder dies, even by
+`kill -9`, so a lock can never outlive its holder. Workers die with the process that
+started them, so nothing writes to a directory whose lock is gone.
 """
 
 from __future__ import annotations
 
+import ctypes
+import fcntl
+import json
+import os
+import shlex
+import signal
+import socket
+import sys
+import threading
 import time
 import traceback
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
-from multiprocessing import get_context
+from contextlib import contextmanager, nullcontext
+from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
+from rich.progress import Progress as Bar
 
 from dpfl import models
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.datasheet import datasheet
-from dpfl.experiments.store import ResultsStore, RunResults, RunRow
+from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.federation import algorithms
 from dpfl.federation.silo import Silo
 from dpfl.local import losses
@@ -33,8 +54,14 @@ from dpfl.local.output_perturbation import AOPConfig
 from dpfl.privacy import Accountant, Ledger
 
 STORE = "results.sqlite"
+LOCK = "study.lock"
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
 Progress = Callable[[str], None]
+
+
+class StudyInUseError(OSError):
+    """Another process holds the study directory."""
 
 
 def run_study(
@@ -46,31 +73,146 @@ def run_study(
     report: Progress = lambda line: None,
 ) -> list[RunRow]:
     """Run every point of `study` (or of several studies, sharing the workers) not yet
-    finished in `out`; return all their runs, in grid order.
+    finished in `out`; return all their runs, in grid order. `progress` draws a bar
+    over the points and each running point's rounds (as does a `StudyBar` passed as
+    `report`). Refused (`StudyInUseError`) while another process holds `out`.
 
     A point that fails is marked failed with its error, and the others go on."""
     out = Path(out)
     studies = [study] if isinstance(study, Study) else list(study)
     points = [point for s in studies for point in s.points]
-    with ResultsStore(out / STORE) as store:
-        todo = [(g, c) for g, c in points if store.status(c.key()) != "finished"]
-    names = ", ".join(s.name for s in studies)
-    report(f"{names}: {len(points) - len(todo)} of {len(points)} points done")
-    if workers > 1 and len(todo) > 1:
-        context = get_context("spawn")  # torch and fork do not mix
-        with ProcessPoolExecutor(min(workers, len(todo)), mp_context=context) as pool:
-            futures = {
-                pool.submit(_run_in_worker, c.model_dump(mode="json"), g, str(out)): c
-                for g, c in todo
-            }
-            for future in as_completed(futures):
-                report(future.result())
-    else:
-        for grid, config in todo:
-            report(run_point(config, grid, out, progress=progress))
-    with ResultsStore(out / STORE) as store:
-        runs = {run.id: run for run in store.runs()}
+    bar = report if isinstance(report, StudyBar) else StudyBar(report) if progress else None
+    with owning(out):
+        with ResultsStore(out / STORE) as store:
+            todo = [(g, c) for g, c in points if store.status(c.key()) != "finished"]
+        names = ", ".join(s.name for s in studies)
+        report(f"{names}: {len(points) - len(todo)} of {len(points)} points done")
+        done: Callable[[str], None] = (lambda key: None) if bar is None else bar.finished
+        with nullcontext() if bar is None else bar.showing(names, len(points), todo, out):
+            if workers > 1 and len(todo) > 1:
+                _run_in_pool(todo, out, workers, report, done)
+            else:
+                for grid, config in todo:
+                    report(run_point(config, grid, out))
+                    done(config.key())
+        with ResultsStore(out / STORE) as store:
+            runs = {run.id: run for run in store.runs()}
     return [runs[c.key()] for _, c in points]
+
+
+@contextmanager
+def owning(out: Path) -> Iterator[None]:
+    """Hold the study directory `out` (see the module docstring) or refuse, naming the
+    holder; nothing in `out` is changed when refused."""
+    out.mkdir(parents=True, exist_ok=True)
+    fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)  # not inherited by workers
+    try:
+        _lock(fd, out)
+        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps({**me, "command": shlex.join(sys.argv)}).encode(), 0)
+        try:
+            yield
+        finally:
+            os.ftruncate(fd, 0)  # still held: no one reads a gone holder's details
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _lock(fd: int, out: Path) -> None:
+    """Take the lock, or raise `StudyInUseError` naming its holder. A new holder writes
+    its details just after locking; until it has (a second at most), the details may
+    still be its dead predecessor's, so those are not shown as the holder's."""
+    deadline = time.monotonic() + 1.0
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            holder = _holder(fd)
+            if holder is None and time.monotonic() < deadline:
+                time.sleep(0.05)
+                continue
+            who = holder or f"another process, which holds {out / LOCK}"
+            raise StudyInUseError(
+                f"{out} is in use by {who}. One process at a time runs a study directory's "
+                "points: wait for it to finish (or stop it), then run this again. Nothing "
+                "was changed."
+            ) from None
+
+
+def _holder(fd: int) -> str | None:
+    """Who holds the lock, from the details it wrote, if they are a live process's."""
+    try:
+        info = json.loads(os.pread(fd, 65536, 0) or b"null")
+        pid, host, started, command = info["pid"], info["host"], info["started"], info["command"]
+    except (ValueError, TypeError, KeyError):
+        return None
+    if host == socket.gethostname() and not _alive(pid):
+        return None
+    since = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started))
+    return f"pid {pid} on host {host}, started {since} ({command})"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _run_in_pool(
+    todo: Sequence[tuple[dict[str, Any], StudyConfig]],
+    out: Path,
+    workers: int,
+    report: Progress,
+    done: Callable[[str], None],
+) -> None:
+    """The points in worker processes. On any interruption (Ctrl-C) the workers are
+    killed at once: a point loses at most its current round, which its checkpoint and
+    ledger let a rerun redo without paying twice."""
+    pool = ProcessPoolExecutor(
+        min(workers, len(todo)),
+        mp_context=get_context("spawn"),  # torch and fork do not mix
+        initializer=_die_with,
+        initargs=(os.getpid(),),
+    )
+    try:
+        futures = {
+            pool.submit(_run_in_worker, c.model_dump(mode="json"), g, str(out)): c.key()
+            for g, c in todo
+        }
+        for future in as_completed(futures):
+            report(future.result())
+            done(futures[future])
+    except BaseException:
+        for process in active_children():
+            process.kill()
+        raise
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _die_with(parent: int) -> None:
+    """Worker initializer: a worker never outlives the process that started it (an
+    orphan would go on writing to a study directory whose lock is gone, and idle on its
+    memory after), and leaves Ctrl-C to it."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.platform == "linux":
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    else:
+        threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
+    if os.getppid() != parent:  # it died before the line above took effect
+        os._exit(1)
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    while os.getppid() == parent:
+        time.sleep(0.2)
+    os._exit(1)
 
 
 def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> str:
@@ -78,16 +220,15 @@ def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> st
     return run_point(StudyConfig.model_validate(config), grid, Path(out))
 
 
-def run_point(
-    config: StudyConfig, grid: dict[str, Any], out: Path, *, progress: bool = False
-) -> str:
-    """Run one point (or resume it) and store its results; a one-line summary."""
+def run_point(config: StudyConfig, grid: dict[str, Any], out: Path) -> str:
+    """Run one point (or resume it) and store its results; a one-line summary. The
+    caller owns `out` (`owning`)."""
     key = config.key()
     ledger_file = Path("ledgers") / f"{key}.sqlite"
-    checkpoint = out / "checkpoints" / f"{key}.pt"
+    checkpoint = _checkpoint(out, key)
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     with ResultsStore(out / STORE) as store:
-        store.start(
+        if not store.start(
             key,
             study=config.name,
             algorithm=config.algorithm.name,
@@ -95,13 +236,14 @@ def run_point(
             grid=grid,
             trials=config.trials,
             rounds=config.rounds,
-        )
+        ):
+            return f"{key} {config.algorithm.name} {_show(grid)}already finished"
         started = time.perf_counter()
         try:
-            result = _simulate(config, out / ledger_file, checkpoint, progress)
+            result = _simulate(config, key, out / ledger_file, checkpoint)
             if result.interrupted:
                 raise KeyboardInterrupt
-            results = _results(config, result, ledger_file, time.perf_counter() - started)
+            results = _results(config, key, result, ledger_file, time.perf_counter() - started)
         except (KeyboardInterrupt, SystemExit):
             raise  # left 'running': a restart resumes it from its checkpoint
         except Exception as exc:
@@ -112,18 +254,102 @@ def run_point(
     return f"{key} {config.algorithm.name} {_show(grid)}finished in {results.seconds:.1f} s"
 
 
+class StudyBar:
+    """A `Progress` reporter (its lines print above the bar) that draws a bar over a
+    study's points and one per running point over its rounds. Rounds are read off the
+    points' checkpoints, written after every round, so points in worker processes show
+    as well as points run here."""
+
+    def __init__(
+        self, report: Progress = lambda line: None, *, console: Console | None = None
+    ) -> None:
+        self._report = report
+        self._bar = Bar(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=console or Console(stderr=True),
+        )
+        self._overall = TaskID(0)  # set by `showing`
+        self._points: dict[str, tuple[TaskID, Path]] = {}
+
+    def __call__(self, line: str) -> None:
+        self._report(line)
+
+    @contextmanager
+    def showing(
+        self,
+        title: str,
+        total: int,
+        todo: Sequence[tuple[dict[str, Any], StudyConfig]],
+        out: Path,
+    ) -> Iterator[None]:
+        """Show the bar while the `todo` points (grid, config) of `total` run in `out`."""
+        self._overall = self._bar.add_task(
+            title, total=total, completed=total - len(todo), status="points"
+        )
+        self._points = {
+            c.key(): (
+                self._bar.add_task(
+                    _label(c.key(), g), total=c.rounds, visible=False, status="rounds"
+                ),
+                _checkpoint(out, c.key()),
+            )
+            for g, c in todo
+        }
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(stop,), daemon=True)
+        with self._bar:
+            watcher.start()
+            try:
+                yield
+            finally:
+                stop.set()
+                watcher.join()
+
+    def finished(self, key: str) -> None:
+        """Point `key` is done (finished, failed or skipped)."""
+        task, _ = self._points.pop(key)
+        self._bar.remove_task(task)
+        self._bar.advance(self._overall)
+
+    def _watch(self, stop: threading.Event) -> None:
+        seen: dict[Path, int] = {}
+        while not stop.wait(0.2):
+            for task, path in list(self._points.values()):
+                try:
+                    changed = path.stat().st_mtime_ns
+                    if seen.get(path) == changed:
+                        continue
+                    seen[path] = changed
+                    saved = torch.load(path, mmap=True, weights_only=False)
+                    self._bar.update(task, completed=saved["round"] + 1, visible=True)
+                except Exception:  # the bar is best effort: a checkpoint not there yet,
+                    continue  # or one being replaced, is read at the next tick
+
+
+def _checkpoint(out: Path, key: str) -> Path:
+    return out / "checkpoints" / f"{key}.pt"
+
+
+def _label(key: str, grid: dict[str, Any]) -> str:
+    """`ab12cd34 learning_rate=0.5`: the last part of each grid key tells points apart."""
+    return " ".join([key[:8], *(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in grid.items())])
+
+
 def _show(grid: dict[str, Any]) -> str:
     return "".join(f"{k}={v} " for k, v in grid.items())
 
 
-def _simulate(
-    config: StudyConfig, ledger: Path, checkpoint: Path, progress: bool
-) -> SimulationResult:
+def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> SimulationResult:
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
     privacy = config.privacy
     fixed_noise = privacy.noise_multiplier is not None or config.algorithm.name == "aop"
     with Ledger(ledger, accountant=privacy.accountant) as book:
+        book.claim(key)  # readers refuse this ledger for any other run
         return simulate(
             algorithm,
             silos,
@@ -136,7 +362,7 @@ def _simulate(
             calibrate=privacy.private and not fixed_noise,
             ledger=book,
             research_noise=config.research_noise,
-            progress=progress,
+            progress=False,
             checkpoint=checkpoint,
             eval_every=config.eval_every,
         )
@@ -224,7 +450,7 @@ def _loss(name: str, positive_weight: float) -> losses.Loss:
 
 
 def _results(
-    config: StudyConfig, result: SimulationResult, ledger: Path, seconds: float
+    config: StudyConfig, key: str, result: SimulationResult, ledger: Path, seconds: float
 ) -> RunResults:
     metrics = [
         (row["trial"], row["round"], silo, name, value)
@@ -242,7 +468,7 @@ def _results(
     own = Accountant(config.privacy.accountant)
     other = Accountant.RDP if own is Accountant.PLD else Accountant.PLD
     privacy = []
-    with Ledger(result.ledger_path, create=False) as book:
+    with owned_ledger(result.ledger_path, key) as book:
         for trial, accounts in enumerate(result.accounts):
             for silo, views in accounts.items():
                 for view, name in views.items():

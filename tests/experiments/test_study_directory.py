@@ -1,0 +1,382 @@
+"""One study directory in many hands: a second sweep is refused and names the holder,
+workers die with their sweep, Ctrl-C prints the command that resumes, a finished run's
+rows are never reset, a ledger proves which run it belongs to, read commands never
+write (even in a read-only directory), and the sweep shows a bar over points and rounds.
+
+The sweeps here run as `python -m dpfl.cli` subprocesses, as a user would run them,
+each compared with one uninterrupted sweep of the same study."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import re
+import shlex
+import shutil
+import signal
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from rich.console import Console
+from typer.testing import CliRunner
+
+from dpfl.cli import app
+from dpfl.experiments.config import Study
+from dpfl.experiments.runner import LOCK, STORE, StudyBar, run_study
+from dpfl.experiments.store import ResultsStore, StoreError
+from dpfl.experiments.summary import run_summaries
+
+SWEEP = """
+name = "shared"
+rounds = 3
+trials = 1
+[data]
+dataset = "breast_cancer"
+partition = { kind = "iid", silos = 3 }
+[algorithm]
+name = "fedavg"
+learning_rate = [0.5, 2.0]
+[privacy]
+noise_multiplier = 1.0
+epsilon = 50
+accountant = "rdp"  # cheaper than PLD, and these tests are not about ε
+"""
+TINY = {
+    "name": "tiny",
+    "rounds": 2,
+    "trials": 1,
+    "data": {"dataset": "breast_cancer", "partition": {"kind": "iid", "silos": 3}},
+    "algorithm": {"name": "fedavg", "learning_rate": 1.0},
+    "privacy": {"noise_multiplier": [1.0, 3.0], "delta": 1e-5},
+}
+DPFL = [sys.executable, "-m", "dpfl.cli"]
+WAIT = 300.0  # seconds: generous bounds for a loaded machine; the runs take a few
+
+
+def _sweep_command(config: Path, out: Path) -> list[str]:
+    return [*DPFL, "sweep", str(config), "--out", str(out), "-j", "2"]
+
+
+@pytest.fixture(scope="module")
+def config(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("config") / "shared.toml"
+    path.write_text(SWEEP, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="module")
+def reference(config: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """What one uninterrupted sweep of `SWEEP` leaves (with workers, as the tests run)."""
+    out = tmp_path_factory.mktemp("reference")
+    done = subprocess.run(_sweep_command(config, out), capture_output=True, text=True, timeout=WAIT)
+    assert done.returncode == 0, done.stderr
+    return _contents(out)
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A finished two-point study (σ = 1 and σ = 3), run here."""
+    out = tmp_path_factory.mktemp("finished")
+    runs = run_study(Study(TINY), out)
+    assert [r.status for r in runs] == ["finished", "finished"]
+    return out
+
+
+def _contents(out: Path) -> dict[str, Any]:
+    """Everything a study directory holds that does not depend on when it ran: each
+    run's status and result rows, and each ledger's owner, budgets, released values and
+    events (the run instance in an event's label is random, and left out)."""
+    contents: dict[str, Any] = {}
+    store = sqlite3.connect(f"{(out / STORE).as_uri()}?mode=ro", uri=True)
+    for run_id, status, rounds, sigma in store.execute(
+        "SELECT id, status, rounds_completed, noise_multiplier FROM runs ORDER BY id"
+    ):
+        contents[run_id] = [status, rounds, sigma] + [
+            store.execute(
+                f"SELECT * FROM {table} WHERE run_id = ? ORDER BY rowid", (run_id,)
+            ).fetchall()
+            for table in ("metrics", "privacy", "communication")
+        ]
+    store.close()
+    for path in sorted((out / "ledgers").glob("*.sqlite")):
+        ledger = sqlite3.connect(f"{path.as_uri()}?mode=ro", uri=True)
+        contents[path.name] = [
+            ledger.execute("SELECT key, value FROM facts ORDER BY key").fetchall(),
+            ledger.execute("SELECT silo, epsilon, delta, size, neighbouring FROM silos").fetchall(),
+            [
+                (i, silo, round_, re.sub(r" instance \w+", "", label), event)
+                for i, silo, round_, label, event in ledger.execute(
+                    "SELECT id, silo, round, label, event FROM events ORDER BY id"
+                )
+            ],
+        ]
+        ledger.close()
+    return contents
+
+
+def _wait_for(condition: Callable[[], bool], what: str, *processes: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + WAIT
+    while not condition():
+        if any(p.poll() is not None for p in processes):
+            pytest.fail(f"the sweep ended before {what}")
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting until {what}")
+        time.sleep(0.05)
+
+
+def _children(pid: int) -> set[int]:
+    """The processes whose parent is `pid` (its workers and multiprocessing helpers)."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _assert_gone(pids: set[int]) -> None:
+    """Every process in `pids` ends within seconds (multiprocessing's helper ends when
+    the last of the others has)."""
+    deadline = time.monotonic() + 10
+    while any(map(_alive, pids)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in pids if _alive(pid)], "workers outlived their sweep"
+
+
+@pytest.fixture
+def survivors() -> Iterator[set[int]]:
+    """Processes a test saw; any still alive at its end are killed (a failed test must
+    not leave workers behind)."""
+    seen: set[int] = set()
+    yield seen
+    for pid in seen:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def _point_running(out: Path) -> bool:
+    """A worker is inside a point (its checkpoint is written before round 0 and after
+    every round) and at least one point is not finished."""
+    if not any(out.glob("checkpoints/*.pt")):
+        return False
+    with ResultsStore(out / STORE, create=False) as store:
+        return any(r.status != "finished" for r in store.runs())
+
+
+def test_a_second_sweep_on_the_same_directory_is_refused_and_names_the_holder(
+    config: Path, reference: dict[str, Any], tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    command = [*_sweep_command(config, out), "--json"]
+    both = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)]
+    both.append(
+        subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    )
+    try:
+        ends = [p.communicate(timeout=WAIT) for p in both]
+    finally:
+        for p in both:
+            p.kill()
+    (winner,) = [p for p in both if p.returncode == 0]
+    (loser,) = [p for p in both if p is not winner]
+    stderr = " ".join(ends[both.index(loser)][1].split())
+    assert loser.returncode == 2, stderr
+    assert f"{out} is in use by pid {winner.pid} on host" in stderr
+    assert "Nothing was changed" in stderr
+    assert json.loads(ends[both.index(winner)][0])["failed"] == 0
+    assert _contents(out) == reference  # as if one sweep had run alone
+    assert (out / LOCK).read_bytes() == b""  # released
+
+
+def test_kill_9_of_a_sweep_takes_its_workers_and_a_rerun_matches_one_sweep(
+    config: Path, reference: dict[str, Any], tmp_path: Path, survivors: set[int]
+) -> None:
+    out = tmp_path / "out"
+    command = _sweep_command(config, out)
+    sweep = subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        _wait_for(lambda: _point_running(out), "a point runs", sweep)
+        survivors |= _children(sweep.pid)
+        assert len(survivors) >= 2  # two workers (and multiprocessing's helper)
+    finally:
+        sweep.kill()
+        sweep.wait()
+    _assert_gone(survivors)
+    with ResultsStore(out / STORE, create=False) as store:
+        assert any(r.status == "running" for r in store.runs())  # killed mid-run
+    again = subprocess.run(command, capture_output=True, text=True, timeout=WAIT)
+    assert again.returncode == 0, again.stderr
+    assert _contents(out) == reference  # same events, same results: nothing paid twice
+
+
+def test_ctrl_c_stops_the_workers_and_prints_the_command_that_resumes(
+    config: Path, reference: dict[str, Any], tmp_path: Path, survivors: set[int]
+) -> None:
+    out = tmp_path / "out"
+    sweep = subprocess.Popen(
+        _sweep_command(config, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    try:
+        _wait_for(lambda: _point_running(out), "a point runs", sweep)
+        survivors |= _children(sweep.pid)
+        sweep.send_signal(signal.SIGINT)  # to the sweep alone: its workers are its business
+        _, stderr = sweep.communicate(timeout=60)
+    finally:
+        sweep.kill()
+    assert sweep.returncode == 130, stderr
+    _assert_gone(survivors)
+    said = " ".join(stderr.split())
+    resume = f"dpfl sweep {shlex.quote(str(config))} --out {shlex.quote(str(out))} -j 2"
+    assert f"Resume with: {resume}" in said
+    again = subprocess.run(
+        [*DPFL, *shlex.split(resume)[1:]], capture_output=True, text=True, timeout=WAIT
+    )
+    assert again.returncode == 0, again.stderr
+    assert _contents(out) == reference
+
+
+def test_a_finished_run_is_never_restarted_or_failed(finished: Path, tmp_path: Path) -> None:
+    out = shutil.copytree(finished, tmp_path / "study")
+    before = _contents(out)
+    with ResultsStore(out / STORE) as store:
+        run = store.runs()[0]
+        assert not store.start(
+            run.id,
+            study=run.study,
+            algorithm=run.algorithm,
+            config=run.config,
+            grid=run.grid,
+            trials=run.trials,
+            rounds=run.rounds,
+        )
+        with pytest.raises(StoreError, match="is finished, not running"):
+            store.fail(run.id, "a second sweep's error")
+    assert _contents(out) == before
+
+
+def test_a_ledger_copied_from_another_run_is_refused_by_every_reader(
+    finished: Path, tmp_path: Path
+) -> None:
+    out = shutil.copytree(finished, tmp_path / "study")
+    with ResultsStore(out / STORE, create=False) as store:
+        noisy, quiet = sorted(store.runs(), key=lambda r: r.noise_multiplier or 0.0)
+    quiet_ledger = out / "ledgers" / f"{quiet.id}.sqlite"
+    shutil.copyfile(out / "ledgers" / f"{noisy.id}.sqlite", quiet_ledger)
+    chosen = CliRunner().invoke(app, ["best", str(out), "-e", "100", "-d", "1e-5"])
+    said = " ".join(chosen.stderr.split())
+    assert chosen.exit_code == 2, chosen.output
+    assert f"{quiet_ledger} is the ledger of run {noisy.id}, not of run {quiet.id}" in said
+    with pytest.raises(StoreError, match="is the ledger of run"):
+        run_summaries(out)
+    with ResultsStore(out / STORE, create=False) as store, pytest.raises(StoreError):
+        store.ledger_of(quiet)
+    shown = CliRunner().invoke(app, ["privacy", "ledger", str(quiet_ledger)])
+    assert f"of run {noisy.id}" in " ".join(shown.stdout.split())
+
+
+def _fingerprints(out: Path) -> dict[str, tuple[str, int]]:
+    return {
+        str(path.relative_to(out)): (
+            hashlib.sha256(path.read_bytes()).hexdigest(),
+            path.stat().st_mtime_ns,
+        )
+        for path in sorted(out.rglob("*"))
+        if path.is_file()
+    }
+
+
+def _as_reader() -> list[str]:
+    """A prefix that runs a command as a user whom `chmod a-w` binds (root ignores it)."""
+    if os.geteuid() != 0:
+        return []
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("running as root without setpriv: a read-only directory cannot be made")
+    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+
+
+def test_read_commands_work_in_a_read_only_study_and_write_nothing(finished: Path) -> None:
+    reader = _as_reader()
+    with tempfile.TemporaryDirectory() as place:
+        Path(place).chmod(0o755)  # the reader may enter
+        out = shutil.copytree(finished, Path(place) / "study")
+        for index in out.rglob("*.sqlite-*"):  # as a study is left by the last writer
+            assert not index.name.endswith("-wal") or index.stat().st_size == 0
+            index.unlink()
+        subprocess.run(["chmod", "-R", "a+rX,a-w", str(out)], check=True)
+        before = _fingerprints(out)
+        try:
+            env = {**os.environ, "HOME": place}
+            best = subprocess.run(
+                [*reader, *DPFL, "best", str(out), "-e", "100", "-d", "1e-5", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+                env=env,
+            )
+            assert best.returncode == 0, best.stderr
+            assert json.loads(best.stdout)["finished"] == 2
+            for ledger in sorted((out / "ledgers").glob("*.sqlite")):
+                shown = subprocess.run(
+                    [*reader, *DPFL, "privacy", "ledger", str(ledger), "--json"],
+                    capture_output=True,
+                    text=True,
+                    timeout=WAIT,
+                    env=env,
+                )
+                assert shown.returncode == 0, shown.stderr
+                assert len(json.loads(shown.stdout)) == 3  # one account per hospital
+            assert _fingerprints(out) == before  # no byte, no mtime, no new file
+        finally:
+            subprocess.run(["chmod", "-R", "u+w", str(out)], check=True)
+
+
+def test_the_bar_shows_points_and_each_running_points_rounds(tmp_path: Path) -> None:
+    screen = io.StringIO()
+    lines: list[str] = []
+    screen_console = Console(file=screen, force_terminal=True, color_system=None, width=100)
+    bar = StudyBar(lines.append, console=screen_console)
+    study = Study({**TINY, "rounds": 12, "privacy": {"noise_multiplier": 1.0, "delta": 1e-5}})
+    run_study(study, tmp_path, report=bar)
+    shown = screen.getvalue()
+    assert re.search(r"tiny .* 1/1 points", shown)
+    assert re.search(r"[0-9a-f]{8} .* \d+/12 rounds", shown)  # the point, mid-run
+    assert lines[0] == "tiny: 0 of 1 points done" and "finished in" in lines[1]
+    result = CliRunner().invoke(
+        app, ["sweep", str(_toml(tmp_path)), "--out", str(tmp_path / "s"), "-j", "1"]
+    )
+    assert result.exit_code == 0, result.output
+    assert re.search(r"tiny .* 2/2 points", result.stderr)
+
+
+def _toml(tmp_path: Path) -> Path:
+    path = tmp_path / "tiny.toml"
+    path.write_text(
+        'name = "tiny"\nrounds = 2\ntrials = 1\n[data]\ndataset = "breast_cancer"\n'
+        'partition = { kind = "iid", silos = 3 }\n[algorithm]\nname = "fedavg"\n'
+        "learning_rate = 1.0\n[privacy]\nnoise_multiplier = [1.0, 3.0]\ndelta = 1e-5\n",
+        encoding="utf-8",
+    )
+    return path
