@@ -12,7 +12,9 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
+from dpfl.cli import app
 from dpfl.privacy import (
     BudgetExceededError,
     DeltaTooLargeWarning,
@@ -250,3 +252,73 @@ def test_record_many_commits_all_or_nothing(ledger: Ledger) -> None:
         ledger.record_many([("a", STEP), ("tight", STEP)], round=1)
     assert len(ledger.entries("a")) == 2  # the batch was refused whole
     assert ledger.entries("tight") == []
+
+
+def _stamp(path: Path) -> tuple[bytes, int]:
+    return path.read_bytes(), path.stat().st_mtime_ns
+
+
+def test_readers_open_read_only_and_change_nothing(ledger: Ledger) -> None:
+    ledger.record("a", STEP, round=0)
+    ledger.close()
+    before = _stamp(ledger.path)
+    with Ledger(ledger.path, create=False) as reader:
+        assert reader.spent("a") == epsilon(STEP, 1e-5)
+        with pytest.raises(LedgerError, match=f"ledger {ledger.path}: .*readonly"):
+            reader.record("a", STEP)
+    assert _stamp(ledger.path) == before
+
+
+def test_a_reader_reads_an_older_schema_without_upgrading_it(ledger: Ledger) -> None:
+    ledger.record("a", STEP)
+    ledger.close()
+    db = sqlite3.connect(ledger.path)  # as dpfl wrote it before owners and released values
+    db.execute("DROP TABLE facts")
+    db.execute("PRAGMA user_version = 1")
+    db.commit()
+    db.close()
+    before = _stamp(ledger.path)
+    with Ledger(ledger.path, create=False) as reader:
+        assert reader.owner is None and reader.released("count") is None
+        assert reader.spent("a") == epsilon(STEP, 1e-5)
+    assert _stamp(ledger.path) == before
+    db = sqlite3.connect(ledger.path)
+    assert db.execute("PRAGMA user_version").fetchone() == (1,)  # not upgraded
+    db.close()
+    with Ledger(ledger.path) as writer:  # a writer upgrades it in place
+        writer.claim("run-1")
+        assert writer.owner == "run-1"
+
+
+def test_an_empty_file_is_not_a_ledger_and_stays_empty(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.sqlite"
+    empty.touch()
+    with pytest.raises(LedgerError, match=r"is empty \(0 bytes\), not a dpfl ledger"):
+        Ledger(empty, create=False)
+    shown = CliRunner().invoke(app, ["privacy", "ledger", str(empty)])
+    assert shown.exit_code == 2
+    said = " ".join(shown.stderr.split())
+    assert f"{empty} is empty (0 bytes), not a dpfl ledger; nothing was written" in said
+    assert empty.stat().st_size == 0
+
+
+def test_a_damaged_page_names_the_file_and_nothing_is_written(tmp_path: Path) -> None:
+    path = tmp_path / "study.sqlite"
+    with Ledger(path, accountant="rdp") as book:
+        book.register_silo("a", epsilon=math.inf, delta=1e-5)
+        for r in range(300):  # enough events for many pages
+            book.record("a", events.poisson_gaussian(0.01, 1.0 + r / 1000), round=r)
+    data = bytearray(path.read_bytes())
+    page = 4096 * (len(data) // 4096 // 2)  # a b-tree page in the middle of the file
+    assert data[page] in (0x02, 0x05, 0x0A, 0x0D)
+    data[page : page + 16] = b"\xff" * 16
+    path.write_bytes(bytes(data))
+    before = _stamp(path)
+    with Ledger(path, create=False) as reader, pytest.raises(LedgerError, match="is damaged"):
+        reader.accounts()
+    shown = CliRunner().invoke(app, ["privacy", "ledger", str(path)])
+    said = " ".join(shown.stderr.split())
+    assert shown.exit_code == 2, shown.output
+    assert f"ledger {path} is damaged" in said and "nothing was written" in said
+    assert "Traceback" not in shown.output
+    assert _stamp(path) == before
