@@ -348,6 +348,18 @@ def test_read_commands_work_in_a_read_only_study_and_write_nothing(finished: Pat
                 )
                 assert shown.returncode == 0, shown.stderr
                 assert len(json.loads(shown.stdout)) == 3  # one account per hospital
+            elsewhere = Path(place) / "report"
+            elsewhere.mkdir()
+            elsewhere.chmod(0o777)
+            report = subprocess.run(
+                [*reader, *DPFL, "report", str(out), "--out", str(elsewhere), "--json"],
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+                env=env,
+            )
+            assert report.returncode == 0, report.stderr
+            assert (elsewhere / "index.html").is_file()
             assert _fingerprints(out) == before  # no byte, no mtime, no new file
         finally:
             subprocess.run(["chmod", "-R", "u+w", str(out)], check=True)

@@ -1,4 +1,5 @@
-"""`dpfl report DIR`: the study's HTML report, written to DIR/report/index.html."""
+"""`dpfl report DIR`: the study's HTML report, written to DIR/report/index.html (or
+`--out`, e.g. for a study directory that is read-only)."""
 
 from __future__ import annotations
 
@@ -21,6 +22,10 @@ def report(
             "recall or loss."
         ),
     ] = "accuracy",
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Folder for index.html (default DIR/report); the study is only read."),
+    ] = None,
     json_output: Annotated[
         bool, typer.Option("--json", help='Print one JSON object {"report": path, "runs": n}.')
     ] = False,
@@ -30,7 +35,7 @@ def report(
     from dpfl.experiments.report import RESULTS_FILE, write_report
 
     with reported_errors():  # a missing store or an unknown metric: one red line, status 2
-        index = write_report(directory, metric=metric)
+        index = write_report(directory, metric=metric, out=out)
         with ResultsStore(directory / RESULTS_FILE, create=False) as store:
             runs = len(store.runs(status="finished"))
     if json_output:

@@ -120,12 +120,14 @@ class RunSummary:
         return spent.max if spent.by_silo else None
 
 
-def write_report(directory: Path, *, metric: str = "accuracy") -> Path:
-    """Write DIR/report/index.html (figures embedded) from DIR/results.sqlite; return it.
+def write_report(directory: Path, *, metric: str = "accuracy", out: Path | None = None) -> Path:
+    """Write OUT/index.html (figures embedded; OUT defaults to DIR/report) from
+    DIR/results.sqlite, which is only read (a read-only study is reported elsewhere with
+    `out`); return it.
 
     Raises `StoreError` if DIR holds no results store, and `ReportError` if no finished
     run has `metric`."""
-    out = directory / REPORT_FOLDER
+    out = directory / REPORT_FOLDER if out is None else out
     with ResultsStore(directory / RESULTS_FILE, create=False) as store:
         runs = store.runs()
         finished = [r for r in runs if r.status == "finished"]
