@@ -11,13 +11,20 @@ from opacus.accountants import PRVAccountant
 from opacus.accountants.analysis import rdp as opacus_rdp
 
 from dpfl.privacy import (
+    Accountant,
     DeltaTooLargeWarning,
     PrivacyParameterError,
     UnsupportedAccountingError,
+    accounting,
     epsilon,
     events,
 )
-from dpfl.privacy.accounting import PLD_DISCRETISATION, RDP_ORDERS, check_delta
+from dpfl.privacy.accounting import (
+    PLD_DISCRETISATION,
+    RDP_ORDERS,
+    PldTooLargeError,
+    check_delta,
+)
 
 GRID = [  # (q, σ, steps, δ): DP-SGD regimes from the seeds and the tutorials
     (0.0036, 1.08, 300, 1.3e-5),  # Kerkouche, ε = 1 row
@@ -121,7 +128,7 @@ def test_basic_composition_of_approximate_events() -> None:
 
 def test_fixed_size_sampling_falls_back_to_rdp_and_costs_more_than_poisson() -> None:
     fixed = events.fixed_size_gaussian(1000, 10, 1.0, steps=100)
-    with pytest.raises(UnsupportedAccountingError, match="accountant='rdp'"):
+    with pytest.raises(UnsupportedAccountingError, match="use the RDP accountant"):
         epsilon(fixed, 1e-5, "pld")
     report = epsilon(fixed, 1e-5)
     assert report.accountant.value == "rdp"
@@ -197,3 +204,70 @@ def test_errors_name_the_problem() -> None:
             epsilon(event, delta)
     with pytest.warns(DeltaTooLargeWarning, match="1/n = 0.001 for a silo of 1000 records"):
         check_delta(1e-2, dataset_size=1000)
+
+
+def test_a_pld_past_its_size_limit_is_not_built_rdp_answers_and_says_why(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The report names the accountant that answered; asked for by name, PLD refuses."""
+    monkeypatch.setattr(accounting, "PLD_MAX_POINTS", 2**14)
+    event = events.poisson_gaussian(0.01, 1.0, steps=1000)  # about 97,000 grid points
+    report = epsilon(event, 1e-5)
+    assert report.accountant is Accountant.RDP
+    assert report.epsilon == epsilon(event, 1e-5, "rdp").epsilon
+    assert report.note.startswith("RDP answered: the PLD would need") and "16,384" in report.note
+    with pytest.raises(PldTooLargeError, match=r"above the limit of 16,384.*the RDP accountant"):
+        epsilon(event, 1e-5, "pld")
+    small = epsilon(events.poisson_gaussian(0.01, 4.0, steps=10), 1e-5)
+    assert small.accountant is Accountant.PLD and small.note == ""
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        events.poisson_gaussian(0.5, 0.3, steps=1),  # one sampled step, built point by point
+        events.gaussian(1.0, count=100),  # one Gaussian at σ/√100
+        events.laplace(0.01, count=3),
+        events.client_sampled(0.5, events.poisson_gaussian(0.01, 1.0, steps=1000)),
+    ],
+    ids=["sampled-step", "gaussian", "laplace", "client-sampled"],
+)
+def test_every_pld_is_sized_before_it_is_built(
+    monkeypatch: pytest.MonkeyPatch, event: events.PrivacyEvent
+) -> None:
+    monkeypatch.setattr(accounting, "PLD_MAX_POINTS", 2**14)
+    monkeypatch.setattr(accounting, "PLD_MAX_SAMPLED_STEP_POINTS", 2**12)
+    with pytest.raises(PldTooLargeError):
+        epsilon(event, 1e-5, "pld")
+    assert epsilon(event, 1e-5).accountant is Accountant.RDP
+
+
+@pytest.mark.parametrize(
+    ("q", "sigma", "steps"), [(0.01, 1.0, 1000), (0.1, 2.0, 50), (0.01, 480.0, 10**5)]
+)
+def test_the_size_limit_is_checked_against_the_pld_dp_accounting_would_build(
+    monkeypatch: pytest.MonkeyPatch, q: float, sigma: float, steps: int
+) -> None:
+    built = privacy_loss_distribution.from_gaussian_mechanism(
+        sigma, value_discretization_interval=PLD_DISCRETISATION, sampling_prob=q
+    ).self_compose(steps)
+    size = max(built._pmf_remove.size, built._pmf_add.size)
+    event = events.poisson_gaussian(q, sigma, steps=steps)
+    monkeypatch.setattr(accounting, "PLD_MAX_POINTS", size + 1)  # + the identity it extends
+    assert epsilon(event, 1e-5, "pld").epsilon == pytest.approx(built.get_epsilon_for_delta(1e-5))
+    monkeypatch.setattr(accounting, "PLD_MAX_POINTS", size)
+    with pytest.raises(PldTooLargeError):
+        epsilon(event, 1e-5, "pld")
+
+
+def test_more_runs_than_double_precision_can_add_up_are_refused() -> None:
+    with pytest.raises(PrivacyParameterError, match=r"1e\+20 .* at most 1e\+09"):
+        epsilon(events.poisson_gaussian(0.01, 1.0, steps=10**20), 1e-5)
+    with pytest.raises(PrivacyParameterError, match="at most 1e\\+09"):
+        epsilon(events.repeat(events.gaussian(1.0, count=10**5), 10**5), 1e-5)
+
+
+@pytest.mark.parametrize("sigma", [1e-300, 1e300])
+def test_noise_outside_floating_point_range_is_refused(sigma: float) -> None:
+    with pytest.raises(UnsupportedAccountingError, match="cannot evaluate this event in floating"):
+        epsilon(events.poisson_gaussian(0.5, sigma, steps=10), 1e-5)

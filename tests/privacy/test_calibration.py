@@ -8,7 +8,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpfl.privacy import (
+    Accountant,
     PrivacyParameterError,
+    accounting,
     calibrate_dpsgd_noise,
     calibrate_noise,
     epsilon,
@@ -16,7 +18,8 @@ from dpfl.privacy import (
     gaussian_noise_multiplier,
     max_dpsgd_steps,
 )
-from dpfl.privacy.calibration import NOISE_FLOOR, NOISE_TOLERANCE
+from dpfl.privacy.accounting import PldTooLargeError
+from dpfl.privacy.calibration import NOISE_FLOOR, NOISE_TOLERANCE, STEPS_LIMIT
 
 
 def _eps(q: float, sigma: float, steps: int, delta: float, accountant: str) -> float:
@@ -106,6 +109,47 @@ def test_impossible_calibration_requests(kwargs: dict[str, float], message: str)
 @pytest.mark.parametrize("target", [0.1, 1.0, 8.0, 40.0])
 def test_analytic_gaussian_noise_meets_any_epsilon(target: float) -> None:
     sigma = gaussian_noise_multiplier(target, 1e-6)
-    assert epsilon(events.gaussian(sigma), 1e-6, "pld").epsilon <= target + 0.01
+    if target < 40:
+        assert epsilon(events.gaussian(sigma), 1e-6, "pld").epsilon <= target + 0.01
+    else:  # σ ≈ 0.1: a PLD of 1.4 million points, past the limit; RDP answers, looser
+        with pytest.raises(PldTooLargeError):
+            epsilon(events.gaussian(sigma), 1e-6, "pld")
+        assert epsilon(events.gaussian(sigma), 1e-6).epsilon > target
     assert get_epsilon_gaussian(sigma, 1e-6) <= target
     assert get_epsilon_gaussian(sigma * (1 - 1e-6), 1e-6) > target
+
+
+def test_pld_calibration_is_within_tolerance_of_the_least_sigma_on_the_fine_grid() -> None:
+    """README's example: the coarse grid's answer (1.4159) is 1.3e-3 above the least σ."""
+    sigma = calibrate_dpsgd_noise(1.0, 1e-5, sample_rate=0.01, steps=1000)
+    assert _eps(0.01, sigma, 1000, 1e-5, "pld") <= 1.0
+    assert _eps(0.01, sigma - NOISE_TOLERANCE, 1000, 1e-5, "pld") > 1.0
+
+
+def test_calibration_answers_with_rdp_where_the_pld_would_be_too_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The answer is judged by the accountant that will charge it, which says so."""
+    monkeypatch.setattr(accounting, "PLD_MAX_POINTS", 2**14)
+    sigma = calibrate_dpsgd_noise(1.0, 1e-5, sample_rate=0.01, steps=1000)
+    assert sigma == calibrate_dpsgd_noise(1.0, 1e-5, sample_rate=0.01, steps=1000, accountant="rdp")
+    report = epsilon(events.poisson_gaussian(0.01, sigma, steps=1000), 1e-5)
+    assert report.accountant is Accountant.RDP and "PLD would need" in report.note
+    with pytest.raises(PldTooLargeError):
+        calibrate_dpsgd_noise(1.0, 1e-5, sample_rate=0.01, steps=1000, accountant="pld")
+
+
+def test_max_steps_answer_with_rdp_where_the_pld_would_be_too_large(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(accounting, "PLD_MAX_POINTS", 2**14)
+    rdp = max_dpsgd_steps(1.0, 1e-5, sample_rate=0.01, noise_multiplier=1.0, accountant="rdp")
+    assert max_dpsgd_steps(1.0, 1e-5, sample_rate=0.01, noise_multiplier=1.0) == rdp
+    with pytest.raises(PldTooLargeError):
+        max_dpsgd_steps(1.0, 1e-5, sample_rate=0.01, noise_multiplier=1.0, accountant="pld")
+
+
+def test_max_steps_stops_at_its_limit() -> None:
+    steps = max_dpsgd_steps(10.0, 1e-5, sample_rate=0.001, noise_multiplier=5.0)
+    assert steps == STEPS_LIMIT
+    assert _eps(0.001, 5.0, STEPS_LIMIT, 1e-5, "pld") <= 10.0

@@ -12,6 +12,7 @@ from typing import Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from dpfl.privacy import PrivacyError, SiloAccount
@@ -24,17 +25,20 @@ errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 @contextmanager
 def reported_errors() -> Iterator[None]:
     """Turn bad input (privacy parameters, configs, data files, stores) into one red line
-    and exit status 2; show warnings in yellow."""
+    and exit status 2; show warnings in yellow. A message stays one line however long, and
+    is printed as it is: brackets in it (an event's "[add/remove one record]", a path) are
+    not rich markup."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             yield
         except (PrivacyError, ValueError, OSError) as exc:
-            errors.print(f"[red]error:[/red] {exc}")
+            errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(2) from exc
         finally:
             for warning in caught:
-                errors.print(f"[yellow]warning:[/yellow] {warning.message}")
+                message = escape(str(warning.message))
+                errors.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
 
 
 def print_json(data: dict[str, Any] | list[dict[str, Any]]) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibration, epsilon, events
@@ -50,10 +53,10 @@ def epsilon_command(
             print_json(_report_json(chosen))
             return
         shown = [chosen]
-        if accountant is None:  # show the other accountant beside the default
-            other = Accountant.RDP if chosen.accountant is Accountant.PLD else Accountant.PLD
-            shown.append(epsilon(event, delta, other))
-        table = Table(title=event.describe())
+        if accountant is None and not chosen.note:  # the other accountant beside PLD
+            shown.append(epsilon(event, delta, Accountant.RDP))
+        relation = f" [{event.neighbouring.description}]"  # it has its own column
+        table = Table(title=escape(event.describe().removesuffix(relation)))
         for column in ("accountant", "ε", "δ", "neighbouring"):
             table.add_column(column)
         for report in shown:
@@ -64,6 +67,8 @@ def epsilon_command(
                 report.neighbouring.description,
             )
         console.print(table)
+        if chosen.note:
+            console.print(escape(chosen.note), soft_wrap=True)
 
 
 @app.command("calibrate")
@@ -92,14 +97,10 @@ def calibrate_command(
             tolerance=tolerance,
         )
         report = epsilon(events.poisson_gaussian(sample_rate, sigma, steps=steps), delta, chosen)
-        _answer(
-            json,
-            "noise_multiplier",
-            sigma,
-            f"noise multiplier σ = {sigma:.4f}",
-            report,
-            target_epsilon,
-        )
+        # Shown rounded up: σ rounded to nearest could fall below the least σ that meets ε.
+        shown = math.ceil(sigma * 10**4) / 10**4
+        text = f"noise multiplier σ = {shown:.4f}"
+        _answer(json, "noise_multiplier", sigma, text, report, target_epsilon)
 
 
 @app.command("max-steps")
@@ -123,7 +124,13 @@ def max_steps_command(
         report = epsilon(
             events.poisson_gaussian(sample_rate, noise_multiplier, steps=steps), delta, accountant
         )
-        _answer(json, "steps", steps, f"at most {steps} steps", report, target_epsilon)
+        if steps == calibration.STEPS_LIMIT:  # more may fit: the search stops here
+            limit = f"the search stops at {steps:,} steps; more may fit"
+            note = f"{report.note}; {limit}" if report.note else limit
+            report = dataclasses.replace(report, note=note)
+            _answer(json, "steps", steps, f"at least {steps:,} steps", report, target_epsilon)
+        else:
+            _answer(json, "steps", steps, f"at most {steps:,} steps", report, target_epsilon)
 
 
 @app.command("ledger")
@@ -155,7 +162,8 @@ def ledger_command(
 def _answer(
     json: bool, key: str, value: float, shown: str, report: EpsilonReport, target: float
 ) -> None:
-    """Print a calibration answer with the ε it achieves, or one JSON object."""
+    """Print a calibration answer with the ε it achieves (and which accountant said so,
+    and why if not the default), or one JSON object."""
     if json:
         print_json({key: value, **_report_json(report)})
         return
@@ -163,12 +171,18 @@ def _answer(
         f"[bold]{shown}[/bold] (ε = {report.epsilon:.4f} ≤ {target:g} at δ = {report.delta:g}, "
         f"{report.accountant.value.upper()}, {report.neighbouring.description})"
     )
+    if report.note:
+        console.print(escape(report.note), soft_wrap=True)
 
 
 def _report_json(report: EpsilonReport) -> dict[str, object]:
-    return {
+    """The report's fields; `note` only when there is one."""
+    data: dict[str, object] = {
         "epsilon": report.epsilon,
         "delta": report.delta,
         "accountant": report.accountant.value,
         "neighbouring": report.neighbouring.value,
     }
+    if report.note:
+        data["note"] = report.note
+    return data

@@ -2,13 +2,18 @@
 
 PLD (privacy loss distributions, pessimistic discretisation) is the default wherever
 it can analyse the event, because it is tighter; RDP analyses everything dpfl emits.
-Two things are ours on top of `dp_accounting`:
+Three things are ours on top of `dp_accounting`:
 
 * (ε, δ) events (`ApproximateDpEvent`) are pulled out of the composition tree and added
   by basic composition: ε(δ) = ε_acc(δ - Σδ_i) + Σε_i, with ε_acc from the accountant
   on the rest. That is sound for any mix (basic composition of two mechanisms).
 * `ClientSampledDpEvent` is analysed exactly as the mixture described in
   `events.client_sampled`, under both PLD and RDP.
+* PLDs have a size limit. Their grid grows with 1/σ² and, through the Chernoff tail
+  bounds of self-composition, linearly with the number of steps: 10⁹ steps at q = 0.01,
+  σ = 1 would need tens of GB. A PLD that would pass `PLD_MAX_POINTS` is never built:
+  the default accountant answers with RDP instead (its cost does not depend on the
+  number of steps) and says so; an explicit request for PLD is refused.
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ import math
 import warnings
 from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any
 
 import numpy as np
 from dp_accounting import dp_event as dpe
 from dp_accounting import pld, rdp
-from dp_accounting.pld import privacy_loss_distribution
+from dp_accounting.pld import common, privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.privacy_accountant import (
     NeighboringRelation,
     PrivacyAccountant,
@@ -40,6 +46,24 @@ from dpfl.privacy.events import (
 
 PLD_DISCRETISATION = 1e-4
 """Width of the PLD's privacy-loss grid; pessimistic rounding keeps ε an upper bound."""
+
+PLD_MAX_POINTS = 2**20
+"""Most grid points a PLD may hold (per direction, add and remove). Composing one takes
+100-200 bytes a point in FFT buffers, so a privacy command stays under about 0.4 GB and a
+few seconds. PLDs this large come from millions of steps, where the pessimistic grid's
+rounding, added up over the steps, leaves PLD little or no tighter than RDP anyway."""
+
+MAX_REPETITIONS = 10**9
+"""Most mechanism runs (steps) one account may compose. Beyond, a step whose privacy loss
+is small enough for the total to stay small is below double precision in RDP's formulas,
+and rounding, added up over the steps, would show in ε."""
+
+PLD_MAX_SAMPLED_STEP_POINTS = 2**18
+"""Most grid points of one Poisson-sampled step's PLD. `dp_accounting` builds it point by
+point in Python (about 10 µs a point), so this bounds its time to seconds."""
+
+_CACHED_STEP_POINTS = 2**18
+"""One-step PLDs up to this size are cached (at most 32 of them: 128 MB at worst)."""
 
 RDP_ORDERS: tuple[float, ...] = tuple(
     sorted(
@@ -76,12 +100,38 @@ class Accountant(StrEnum):
 
 @dataclass(frozen=True)
 class EpsilonReport:
-    """ε at δ for an event, with the accountant that actually produced it."""
+    """ε at δ for an event, with the accountant that actually produced it; `note` says why
+    that is not the default one (the PLD would be too large), and is empty otherwise."""
 
     epsilon: float
     delta: float
     accountant: Accountant
     neighbouring: Neighbouring
+    note: str = ""
+
+
+class PldTooLargeError(UnsupportedAccountingError):
+    """The event's PLD would pass `PLD_MAX_POINTS` (or, for one sampled step,
+    `PLD_MAX_SAMPLED_STEP_POINTS`): too little noise or too many steps for a PLD."""
+
+    def __init__(self, points: float, limit: int) -> None:
+        self.points, self.limit = points, limit
+        super().__init__(
+            f"the PLD of this event would need {_count(points)} grid points, above the limit "
+            f"of {limit:,} that keeps PLD accounting within memory and time; "
+            "use the RDP accountant, whose cost does not depend on the number of steps"
+        )
+
+    @property
+    def note(self) -> str:
+        return (
+            f"RDP answered: the PLD would need {_count(self.points)} grid points "
+            f"(limit {self.limit:,})"
+        )
+
+
+def _count(points: float) -> str:
+    return f"{points:,.0f}" if points < 1e12 else f"{points:.3g}"
 
 
 class _RdpAccountant(rdp.RdpAccountant):  # type: ignore[misc]
@@ -106,8 +156,9 @@ class _RdpAccountant(rdp.RdpAccountant):  # type: ignore[misc]
 
 
 class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
-    """`dp_accounting`'s PLD accountant that also understands client-sampled rounds: their
-    PLD is the exact mixture C·PLD(round) + (1 - C)·identity (the ⊥ branch loses 0)."""
+    """`dp_accounting`'s PLD accountant that refuses a PLD past the size limits before
+    building it, and also understands client-sampled rounds: their PLD is the exact
+    mixture C·PLD(round) + (1 - C)·identity (the ⊥ branch loses 0)."""
 
     _pld: privacy_loss_distribution.PrivacyLossDistribution
     _contains_non_dp_event: bool
@@ -116,19 +167,30 @@ class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
     def _maybe_compose(
         self, event: dpe.DpEvent, count: int, do_compose: bool
     ) -> PrivacyAccountant.CompositionErrorDetails | None:
+        interval = self._value_discretization_interval
+        relation = self.neighboring_relation
         if _is_sampled_gaussian(event) and event.event.noise_multiplier > 0:
-            if do_compose:  # the same PLD dp_accounting builds, built once per process
-                leaf = _sampled_gaussian_pld(
-                    event.event.noise_multiplier,
-                    event.sampling_probability,
-                    self.neighboring_relation,
-                    self._value_discretization_interval,
-                )
-                self._pld = self._pld.compose(leaf.self_compose(count))
+            if do_compose:
+                rate = event.sampling_probability
+                step = _gaussian_step(event.event.noise_multiplier, rate, relation, interval)
+                self._compose_repeated(step, count)
+            return None
+        if isinstance(event, dpe.GaussianDpEvent) and event.noise_multiplier > 0:
+            if do_compose:  # k releases are one at σ/√k, as dp_accounting composes them
+                sigma = event.noise_multiplier / math.sqrt(count)
+                self._compose_repeated(_gaussian_step(sigma, 1.0, relation, interval), 1)
+            return None
+        if (
+            isinstance(event, dpe.LaplaceDpEvent)
+            and event.noise_multiplier > 0
+            and relation is NeighboringRelation.ADD_OR_REMOVE_ONE
+        ):
+            if do_compose:
+                self._compose_repeated(_laplace_step(event.noise_multiplier, interval), count)
             return None
         if not isinstance(event, ClientSampledDpEvent):
             return super()._maybe_compose(event, count, do_compose)
-        inner = _PldAccountant(self.neighboring_relation, self._value_discretization_interval)
+        inner = _PldAccountant(relation, interval)
         error: PrivacyAccountant.CompositionErrorDetails | None = inner._maybe_compose(
             event.event, 1, do_compose
         )
@@ -136,12 +198,22 @@ class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
             if inner._contains_non_dp_event:
                 self._contains_non_dp_event = True
             else:
-                nothing_sent = privacy_loss_distribution.identity(
-                    self._value_discretization_interval
-                )
+                nothing_sent = privacy_loss_distribution.identity(interval)
                 mixed = inner._pld.compute_mixture(nothing_sent, event.sampling_probability)
-                self._pld = self._pld.compose(mixed.self_compose(count))
+                self._compose_repeated(_dense(mixed), count)
         return error
+
+    def _compose_repeated(
+        self, step: privacy_loss_distribution.PrivacyLossDistribution, count: int
+    ) -> None:
+        """Compose `count` copies of `step`; refused before any buffer is allocated when the
+        result would pass the limit (sized by the Chernoff bounds `self_compose` uses)."""
+        points = max(p.size for p in _pmfs(self._pld)) + max(
+            _self_composed_points(p, count) for p in _pmfs(step)
+        )
+        if points > PLD_MAX_POINTS:
+            raise PldTooLargeError(points, PLD_MAX_POINTS)
+        self._pld = self._pld.compose(step.self_compose(count))
 
 
 def _is_sampled_gaussian(event: dpe.DpEvent) -> bool:
@@ -150,35 +222,100 @@ def _is_sampled_gaussian(event: dpe.DpEvent) -> bool:
     )
 
 
-@functools.lru_cache(maxsize=256)
-def _sampled_gaussian_pld(
+def _pmfs(distribution: privacy_loss_distribution.PrivacyLossDistribution) -> tuple[Any, Any]:
+    """The remove and add directions' PMFs (the same object for a symmetric PLD)."""
+    return distribution._pmf_remove, distribution._pmf_add
+
+
+def _self_composed_points(pmf: Any, count: int) -> int:
+    """Grid points of `pmf` composed `count` times, sized as `DensePLDPmf.self_compose` does."""
+    probs = pmf.to_dense_pmf()._probs
+    lower, upper = common.compute_self_convolve_bounds(probs, count, _TAIL_MASS_TRUNCATION)
+    return max(int(upper) - int(lower) + 1, len(probs))
+
+
+_TAIL_MASS_TRUNCATION = 1e-15
+"""`dp_accounting`'s default tail truncation in `self_compose`, which sizes its result."""
+
+
+def _dense(
+    distribution: privacy_loss_distribution.PrivacyLossDistribution,
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """The same PLD on dense arrays: `SparsePLDPmf.self_compose` first computes
+    size**count as an exact integer, which for 10⁷ steps takes minutes."""
+    remove, add = (p.to_dense_pmf() for p in _pmfs(distribution))
+    return privacy_loss_distribution.PrivacyLossDistribution(remove, None if add is remove else add)
+
+
+def _gaussian_step(
     sigma: float, rate: float, relation: NeighboringRelation, interval: float
 ) -> privacy_loss_distribution.PrivacyLossDistribution:
-    """PLD of one Poisson-sampled Gaussian step. Building it is the costly part of PLD
-    accounting (seconds for large q); PLDs are immutable, so one per (σ, q) is kept."""
-    return privacy_loss_distribution.from_gaussian_mechanism(
-        standard_deviation=sigma,
-        value_discretization_interval=interval,
-        sampling_prob=rate,
-        neighboring_relation=relation,
+    """PLD of one (Poisson-sampled) Gaussian step; refused before it is built when its grid
+    would pass the limit. Sampled steps are built point by point, so have a lower one."""
+    adjacency = privacy_loss_mechanism.AdjacencyType.REMOVE
+    if relation is NeighboringRelation.REPLACE_ONE:
+        adjacency = privacy_loss_mechanism.AdjacencyType.REPLACE
+    loss = privacy_loss_mechanism.GaussianPrivacyLoss(
+        sigma, sampling_prob=rate, adjacency_type=adjacency
+    )
+    points = _grid_points(loss, interval)
+    limit = PLD_MAX_POINTS if rate == 1.0 else PLD_MAX_SAMPLED_STEP_POINTS
+    if points > limit:
+        raise PldTooLargeError(points, limit)
+    build = _gaussian_pld if points > _CACHED_STEP_POINTS else _cached_gaussian_pld
+    return build(sigma, rate, relation, interval)
+
+
+def _laplace_step(
+    parameter: float, interval: float
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    """PLD of one Laplace release (add/remove); refused before it is built when too large."""
+    points = _grid_points(privacy_loss_mechanism.LaplacePrivacyLoss(parameter), interval)
+    if points > PLD_MAX_POINTS:
+        raise PldTooLargeError(points, PLD_MAX_POINTS)
+    return _dense(
+        privacy_loss_distribution.from_laplace_mechanism(
+            parameter, value_discretization_interval=interval
+        )
     )
 
 
-SEARCH_PLD_DISCRETISATION = 1e-3
-"""A coarser grid for searches (calibration), which re-check their answer on the fine one."""
+def _grid_points(loss: Any, interval: float) -> float:
+    """Grid points of the PLD that dp_accounting's connect-the-dots construction builds for
+    `loss` (either direction): it spans the privacy losses between these two bounds."""
+    with np.errstate(divide="ignore", over="ignore"):  # an infinite bound means too large
+        bounds = loss.connect_dots_bounds()
+    upper: float = bounds.epsilon_upper / interval
+    lower: float = bounds.epsilon_lower / interval
+    if not math.isfinite(upper - lower):
+        return math.inf
+    return math.ceil(upper) - math.floor(lower) + 1
 
 
-def make_accountant(
-    accountant: Accountant | str, neighbouring: Neighbouring, *, coarse: bool = False
-) -> PrivacyAccountant:
-    """A fresh `dp_accounting` accountant of the named kind. `coarse` trades tightness for
-    speed with a 10× coarser PLD grid; its ε is still an upper bound, a slightly looser
-    one. (RDP has no coarse form: fewer orders would move its optimum too much.)"""
+def _gaussian_pld(
+    sigma: float, rate: float, relation: NeighboringRelation, interval: float
+) -> privacy_loss_distribution.PrivacyLossDistribution:
+    return _dense(
+        privacy_loss_distribution.from_gaussian_mechanism(
+            standard_deviation=sigma,
+            value_discretization_interval=interval,
+            sampling_prob=rate,
+            neighboring_relation=relation,
+        )
+    )
+
+
+_cached_gaussian_pld = functools.lru_cache(maxsize=32)(_gaussian_pld)
+"""Building a step's PLD is the costly part of PLD accounting (seconds for large q), and
+PLDs are immutable: one per (σ, q) is kept, for steps of up to `_CACHED_STEP_POINTS`."""
+
+
+def make_accountant(accountant: Accountant | str, neighbouring: Neighbouring) -> PrivacyAccountant:
+    """A fresh `dp_accounting` accountant of the named kind."""
     kind = parse_accountant(accountant)
     relation = neighbouring.to_dp_accounting()
     if kind is Accountant.PLD:
-        interval = SEARCH_PLD_DISCRETISATION if coarse else PLD_DISCRETISATION
-        return _PldAccountant(relation, value_discretization_interval=interval)
+        return _PldAccountant(relation, value_discretization_interval=PLD_DISCRETISATION)
     return _RdpAccountant(list(RDP_ORDERS), relation)
 
 
@@ -213,7 +350,7 @@ def choose_accountant(event: PrivacyEvent, requested: Accountant | str | None) -
         if not make_accountant(kind, event.neighbouring).supports(accountable):
             raise UnsupportedAccountingError(
                 f"the {kind.value.upper()} accountant cannot analyse {event.describe()}; "
-                f"use accountant='rdp'"
+                "use the RDP accountant"
             )
         return kind
     if make_accountant(Accountant.PLD, event.neighbouring).supports(accountable):
@@ -222,16 +359,20 @@ def choose_accountant(event: PrivacyEvent, requested: Accountant | str | None) -
 
 
 def epsilon(
-    event: PrivacyEvent,
-    delta: float,
-    accountant: Accountant | str | None = None,
-    *,
-    coarse: bool = False,
+    event: PrivacyEvent, delta: float, accountant: Accountant | str | None = None
 ) -> EpsilonReport:
-    """The smallest ε the accountant can prove for `event` at `delta` (`coarse`: a quick,
-    looser upper bound, see `make_accountant`)."""
+    """The smallest ε the accountant can prove for `event` at `delta`. By default PLD
+    answers where it can analyse the event within `PLD_MAX_POINTS`, else RDP (the report's
+    note says why)."""
     check_delta(delta)
     kind = choose_accountant(event, accountant)
+    runs = _repetitions(event.dp_event)
+    if runs > MAX_REPETITIONS:
+        raise PrivacyParameterError(
+            f"{runs:.3g} mechanism runs (steps) in one account: dpfl accounts for at most "
+            f"{MAX_REPETITIONS:.0e}, beyond which rounding in each step's privacy loss "
+            "would add up to a visible error in ε"
+        )
     accountable, basic_epsilon, basic_delta = split_basic_composition(event.dp_event)
     only_basic = isinstance(accountable, dpe.NoOpDpEvent)
     if basic_delta > delta or (basic_delta == delta and not only_basic):
@@ -239,15 +380,49 @@ def epsilon(
             f"the (ε, δ) events alone already use δ={basic_delta:g}, leaving nothing of the "
             f"target δ={delta:g} for the rest"
         )
-    value = basic_epsilon
-    if not only_basic:
-        acc = make_accountant(kind, event.neighbouring, coarse=coarse)
-        try:
-            acc.compose(accountable)
-        except UnsupportedEventError as exc:
-            raise UnsupportedAccountingError(str(exc)) from exc
-        value += float(acc.get_epsilon(delta - basic_delta))
-    return EpsilonReport(_as_epsilon(value), delta, kind, event.neighbouring)
+    if only_basic:
+        return EpsilonReport(_as_epsilon(basic_epsilon), delta, kind, event.neighbouring)
+    note = ""
+    try:
+        value = _accountant_epsilon(kind, event.neighbouring, accountable, delta - basic_delta)
+    except PldTooLargeError as exc:
+        if accountant is not None:
+            raise
+        kind, note = Accountant.RDP, exc.note
+        value = _accountant_epsilon(kind, event.neighbouring, accountable, delta - basic_delta)
+    return EpsilonReport(_as_epsilon(basic_epsilon + value), delta, kind, event.neighbouring, note)
+
+
+def _accountant_epsilon(
+    kind: Accountant, neighbouring: Neighbouring, event: dpe.DpEvent, delta: float
+) -> float:
+    acc = make_accountant(kind, neighbouring)
+    try:
+        acc.compose(event)
+        return float(acc.get_epsilon(delta))
+    except UnsupportedEventError as exc:
+        raise UnsupportedAccountingError(str(exc)) from exc
+    except ArithmeticError as exc:  # e.g. σ = 1e300: σ² overflows
+        raise UnsupportedAccountingError(
+            f"the {kind.value.upper()} accountant cannot evaluate this event in floating "
+            "point: a parameter is outside the range it handles"
+        ) from exc
+
+
+def _repetitions(event: dpe.DpEvent) -> int:
+    """How many mechanism runs the event composes, repeats multiplied out."""
+    if isinstance(event, dpe.SelfComposedDpEvent):
+        return int(event.count) * _repetitions(event.event)
+    if isinstance(event, dpe.ComposedDpEvent):
+        return sum(_repetitions(e) for e in event.events)
+    if isinstance(event, dpe.NoOpDpEvent):
+        return 0
+    sampled = (
+        dpe.PoissonSampledDpEvent,
+        dpe.SampledWithoutReplacementDpEvent,
+        ClientSampledDpEvent,
+    )
+    return _repetitions(event.event) if isinstance(event, sampled) else 1
 
 
 def split_basic_composition(event: dpe.DpEvent) -> tuple[dpe.DpEvent, float, float]:

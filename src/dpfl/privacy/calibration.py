@@ -1,30 +1,27 @@
 """Calibration: the least noise, or the most steps, that a target (ε, δ) allows.
 
-Both searches are `dp_accounting.calibrate_dp_mechanism` (Brent's method with a bisection
-fallback) on a monotone ε: ε falls as σ grows and rises with the number of steps. The
-result always satisfies the target; the tolerance bounds how far it is from the optimum
-(σ within `tolerance` above the least σ; steps exact). Each answer is re-checked with
-`accounting.epsilon`, the very function the ledger uses, before it is returned.
+Both searches run on a monotone ε (it falls as σ grows and rises with the number of
+steps), evaluated by `accounting.epsilon`, the very function the ledger uses, so the
+answer is judged by the accountant that will charge it. The result always satisfies the
+target; σ lies within `tolerance` above the least σ that does, and steps are exact.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from dp_accounting import get_epsilon_gaussian, get_sigma_gaussian
-from dp_accounting.mechanism_calibration import (
-    ExplicitBracketInterval,
-    calibrate_dp_mechanism,
-)
 
 from dpfl.privacy import events
 from dpfl.privacy.accounting import (
     Accountant,
+    EpsilonReport,
+    PldTooLargeError,
     check_delta,
     choose_accountant,
     epsilon,
-    make_accountant,
     split_basic_composition,
 )
 from dpfl.privacy.errors import PrivacyParameterError
@@ -37,6 +34,15 @@ NOISE_TOLERANCE = 1e-4
 NOISE_FLOOR = 0.25
 """Smallest σ searched. At σ = 0.25 one full-batch step already costs ε ≈ 25 at δ = 1e-5,
 and PLD grids grow as 1/σ²; a target so loose that less noise would do gets this σ."""
+
+NOISE_CEILING = 2.0**30
+"""Largest σ searched; a target that needs more is refused."""
+
+STEPS_LIMIT = 10**7
+"""`max_steps` searches no further: an answer of exactly this many means at least this many."""
+
+_Point = tuple[float, float]
+"""(σ, ε at σ)."""
 
 
 def calibrate_noise(
@@ -53,32 +59,35 @@ def calibrate_noise(
         raise PrivacyParameterError(f"tolerance must be > 0, got {tolerance!r}")
     probe = make_event(1.0)
     kind = choose_accountant(probe, accountant)
-    eps_left, delta_left = _left_for_accountant(probe, target_epsilon, delta)
-    within = _within_target(make_event, target_epsilon, delta, kind)
-    # The search runs on the coarse accountant (fast, an upper bound a little above the
-    # fine one), so its σ is at or just above the least; the fine check has the last word.
-    roughly_within = _within_target(make_event, target_epsilon, delta, kind, coarse=True)
-    bracket = _bracket(roughly_within, 1.0)
+    _check_something_left(probe, target_epsilon, delta)
+    # RDP first: its cost does not grow with the number of steps, it is smooth in σ, and
+    # its σ lies near PLD's. The PLD search then starts from its answer.
+    rdp = _Epsilon(make_event, delta, Accountant.RDP)
+    bracket = _bracket(rdp, target_epsilon, (1.0, rdp(1.0)), 0.5)
     if bracket is None:
-        return _least_fine(within, NOISE_FLOOR, tolerance)
-    sigma = float(
-        calibrate_dp_mechanism(
-            lambda: make_accountant(kind, probe.neighbouring, coarse=True),
-            lambda s: split_basic_composition(make_event(s).dp_event)[0],
-            eps_left,
-            delta_left,
-            bracket,
-            tol=tolerance,
-        )
-    )
-    return _least_fine(within, sigma, tolerance)
-
-
-def _least_fine(within: Callable[[float], bool], sigma: float, tolerance: float) -> float:
-    """Never return a σ whose (fine) ε exceeds the target."""
-    while not within(sigma):
-        sigma += tolerance
-    return sigma
+        start, power = (NOISE_FLOOR, rdp(NOISE_FLOOR)), 1.0
+    else:
+        below, start = _least(rdp, target_epsilon, *bracket, tolerance)
+        power = math.log(below[1] / max(start[1], _TINY)) / math.log(start[0] / below[0])
+    if kind is Accountant.RDP:
+        return start[0]
+    eps = _Epsilon(make_event, delta, accountant)
+    at_start = (start[0], eps(start[0]))
+    if eps.by_rdp(start[0]):  # the PLD would be too large here, and with less noise too
+        return start[0]
+    # ε falls about as σ^-power: a first step to just past where the PLD meets the target
+    # (or, where the PLD asked for is too large, a doubling of σ).
+    step = start[0]
+    if math.isfinite(at_start[1]):
+        guess = start[0] * (at_start[1] / target_epsilon) ** (1 / power)
+        step = 1.5 * abs(guess - start[0]) + tolerance
+    pld_bracket = _bracket(eps, target_epsilon, at_start, step)
+    if pld_bracket is None:
+        return NOISE_FLOOR
+    below, above = _least(eps, target_epsilon, *pld_bracket, tolerance)
+    if eps.refusal is not None and math.isinf(below[1]):
+        raise eps.refusal  # the PLD asked for cannot tell whether a little less noise would do
+    return above[0]
 
 
 def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
@@ -121,25 +130,29 @@ def max_steps(
     make_event: Callable[[int], events.PrivacyEvent],
     *,
     accountant: Accountant | str | None = None,
-    limit: int = 10**7,
+    limit: int = STEPS_LIMIT,
 ) -> int:
     """Largest T ≤ `limit` with ε(make_event(T)) ≤ target at δ (0 if one step is too many).
 
     Doubling then integer bisection on T: exact, since ε never falls as steps are added.
     """
     _check_target(target_epsilon, delta)
-    kind = choose_accountant(make_event(1), accountant)
-    within = _within_target(make_event, target_epsilon, delta, kind)
-    if not within(0):
+    choose_accountant(make_event(1), accountant)
+    eps = _Epsilon(make_event, delta, accountant)
+    if eps(0) > target_epsilon:
         raise PrivacyParameterError("the budget is already exhausted before any step")
     affordable, too_many = 0, 1
-    while within(too_many):
+    while eps(too_many) <= target_epsilon:
         if too_many >= limit:
             return limit
         affordable, too_many = too_many, min(2 * too_many, limit)
     while too_many - affordable > 1:
         middle = (affordable + too_many) // 2
-        affordable, too_many = (middle, too_many) if within(middle) else (affordable, middle)
+        affordable, too_many = (
+            (middle, too_many) if eps(middle) <= target_epsilon else (affordable, middle)
+        )
+    if eps.refusal is not None and math.isinf(eps(too_many)):
+        raise eps.refusal  # the PLD asked for cannot tell whether one more step would fit
     return affordable
 
 
@@ -160,20 +173,91 @@ def max_dpsgd_steps(
     )
 
 
-def _bracket(within: Callable[[float], bool], start: float) -> ExplicitBracketInterval | None:
-    """An interval [too little noise, enough noise] around the least σ, found by doubling
-    and halving from `start`; None when even the floor σ is enough."""
-    enough = start
-    while not within(enough):
-        enough *= 2
-        if enough > 2.0**30:
-            raise PrivacyParameterError("no noise multiplier up to 2^30 meets this target")
-    too_little = enough / 2
-    while within(too_little):
-        if too_little <= NOISE_FLOOR:
-            return None
-        enough, too_little = too_little, max(too_little / 2, NOISE_FLOOR)
-    return ExplicitBracketInterval(too_little, enough)
+class _Epsilon(Generic[_Param]):
+    """ε(make_event(x)) at δ, remembered, or ∞ where an explicitly requested PLD would pass
+    its size limit (little noise, many steps): such an x is treated as over the target."""
+
+    def __init__(
+        self,
+        make_event: Callable[[_Param], events.PrivacyEvent],
+        delta: float,
+        accountant: Accountant | str | None,
+    ) -> None:
+        self.make_event: Callable[[_Param], events.PrivacyEvent] = make_event
+        self.delta, self.accountant = delta, accountant
+        self.reports: dict[_Param, EpsilonReport | None] = {}
+        self.refusal: PldTooLargeError | None = None
+
+    def __call__(self, value: _Param) -> float:
+        if value not in self.reports:
+            try:
+                self.reports[value] = epsilon(self.make_event(value), self.delta, self.accountant)
+            except PldTooLargeError as exc:
+                self.reports[value], self.refusal = None, exc
+        report = self.reports[value]
+        return math.inf if report is None else report.epsilon
+
+    def by_rdp(self, value: _Param) -> bool:
+        report = self.reports.get(value)
+        return report is not None and report.accountant is Accountant.RDP
+
+
+def _bracket(
+    eps: _Epsilon[float], target: float, start: _Point, step: float
+) -> tuple[_Point, _Point] | None:
+    """Points either side of the least σ that meets the target: from `start`, by steps that
+    double each time, down while the target is met and up while it is not; None when
+    `NOISE_FLOOR` meets it."""
+    point = start
+    if point[1] <= target:
+        while point[0] > NOISE_FLOOR:
+            sigma = max(point[0] - step, NOISE_FLOOR)
+            step *= 2
+            lower = (sigma, eps(sigma))
+            if lower[1] > target:
+                return lower, point
+            point = lower
+        return None
+    while point[0] < NOISE_CEILING:
+        sigma = min(point[0] + step, NOISE_CEILING)
+        step *= 2
+        upper = (sigma, eps(sigma))
+        if upper[1] <= target:
+            return point, upper
+        point = upper
+    if eps.refusal is not None and math.isinf(point[1]):
+        raise eps.refusal
+    raise PrivacyParameterError(f"no noise multiplier up to {NOISE_CEILING:g} meets this target")
+
+
+def _least(
+    eps: _Epsilon[float], target: float, below: _Point, above: _Point, tolerance: float
+) -> tuple[_Point, _Point]:
+    """Narrow (below, above], where ε(below) > target ≥ ε(above), to `tolerance`. ε(σ) is
+    smooth, close to a power of σ, so each step probes either side of where the secant
+    through the two latest points, on log scales, meets the target: that closes the
+    interval within a few steps. Bisection takes over after `_SECANT_STEPS`, or at ε = ∞."""
+    latest = (below, above)
+    steps = 0
+    while above[0] - below[0] > tolerance:
+        (s1, e1), (s2, e2) = ((math.log(s), math.log(max(e, _TINY))) for s, e in latest)
+        if steps < _SECANT_STEPS and math.isfinite(e1 + e2) and e1 != e2:
+            root = math.exp(s1 + (math.log(target) - e1) * (s2 - s1) / (e2 - e1))
+            probes = [root - 0.4 * tolerance, root + 0.4 * tolerance]
+        else:
+            probes = [(below[0] + above[0]) / 2]
+        steps += 1
+        for probe in probes:
+            sigma = min(max(probe, below[0] + tolerance / 4), above[0] - tolerance / 4)
+            if below[0] < sigma < above[0]:
+                point = (sigma, eps(sigma))
+                latest = (latest[1], point)
+                below, above = (below, point) if point[1] <= target else (point, above)
+    return below, above
+
+
+_TINY = 1e-300
+_SECANT_STEPS = 4
 
 
 def _check_target(target_epsilon: float, delta: float) -> None:
@@ -182,28 +266,11 @@ def _check_target(target_epsilon: float, delta: float) -> None:
     check_delta(delta)
 
 
-def _left_for_accountant(
-    probe: events.PrivacyEvent, target_epsilon: float, delta: float
-) -> tuple[float, float]:
-    """The (ε, δ) left for the accountant once basic-composition events are paid."""
+def _check_something_left(probe: events.PrivacyEvent, target_epsilon: float, delta: float) -> None:
+    """Refuse a target that the basic-composition (ε, δ) events alone already spend."""
     _, basic_eps, basic_delta = split_basic_composition(probe.dp_event)
     if basic_eps >= target_epsilon or basic_delta >= delta:
         raise PrivacyParameterError(
             f"the (ε, δ) events alone spend ε={basic_eps:g}, δ={basic_delta:g}: "
             f"nothing is left of ε={target_epsilon:g}, δ={delta:g}"
         )
-    return target_epsilon - basic_eps, delta - basic_delta
-
-
-def _within_target(
-    make_event: Callable[[_Param], events.PrivacyEvent],
-    target_epsilon: float,
-    delta: float,
-    kind: Accountant,
-    *,
-    coarse: bool = False,
-) -> Callable[[_Param], bool]:
-    def within(value: _Param) -> bool:
-        return epsilon(make_event(value), delta, kind, coarse=coarse).epsilon <= target_epsilon
-
-    return within

@@ -1,0 +1,99 @@
+"""The documentation's `dpfl privacy …` examples print what their comments say.
+
+Every line of README.md and docs/*.md that starts with `dpfl privacy` and ends in a
+`# …` comment is run; each number in the comment must be one the command prints (to the
+comment's decimals), and an accountant it names must be printed. The examples run in one
+child process under a memory limit: one that regressed to a huge PLD fails, rather than
+taking the machine's memory.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import resource
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = re.compile(r"^dpfl (privacy .+?)\s+#\s*(.+)$")
+NUMBER = re.compile(r"-?\d+(?:,\d{3})*(?:\.\d+)?(?:e[-+]?\d+)?")
+ACCOUNTANT = re.compile(r"\b(PLD|RDP)\b")
+MEMORY_LIMIT = 3 * 2**29  # 1.5 GiB of address space, as in test_cli_privacy_limits
+
+RUN_ALL = """
+import json, shlex, sys
+from typer.testing import CliRunner
+from dpfl.cli import app
+
+runs = [CliRunner().invoke(app, shlex.split(c)) for c in json.load(sys.stdin)]
+print(json.dumps([{"exit_code": r.exit_code, "stdout": r.stdout, "output": r.output}
+                  for r in runs]))
+"""
+
+
+def _examples() -> list[tuple[str, str, str]]:
+    """(file, command, expected) for every documented example with its result."""
+    found = []
+    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if match := EXAMPLE.match(line.strip()):
+                found.append((path.name, match[1], match[2]))
+    return found
+
+
+EXAMPLES = _examples()
+
+
+def _limit_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY_LIMIT, MEMORY_LIMIT))
+
+
+@pytest.fixture(scope="module")
+def runs() -> dict[str, dict[str, Any]]:
+    """Each example command's exit code and output, all run in one child process."""
+    commands = sorted({command for _, command, _ in EXAMPLES})
+    child = subprocess.run(
+        [sys.executable, "-c", RUN_ALL],
+        input=json.dumps(commands),
+        capture_output=True,
+        text=True,
+        preexec_fn=_limit_memory,
+        timeout=600,
+        check=True,
+    )
+    return dict(zip(commands, json.loads(child.stdout), strict=True))
+
+
+def _printed(expected: str, printed: list[str]) -> bool:
+    """Whether a printed number shows as `expected` at its decimals."""
+    decimals = len(expected.partition(".")[2].partition("e")[0])
+    want = float(expected.replace(",", ""))
+    return any(
+        abs(float(number.replace(",", "")) - want) <= 0.5 * 10**-decimals + 1e-12
+        for number in printed
+    )
+
+
+def test_the_readme_privacy_examples_are_found() -> None:
+    readme = [command for name, command, _ in EXAMPLES if name == "README.md"]
+    assert {c.split()[1] for c in readme} >= {"epsilon", "calibrate", "max-steps"}
+
+
+@pytest.mark.parametrize(
+    ("name", "command", "expected"), EXAMPLES, ids=[f"{n}: {c}" for n, c, _ in EXAMPLES]
+)
+def test_a_documented_example_prints_what_it_says(
+    runs: dict[str, dict[str, Any]], name: str, command: str, expected: str
+) -> None:
+    run = runs[command]
+    assert run["exit_code"] == 0, run["output"]
+    printed = NUMBER.findall(run["stdout"])
+    for number in NUMBER.findall(expected):
+        assert _printed(number, printed), f"{name}: {number} is not in\n{run['stdout']}"
+    for accountant in ACCOUNTANT.findall(expected):
+        assert accountant in run["stdout"] or accountant.lower() in run["stdout"]
