@@ -124,6 +124,7 @@ def test_ledger_command_reads_what_the_api_wrote(tmp_path: Path) -> None:
     table = runner.invoke(app, ["privacy", "ledger", str(path), "--events"])
     assert table.exit_code == 0
     assert "50 × Poisson(q=0.01)" in table.stdout
+    assert "[add/remove one record]" in " ".join(table.stdout.split())  # not eaten as markup
 
 
 def test_ledger_command_on_a_missing_file_creates_nothing(tmp_path: Path) -> None:

@@ -150,12 +150,14 @@ def ledger_command(
         console.print(accounts_table(f"privacy ledger {path}{owner}", accounts, by_rdp))
         if events_:
             for silo in ledger.silos():
-                table = Table(title=f"events of {silo}")
+                table = Table(title=escape(f"events of {silo}"))
                 for column in ("#", "round", "label", "event"):
                     table.add_column(column)
                 for entry in ledger.entries(silo):
                     round_ = "" if entry.round is None else str(entry.round)
-                    table.add_row(str(entry.id), round_, entry.label, entry.event.describe())
+                    table.add_row(
+                        str(entry.id), round_, escape(entry.label), escape(entry.event.describe())
+                    )
                 console.print(table)
 
 
