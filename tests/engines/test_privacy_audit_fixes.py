@@ -296,3 +296,21 @@ def test_non_private_runs_need_no_public_size() -> None:
     )
     result = simulate(reference, _silos(public=False), rounds=1, progress=False)
     assert result.metadata["public_sizes"] == {"h0": 60, "h1": 60, "h2": 60}
+
+
+def test_the_progress_status_shows_the_worst_trial_by_the_enforcing_accountant(
+    tmp_path: Path,
+) -> None:
+    from dpfl.engines.simulation import _status
+
+    silos, step = _silos(), events.poisson_gaussian(0.1, 1.0, steps=10)
+    with Ledger(tmp_path / "l.sqlite") as book:
+        for silo in silos:
+            for trial in range(2):
+                book.register_silo(account(silo, trial), epsilon=50.0, delta=1e-5)
+        book.record(account(silos[2], 1), events.repeat(step, 3))  # trial 1 spent most
+        book.record(account(silos[0], 0), step)
+        worst = book.spent(account(silos[2], 1))
+        status = _status(book, silos, 2, [], _fedavg())
+    assert worst.accountant.value == "pld"
+    assert status.startswith(f"max ε {worst.epsilon:.3f} (PLD)")

@@ -249,7 +249,7 @@ def simulate(
             }
         )
 
-    interrupted, current, completed, shown = False, start, start, -math.inf
+    interrupted, current, completed, next_status = False, start, start, -math.inf
     bar = Progress(
         TextColumn(f"{algorithm.name}"),
         BarColumn(),
@@ -278,9 +278,12 @@ def simulate(
                     history += _evaluate(algorithm, state, silos, current)
                 if checkpoint is not None:
                     _save(checkpoint, fingerprint, instance, current, state, history, messages)
-                if progress and (time.monotonic() >= shown + 1.0 or current == rounds - 1):
+                if progress and (time.monotonic() >= next_status or current == rounds - 1):
+                    began = time.monotonic()
                     bar.update(task, status=_status(book, silos, trials, history, algorithm))
-                    shown = time.monotonic()
+                    # every account's ε can be costly (client sampling: many histories):
+                    # the status takes at most a tenth of the run, and is shown each second
+                    next_status = time.monotonic() + max(1.0, 10 * (time.monotonic() - began))
                 bar.update(task, advance=1)
                 completed = current + 1
         except KeyboardInterrupt:
