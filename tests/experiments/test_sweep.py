@@ -232,3 +232,20 @@ def test_evaluating_only_at_the_end_releases_one_round_of_metrics(tmp_path: Path
     assert "released after 1 of the 3 rounds" in run.datasheet["evaluation"]
     every = run_study(Study({**STUDY, "trials": 1}), tmp_path / "every")[0]
     assert "released after 3 of the 3 rounds" in every.datasheet["evaluation"]
+
+
+def test_a_study_can_release_dp_counts_instead_of_declaring_sizes(tmp_path: Path) -> None:
+    data = {**STUDY["data"], "public_sizes": "dp-count", "size_noise": 5.0}  # type: ignore[dict-item]
+    (run,) = run_study(Study({**STUDY, "data": data}), tmp_path)
+    assert run.status == "finished", run.error
+    with ResultsStore(tmp_path / STORE) as store:
+        sheet = store.run(run.id).datasheet
+        with Ledger(store.ledger_of(run), create=False) as book:
+            for silo, facts in sheet["silos"].items():
+                assert facts["public_size_source"].startswith("DP count")
+                released = book.released(f"record count of {silo}")
+                assert released is not None and facts["public_size"] == max(1, round(released))
+                for trial in range(2):
+                    first = book.entries(account(silo, trial))[0]
+                    assert first.event == events.gaussian(5.0) and first.round is None
+                assert facts["participations"] == [3, 3]  # the release is not a round

@@ -102,6 +102,12 @@ class DataConfig(_Strict):
     """Keyword arguments of the dataset's builder."""
     partition: PartitionConfig = PartitionConfig(kind="natural")
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    public_sizes: Literal["declared", "dp-count"] = "declared"
+    """What shapes each silo's mechanism (q, steps, normaliser): "declared", the sizes of
+    the study's own partition, published with the study; "dp-count", a DP count of each
+    silo's training records released before round 0 and charged to its ledger."""
+    size_noise: float = Field(20.0, gt=0, allow_inf_nan=False)
+    """Std, in records, of the Gaussian noise of a "dp-count" release."""
 
     @field_validator("dataset")
     @classmethod

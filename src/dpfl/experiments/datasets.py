@@ -174,7 +174,12 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
     if len(names) != len(parts):
         raise ValueError(f"data.partition.names: {len(names)} names for {len(parts)} silos")
     return silos_from_dataset(
-        data, parts, test_fraction=config.test_fraction, seed=seed, names=names
+        data,
+        parts,
+        test_fraction=config.test_fraction,
+        seed=seed,
+        names=names,
+        declare_sizes=config.public_sizes == "declared",
     )
 
 

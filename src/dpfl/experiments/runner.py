@@ -365,6 +365,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             progress=False,
             checkpoint=checkpoint,
             eval_every=config.eval_every,
+            size_noise=config.data.size_noise,
         )
 
 
