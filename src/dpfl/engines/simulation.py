@@ -171,20 +171,22 @@ def simulate(
     with no ε given, each account's budget is what the plan spends. `research_noise`
     uses seeded noise (reproducible, for research); False draws from the CSPRNG. A silo
     without a declared public size gets a DP count with Gaussian noise of std
-    `size_noise` records (sensitivity 1), charged first (non-private runs use the count).
-    """
+    `size_noise` records (sensitivity 1), charged first (a non-private run uses the true
+    count: it protects no one)."""
     _check_run(silos, rounds, trials, eval_every)
     targets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
     book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
     counts: dict[str, events.PrivacyEvent] = {}
-    declared = {s.name: s.public_size for s in silos}
     if algorithm.private:
+        declared = {s.name: s.public_size for s in silos}
         _register_accounts(book, silos, trials, targets)
         silos, counts = _public_sizes(book, silos, trials, size_noise, research_noise, seed)
-    else:
-        silos = [s if s.public_size else dataclasses.replace(s, public_size=s.size) for s in silos]
-    if algorithm.private:
         _register_views(book, algorithm, silos, trials, targets, declared)
+    else:  # nothing is protected, so the true counts may shape the reference run
+        silos = [
+            s if s.public_size is not None else dataclasses.replace(s, public_size=s.size)
+            for s in silos
+        ]
     if calibrate:
         if not algorithm.private:
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
@@ -386,13 +388,13 @@ def _public_sizes(
     """Each silo with its public size: declared, or a DP count released through the
     ledger (charged to every trial's account before it is drawn, drawn once, kept).
     Returns the silos and, per released silo, the count's event (for calibration)."""
-    if not size_noise > 0:
-        raise ValueError(f"size_noise must be > 0 to release a DP count, got {size_noise}")
     out, counts = [], {}
     for k, silo in enumerate(silos):
         if silo.public_size is not None:
             out.append(silo)
             continue
+        if not size_noise > 0:
+            raise ValueError(f"size_noise must be > 0 to release a DP count, got {size_noise}")
         count = events.gaussian(size_noise)
         noise = _noise(research, [seed, 0, k + 1, 0, 0, 2])
 

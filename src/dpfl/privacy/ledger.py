@@ -345,8 +345,6 @@ class Ledger:
         name: str,
         charges: Sequence[tuple[str, PrivacyEvent]],
         draw: Callable[[], float],
-        *,
-        round: int | None = None,
     ) -> float:
         """A value released once and kept for good (e.g. a silo's DP record count): the
         first call charges `charges`, calls `draw` and stores its result in one
@@ -355,17 +353,20 @@ class Ledger:
         post-processing, and a value that was paid for is never drawn again."""
         label = f"release {name}"
         with write_transaction(self._db) as db:
-            row = db.execute("SELECT value FROM facts WHERE key = ?", (label,)).fetchone()
+            kept = _fact(db, label)
+            accounts = sorted({silo for silo, _ in charges})
             paid = {
                 silo
-                for (silo,) in db.execute(
-                    "SELECT DISTINCT silo FROM events WHERE label = ?", (label,)
+                for (silo,) in db.execute(  # per account: the (silo, id) index answers
+                    f"SELECT DISTINCT silo FROM events WHERE silo IN "
+                    f"({', '.join('?' * len(accounts))}) AND label = ?",
+                    [*accounts, label],
                 )
             }
             due = [(silo, event) for silo, event in charges if silo not in paid]
-            self._insert(db, due, label, round)
-            if row is not None:
-                return float(json.loads(row[0]))
+            self._insert(db, due, label, None)
+            if kept is not None:
+                return float(json.loads(kept))
             value = float(draw())
             db.execute(
                 "INSERT INTO facts VALUES (?, ?, ?)", (label, json.dumps(value), time.time())
@@ -377,10 +378,8 @@ class Ledger:
         """The value `release(name, ...)` stored, if any."""
         if schema_of(self._db) < 2:
             return None
-        row = self._db.execute(
-            "SELECT value FROM facts WHERE key = ?", (f"release {name}",)
-        ).fetchone()
-        return None if row is None else float(json.loads(row[0]))
+        kept = _fact(self._db, f"release {name}")
+        return None if kept is None else float(json.loads(kept))
 
     @_guarded
     def claim(self, owner: str) -> None:
@@ -388,23 +387,20 @@ class Ledger:
         already claimed by another owner is refused, so that one run's spending can never
         be read as another's."""
         with write_transaction(self._db) as db:
-            row = db.execute("SELECT value FROM facts WHERE key = 'owner'").fetchone()
-            if row is None:
+            claimed = _fact(db, "owner")
+            if claimed is None:
                 db.execute("INSERT INTO facts VALUES ('owner', ?, ?)", (owner, time.time()))
-            elif row[0] != owner:
+            elif claimed != owner:
                 raise LedgerError(
-                    f"ledger {self.path} belongs to {row[0]!r}, not to {owner!r}; refusing to "
-                    "mix two runs' accounts"
+                    f"ledger {self.path} belongs to {claimed!r}, not to {owner!r}; refusing "
+                    "to mix two runs' accounts"
                 )
 
     @property
     @_guarded
     def owner(self) -> str | None:
         """Who claimed this ledger (`claim`), if anyone (no one, in a schema-1 ledger)."""
-        if schema_of(self._db) < 2:
-            return None
-        row = self._db.execute("SELECT value FROM facts WHERE key = 'owner'").fetchone()
-        return None if row is None else str(row[0])
+        return None if schema_of(self._db) < 2 else _fact(self._db, "owner")
 
     # -- reading --------------------------------------------------------------------
 
@@ -540,6 +536,11 @@ def _histories(
         for leaf, times in leaves:
             totals[silo][leaf] += times * count
     return totals
+
+
+def _fact(db: sqlite3.Connection, key: str) -> str | None:
+    row = db.execute("SELECT value FROM facts WHERE key = ?", (key,)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _budget_or_none(db: sqlite3.Connection, silo: str) -> Budget | None:
