@@ -265,17 +265,10 @@ class ResultsStore:
     # -- reading ----------------------------------------------------------------------
 
     def runs(self, *, status: str | None = None) -> list[RunRow]:
-        query = "SELECT * FROM runs" + (" WHERE status = ?" if status else "") + " ORDER BY rowid"
-        cursor = self._db.execute(query, (status,) if status else ())
-        names = [c[0] for c in cursor.description]
-        runs = [_run_row(dict(zip(names, row, strict=True))) for row in cursor]
-        for run in runs:  # every reader of a study sees a swapped ledger refused
-            if run.ledger is not None and (self.path.parent / run.ledger).exists():
-                owned_ledger(self.path.parent / run.ledger, run.id).close()
-        return runs
+        return self._select("WHERE status = ?" if status else "", (status,) if status else ())
 
     def run(self, run_id: str) -> RunRow:
-        matches = [r for r in self.runs() if r.id == run_id]
+        matches = self._select("WHERE id = ?", (run_id,))
         if not matches:
             raise StoreError(f"no run {run_id!r} in {self.path}")
         return matches[0]
@@ -364,6 +357,17 @@ class ResultsStore:
         return SiloEpsilons(accountant, epsilon, deltas)
 
     # -- internals --------------------------------------------------------------------
+
+    def _select(self, where: str, arguments: tuple[str, ...]) -> list[RunRow]:
+        """The runs matching `where`, each with its ledger checked to be its own (every
+        reader of a study sees a swapped ledger refused)."""
+        cursor = self._db.execute(f"SELECT * FROM runs {where} ORDER BY rowid", arguments)
+        names = [c[0] for c in cursor.description]
+        runs = [_run_row(dict(zip(names, row, strict=True))) for row in cursor]
+        for run in runs:
+            if run.ledger is not None and (self.path.parent / run.ledger).exists():
+                owned_ledger(self.path.parent / run.ledger, run.id).close()
+        return runs
 
     def _require_running(self, run_id: str) -> None:
         status = self.status(run_id)
