@@ -33,6 +33,7 @@ input shape.
 
 from __future__ import annotations
 
+import weakref
 from typing import cast
 
 import torch
@@ -48,6 +49,11 @@ Params = dict[str, Tensor]
 __all__ = ["ClippedGradientSum", "Params"]
 
 
+_CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
+"""Per model, the input shapes `check_per_example` passed: a property of the architecture,
+so checked once per process, not once per trainer (engines build one every round)."""
+
+
 class ClippedGradientSum:
     """`(params, x, y, mask, clip_norm) -> (Σ_i mask_i·clip(g_i), ‖g_i‖)` for one model."""
 
@@ -61,7 +67,6 @@ class ClippedGradientSum:
         elif isinstance(model, nn.Sequential):
             self._layers = [(f"{name}.", module) for name, module in model.named_children()]
         self._probe_shapes: dict[tuple[int, ...], list[torch.Size]] = {}
-        self._checked_shapes: set[tuple[int, ...]] = set()
 
     @property
     def layer_by_layer(self) -> bool:
@@ -82,9 +87,10 @@ class ClippedGradientSum:
         layer-by-layer backward pass then uses `torch.func.grad` instead of the lighter
         `torch.autograd.grad`, which `vmap` does not support."""
         example_shape = tuple(x.shape[1:])
-        if example_shape not in self._checked_shapes:
+        checked = _CHECKED.setdefault(self.model, set())
+        if example_shape not in checked:
             check_per_example(self.model, example_shape)
-            self._checked_shapes.add(example_shape)
+            checked.add(example_shape)
         if self._layers is None:
             if x.is_sparse:
                 raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
