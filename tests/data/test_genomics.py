@@ -120,9 +120,15 @@ def test_bc_tcga_format_round_trip(tmp_path: Path) -> None:
     np.testing.assert_allclose(loaded.features, small.features, rtol=1e-5, equal_nan=True)
 
 
-def test_bc_tcga_bad_files_are_named(tmp_path: Path) -> None:
+def _small_bc_tcga(directory: Path) -> Dataset:
+    """Two normal and two tumour samples of five genes, written as BC-TCGA's files."""
     small = synthetic.synthetic_bc_tcga(seed=2, n_normal=2, n_tumour=2, n_genes=5, n_signal=1)
-    genomics.write_bc_tcga(tmp_path, small)
+    genomics.write_bc_tcga(directory, small)
+    return small
+
+
+def test_bc_tcga_bad_files_are_named(tmp_path: Path) -> None:
+    small = _small_bc_tcga(tmp_path)
     tumour = tmp_path / "BC-TCGA-Tumor.txt"
     lines = tumour.read_text().splitlines()
     lines[3] = "\t".join([*lines[3].split("\t")[:2], "n/a"])
@@ -167,8 +173,7 @@ def test_empty_and_non_finite_genomics_files_are_named(tmp_path: Path) -> None:
     path.write_text(f"@relation gse7390\n{attributes}@data\n")
     with pytest.raises(DataFormatError, match=r"metastasis\.arff: no records"):
         genomics.gse7390(tmp_path)
-    small = synthetic.synthetic_bc_tcga(seed=2, n_normal=2, n_tumour=2, n_genes=5, n_signal=1)
-    genomics.write_bc_tcga(tmp_path, small)
+    _small_bc_tcga(tmp_path)
     normal = tmp_path / "BC-TCGA-Normal.txt"
     lines = normal.read_text().splitlines()
     lines[2] = "\t".join([*lines[2].split("\t")[:2], "NaN"])
