@@ -1,6 +1,10 @@
 """The in-process simulator: every silo and trial of a federated run in one process.
 
-What it adds around an algorithm's rounds:
+Each round it calls the algorithm's server half once per trial and its hospital half
+once for all (trial, silo) members together, which the algorithm runs as one stacked
+computation; the replies reach the server half through a secure sum (`dpfl.secure`).
+What it adds around the halves (the bookkeeping shared with any engine is in
+`dpfl.engines.accounts`):
 
 * privacy: one ledger account per (silo, trial), with the silo's (ε, δ) budget. The
   whole plan (every round the silo could take part in) is checked before round 0, so an
@@ -41,21 +45,43 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from torch import Tensor
-from torch.func import functional_call
 
-from dpfl.federation.algorithms.base import Algorithm, RoundContext, State
-from dpfl.federation.metrics import classification_metrics
-from dpfl.federation.silo import Silo
+from dpfl.engines.accounts import (
+    DEFAULT_SIZE_NOISE,
+    Budgets,
+    account,
+    affordable_rounds,
+    calibrated_sigma,
+    check_plans,
+    prepaid,
+    public_sizes,
+    register_accounts,
+    register_views,
+    unpaid,
+    worst_spent,
+)
+from dpfl.engines.evaluation import evaluate
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    HospitalContext,
+    LocalState,
+    Member,
+    Reply,
+    State,
+)
+from dpfl.federation.algorithms.centralized import pool
+from dpfl.federation.messages import Encoding, SecureSum, payload_bytes
+from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
-from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibrate_noise, events
+from dpfl.privacy import EpsilonReport, Ledger, events
+from dpfl.secure import IdealSecureSum, InTheClear
+
+__all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
 
 _T = TypeVar("_T")
-
-DEFAULT_SIZE_NOISE = 20.0
-"""Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
-δ = 1e-5 on its own, and a ±20 error that barely moves q for a silo of hundreds."""
+CHECKPOINT_FORMAT = 2
+"""Checkpoints hold per-trial server states and per-hospital local states."""
 
 
 @dataclass
@@ -138,13 +164,22 @@ class SimulationResult:
         return metrics
 
 
-def account(silo: Silo | str, trial: int, view: str | None = None) -> str:
-    """The ledger account of a silo (or silo name) in one trial: trials are separate runs
-    on the same records, each with the silo's budget (releasing several trials' models
-    composes them). A `view` account records what another observer (e.g. the other
-    hospitals) learns."""
-    name = silo if isinstance(silo, str) else silo.name
-    return f"{name}/trial-{trial}" + ("" if view is None else f"/{view}")
+@dataclass
+class _RunState:
+    """Per trial, the server's state and every hospital's local state (by silo name)."""
+
+    server: list[State]
+    hospitals: list[dict[str, LocalState]]
+
+    def models(self, algorithm: Algorithm, silos: Sequence[Silo]) -> list[list[Params]]:
+        """Per silo, the model it uses in each trial."""
+        return [
+            [
+                algorithm.model_of(server, local[s.name])
+                for server, local in zip(self.server, self.hospitals, strict=True)
+            ]
+            for s in silos
+        ]
 
 
 def simulate(
@@ -164,6 +199,7 @@ def simulate(
     checkpoint: str | Path | None = None,
     eval_every: int = 1,
     size_noise: float = DEFAULT_SIZE_NOISE,
+    secure_sum: SecureSum | None = None,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -172,27 +208,29 @@ def simulate(
     uses seeded noise (reproducible, for research); False draws from the CSPRNG. A silo
     without a declared public size gets a DP count with Gaussian noise of std
     `size_noise` records (sensitivity 1), charged first (a non-private run uses the true
-    count: it protects no one)."""
+    count: it protects no one). `secure_sum`: how the server learns the sum of the
+    replies; by default in the clear, or the ideal secure sum for an algorithm that
+    needs one."""
     _check_run(silos, rounds, trials, eval_every)
-    targets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
+    summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
+    targets: Budgets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
     book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
     counts: dict[str, events.PrivacyEvent] = {}
     if algorithm.private:
         declared = {s.name: s.public_size for s in silos}
-        _register_accounts(book, silos, trials, targets)
-        silos, counts = _public_sizes(book, silos, trials, size_noise, research_noise, seed)
-        _register_views(book, algorithm, silos, trials, targets, declared)
+        register_accounts(book, silos, trials, targets)
+        noise_of = functools.partial(_count_noise, research_noise, seed)
+        silos, counts = public_sizes(book, silos, trials, size_noise, noise_of)
+        register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
     else:  # nothing is protected, so the true counts may shape the reference run
-        silos = [
-            s if s.public_size is not None else dataclasses.replace(s, public_size=s.size)
-            for s in silos
-        ]
+        silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
+    infos = [s.info for s in silos]
     if calibrate:
         if not algorithm.private:
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-        sigma = _calibrated_sigma(algorithm, silos, rounds, targets, book.accountant, counts)
-        algorithm = algorithm.with_noise(sigma)
-    start, state, history = 0, algorithm.initial_state(silos, trials), []
+        sigmas = calibrated_sigma(algorithm, infos, rounds, targets, book.accountant, counts)
+        algorithm = algorithm.with_noise(max(sigmas.values()))
+    start, run, history = 0, _initial(algorithm, infos, trials), []
     messages: list[dict[str, Any]] = []
     fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
     instance, resumed = uuid.uuid4().hex[:16], False
@@ -200,19 +238,18 @@ def simulate(
         saved = torch.load(checkpoint, weights_only=False)
         if saved["fingerprint"] != fingerprint:
             raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
-        start, state, history, messages = (
+        start, run, history, messages = (
             saved["round"] + 1,
             saved["state"],
             saved["history"],
             saved["messages"],
         )
-        # a checkpoint of an older dpfl has no instance: its entries count as unpaid
-        instance, resumed = saved.get("instance", instance), "instance" in saved
+        instance, resumed = saved["instance"], True
     elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
-        _save(checkpoint, fingerprint, instance, -1, state, history, messages)
+        _save(checkpoint, fingerprint, instance, -1, run, history, messages)
     stopped_by_budget = False
     if algorithm.private and algorithm.stops_at_budget:
-        affordable = start + _affordable_rounds(book, algorithm, silos, rounds - start, targets)
+        affordable = start + affordable_rounds(book, algorithm, infos, rounds - start, targets)
         if affordable <= start:
             raise ValueError(
                 f"{algorithm.name}: no further round fits every silo's budget; a round "
@@ -220,36 +257,22 @@ def simulate(
             )
         stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
     label = f"{algorithm.name} run {fingerprint[:12]} instance {instance}"
-    prepaid = _prepaid(book, algorithm, silos, trials, start, label) if resumed else Counter[Any]()
+    paid = prepaid(book, algorithm, infos, trials, start, label) if resumed else Counter[Any]()
     if algorithm.private:
-        _check_plans(book, algorithm, silos, trials, rounds - start, targets, prepaid)
+        check_plans(book, algorithm, infos, trials, rounds - start, targets, paid)
 
-    def record(charges: Sequence[tuple[str, events.PrivacyEvent]]) -> None:
-        if prepaid and current == start:  # only the resumed round can have been paid
-            charges = _unpaid(charges, prepaid, current)
-        if charges:
-            book.record_many(charges, label=label, round=current)
-
-    def charge(trial: int, k: int, event: events.PrivacyEvent) -> None:
-        record([(account(silos[k], trial), event)])
-
-    def charge_many(charges: Sequence[tuple[int, int, events.PrivacyEvent]]) -> None:
-        record([(account(silos[k], trial), event) for trial, k, event in charges])
-
-    def charge_view(trial: int, k: int, view: str, event: events.PrivacyEvent) -> None:
-        record([(account(silos[k], trial, view), event)])
-
-    def traffic_of(trial: int, k: int, down: int, up: int) -> None:
-        messages.append(
-            {
-                "round": current,
-                "trial": trial,
-                "silo": silos[k].name,
-                "account": account(silos[k], trial),
-                "down": down,
-                "up": up,
-            }
-        )
+    def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+        """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
+        curator, whose every event is charged to every silo)."""
+        named = [
+            (account(silos[k], trial, view), event)
+            for (trial, index), view, event in charges
+            for k in (range(len(silos)) if index < 0 else [index])
+        ]
+        if paid and current == start:  # only the resumed round can have been paid
+            named = unpaid(named, paid, current)
+        if named:
+            book.record_many(named, label=label, round=current)
 
     interrupted, current, completed, next_status = False, start, start, -math.inf
     bar = Progress(
@@ -261,28 +284,51 @@ def simulate(
         disable=not progress,
         transient=False,
     )
+    curator = pool(silos) if algorithm.pools_data else None
     with bar:
         task = bar.add_task("rounds", total=rounds, completed=start, status="")
         try:
             for current in range(start, rounds):
-                context = RoundContext(
-                    round=current,
-                    trials=trials,
-                    rng=_Streams(seed, current, _rng),
-                    noise=_Streams(seed, current, functools.partial(_noise, research_noise)),
-                    charge=charge,
-                    charge_many=charge_many,
-                    charge_view=charge_view,
-                    traffic=traffic_of,
-                )
-                state = algorithm.run_round(state, silos, context)
+                rng = _Streams(seed, current, _rng)
+                noise = _Streams(seed, current, functools.partial(_noise, research_noise))
+                for step in range(algorithm.steps(infos)):
+                    members: list[tuple[int, Member]] = []
+                    for r in range(trials):
+                        orders = algorithm.configure(
+                            run.server[r], current, infos, functools.partial(rng, r, -1), step
+                        )
+                        for name, instruction in orders.items():
+                            k = -1 if curator is not None else _index(silos, name)
+                            ctx = HospitalContext(
+                                current,
+                                functools.partial(rng, r, k),
+                                functools.partial(noise, r, k),
+                                record,
+                                (r, k),
+                            )
+                            silo = silos[k] if curator is None else curator
+                            local = run.hospitals[r].get(name, {})
+                            members.append((r, Member(instruction, silo, local, ctx)))
+                    outcomes = algorithm.client_updates([m for _, m in members]) if members else []
+                    replies: list[dict[str, Reply]] = [{} for _ in range(trials)]
+                    for (r, member), (reply, local) in zip(members, outcomes, strict=True):
+                        name = member.silo.name
+                        run.hospitals[r][name] = local
+                        if reply is not None:
+                            replies[r][name] = reply
+                        if curator is None:
+                            messages += _traffic(current, r, member, reply)
+                    for r in range(trials):
+                        run.server[r] = algorithm.aggregate(run.server[r], replies[r], summing)
                 if (current + 1) % eval_every == 0 or current == rounds - 1:
-                    history += _evaluate(algorithm, state, silos, current)
+                    history += evaluate(
+                        algorithm.model, run.models(algorithm, silos), silos, current
+                    )
                 if checkpoint is not None:
-                    _save(checkpoint, fingerprint, instance, current, state, history, messages)
+                    _save(checkpoint, fingerprint, instance, current, run, history, messages)
                 if progress and (time.monotonic() >= next_status or current == rounds - 1):
                     began = time.monotonic()
-                    bar.update(task, status=_status(book, silos, trials, history, algorithm))
+                    bar.update(task, status=_status(book, infos, trials, history, algorithm))
                     # every account's ε can be costly (client sampling: many histories):
                     # the status takes at most a tenth of the run, and is shown each second
                     next_status = time.monotonic() + max(1.0, 10 * (time.monotonic() - began))
@@ -290,20 +336,24 @@ def simulate(
                 completed = current + 1
         except KeyboardInterrupt:
             interrupted = True
+    models = run.models(algorithm, silos)
+    evaluated = [h for h in history if h["round"] == completed - 1]
     return SimulationResult(
         algorithm=algorithm.name,
         noise_multiplier=algorithm.noise_multiplier,
         trials=trials,
         rounds_completed=completed,
-        params=algorithm.global_params(state),
-        silo_models={s.name: algorithm.silo_params(state, k) for k, s in enumerate(silos)},
+        params=_stacked([state["global"] for state in run.server]),
+        silo_models={s.name: _stacked(models[k]) for k, s in enumerate(silos)},
         history=history,
-        silo_metrics=_final_silo_metrics(algorithm, state, silos, history, completed - 1),
+        silo_metrics=[
+            h["silos"] for h in evaluated or evaluate(algorithm.model, models, silos, completed - 1)
+        ],
         accounts=[
             {
                 s.name: {
                     None: account(s, r),
-                    **{v: account(s, r, v) for v in algorithm.view_events(s, silos)},
+                    **{v: account(s, r, v) for v in algorithm.view_events(s.info, infos)},
                 }
                 for s in silos
             }
@@ -323,6 +373,7 @@ def simulate(
             "instance": instance,
             "public_sizes": {s.name: s.public_size for s in silos},
             "released_sizes": sorted(counts),
+            "secure_sum": type(summing).__name__,
         },
     )
 
@@ -337,207 +388,51 @@ def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int)
         raise ValueError("rounds, trials and eval_every must be ≥ 1")
 
 
-def _register_accounts(
-    book: Ledger,
-    silos: Sequence[Silo],
-    trials: int,
-    targets: Mapping[str, tuple[float | None, float]],
-) -> None:
-    """Open every (silo, trial) account with the silo's budget and declared size. A silo
-    without an ε budget gets an account that records without limit (a research run at a
-    fixed σ, its ε read off afterwards)."""
-    for silo in silos:
-        eps, delta = targets[silo.name]
-        for trial in range(trials):
-            book.register_silo(
-                account(silo, trial),
-                epsilon=math.inf if eps is None else eps,
-                delta=delta,
-                size=silo.public_size,
-            )
-
-
-def _register_views(
-    book: Ledger,
-    algorithm: Algorithm,
-    silos: Sequence[Silo],
-    trials: int,
-    targets: Mapping[str, tuple[float | None, float]],
-    declared: Mapping[str, int | None],
-) -> None:
-    """Accounts for what observers other than the server learn: recorded, never binding."""
-    for silo in silos:
-        for view in algorithm.view_events(silo, silos):
-            for trial in range(trials):
-                book.register_silo(
-                    account(silo, trial, view),
-                    epsilon=math.inf,
-                    delta=targets[silo.name][1],
-                    size=declared[silo.name],
-                )
-
-
-def _public_sizes(
-    book: Ledger,
-    silos: Sequence[Silo],
-    trials: int,
-    size_noise: float,
-    research: bool,
-    seed: int,
-) -> tuple[list[Silo], dict[str, events.PrivacyEvent]]:
-    """Each silo with its public size: declared, or a DP count released through the
-    ledger (charged to every trial's account before it is drawn, drawn once, kept).
-    Returns the silos and, per released silo, the count's event (for calibration)."""
-    out, counts = [], {}
-    for k, silo in enumerate(silos):
-        if silo.public_size is not None:
-            out.append(silo)
-            continue
-        if not size_noise > 0:
-            raise ValueError(f"size_noise must be > 0 to release a DP count, got {size_noise}")
-        count = events.gaussian(size_noise)
-        noise = _noise(research, [seed, 0, k + 1, 0, 0, 2])
-
-        def draw(silo: Silo = silo, noise: NoiseSource = noise) -> float:
-            return silo.size + float(noise.normal((1,), size_noise, torch.float64)[0])
-
-        value = book.release(
-            f"record count of {silo.name}",
-            [(account(silo, trial), count) for trial in range(trials)],
-            draw,
-        )
-        out.append(dataclasses.replace(silo, public_size=max(1, round(value))))
-        counts[silo.name] = count
-    return out, counts
-
-
-def _calibrated_sigma(
-    algorithm: Algorithm,
-    silos: Sequence[Silo],
-    rounds: int,
-    targets: Mapping[str, tuple[float | None, float]],
-    accountant: Accountant | None,
-    counts: Mapping[str, events.PrivacyEvent],
-) -> float:
-    """The least σ that keeps every silo's whole plan (with its released count, if any)
-    within its budget, by the ledger's accountant, which will hold the run to it."""
-    sigmas: dict[tuple[str, float, float], float] = {}
-    for silo in silos:
-        eps, delta = targets[silo.name]
-        if eps is None:
-            raise ValueError("calibrate=True needs an ε budget for every silo")
-        before = [counts[silo.name]] if silo.name in counts else []
-
-        def plan(
-            sigma: float, silo: Silo = silo, before: list[events.PrivacyEvent] = before
-        ) -> events.PrivacyEvent:
-            rounds_of = events.repeat(
-                algorithm.with_noise(sigma).participation_event(silo, silos), rounds
-            )
-            return events.compose([*before, rounds_of]) if before else rounds_of
-
-        key = (plan(1.0).to_json(), eps, delta)
-        if key not in sigmas:
-            sigmas[key] = calibrate_noise(eps, delta, plan, accountant=accountant)
-    return max(sigmas.values())
-
-
-def _affordable_rounds(
-    book: Ledger,
-    algorithm: Algorithm,
-    silos: Sequence[Silo],
-    rounds_left: int,
-    targets: Mapping[str, tuple[float | None, float]],
-) -> int:
-    """How many of the `rounds_left` rounds every silo can afford. The first trial's
-    account stands for all trials: they spend alike."""
-    counts = []
-    for silo in silos:
-        if targets[silo.name][0] is None:
-            raise ValueError(f"{algorithm.name} stops at a budget: give every silo an ε")
-        name = account(silo, 0)
-        per_round = algorithm.participation_event(silo, silos)
-        fits = book.can_afford(name, events.repeat(per_round, rounds_left))
-        counts.append(rounds_left if fits else book.affordable_repeats(name, per_round))
-    return min(counts)
-
-
-def _prepaid(
-    book: Ledger,
-    algorithm: Algorithm,
-    silos: Sequence[Silo],
-    trials: int,
-    start: int,
-    label: str,
-) -> Counter[tuple[str, int, str]]:
-    """Charges this run (by its label) already made for the round it resumes with: it
-    stopped after paying for that round but before checkpointing it. The round's outputs
-    were never kept, and re-running it releases them once, so what was paid covers it.
-    If this run's entries go past that round, it is a new run over an old ledger, and
-    nothing counts as paid."""
-    names = [
-        account(s, r, view)
-        for s in silos
-        for r in range(trials)
-        for view in [None, *algorithm.view_events(s, silos)]
-    ]
-    known = set(book.silos())
-    mine = [
-        (name, entry)
-        for name in names
-        if name in known
-        for entry in book.entries(name)
-        if entry.label == label
-    ]
-    if any(entry.round is not None and entry.round > start for _, entry in mine):
-        return Counter()
-    return Counter(
-        (name, start, entry.event.to_json()) for name, entry in mine if entry.round == start
+def _initial(algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int) -> _RunState:
+    """Every trial's server state and every hospital's local state before round 0."""
+    server = [algorithm.initial_state(silos) for _ in range(trials)]
+    return _RunState(
+        server,
+        [
+            {s.name: algorithm.initial_local_state(state["global"]) for s in silos}
+            for state in server
+        ],
     )
 
 
-def _unpaid(
-    charges: Sequence[tuple[str, events.PrivacyEvent]],
-    prepaid: Counter[tuple[str, int, str]],
-    round_: int,
-) -> list[tuple[str, events.PrivacyEvent]]:
-    """The charges not covered by `prepaid`, which gives up what it covers."""
-    due = []
-    for name, event in charges:
-        key = (name, round_, event.to_json())
-        if prepaid[key]:
-            prepaid[key] -= 1
-        else:
-            due.append((name, event))
-    return due
+def _index(silos: Sequence[Silo], name: str) -> int:
+    for k, silo in enumerate(silos):
+        if silo.name == name:
+            return k
+    raise ValueError(f"the server instructed {name!r}, which is not a silo of this run")
 
 
-def _check_plans(
-    book: Ledger,
-    algorithm: Algorithm,
-    silos: Sequence[Silo],
-    trials: int,
-    rounds_left: int,
-    targets: Mapping[str, tuple[float | None, float]],
-    prepaid: Counter[tuple[str, int, str]],
-) -> None:
-    """Check that the rest of every account's plan fits (a first round already paid for,
-    see `_prepaid`, is not planned twice)."""
-    paid = {name for name, _, _ in prepaid}
-    for silo in silos:
-        event = algorithm.participation_event(silo, silos)
-        eps, delta = targets[silo.name]
-        budget = math.inf if eps is None else eps
-        for trial in range(trials):
-            name = account(silo, trial)
-            plan = events.repeat(event, rounds_left - (name in paid))
-            if not book.can_afford(name, plan):
-                raise ValueError(
-                    f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
-                    f"ε={budget:g} at δ={delta:g} (ε would be "
-                    f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
-                    "rounds, or calibrate the noise to the budget"
-                )
+def _traffic(round_: int, trial: int, member: Member, reply: Reply | None) -> list[dict[str, Any]]:
+    """The step's message row of one member: bytes it received and sent (none: no row)."""
+    sent = member.instruction.params
+    down = (
+        0
+        if sent is None
+        else payload_bytes(Encoding.FLOAT32, sum(v.numel() for v in sent.values()))
+    )
+    up = 0 if reply is None else payload_bytes(reply.encoding, reply.vector.numel())
+    if not down and not up:
+        return []
+    name = member.silo.name
+    return [
+        {
+            "round": round_,
+            "trial": trial,
+            "silo": name,
+            "account": account(name, trial),
+            "down": down,
+            "up": up,
+        }
+    ]
+
+
+def _stacked(params: Sequence[Params]) -> Params:
+    return {name: torch.stack([p[name] for p in params]) for name in params[0]}
 
 
 class _Streams(Generic[_T]):
@@ -566,94 +461,24 @@ def _noise(research: bool, key: list[int]) -> NoiseSource:
     return SeededNoise(int(state[0]))
 
 
-def _probabilities(logits: Tensor) -> np.ndarray:
-    if logits.shape[-1] == 1:
-        return torch.sigmoid(logits.squeeze(-1)).double().numpy()
-    return torch.softmax(logits.double(), dim=-1).numpy()
-
-
-def _scores(algorithm: Algorithm, params: Params, x: Tensor) -> np.ndarray:
-    with torch.no_grad():
-        return _probabilities(functional_call(algorithm.model, params, (x,)))
-
-
-def _silo_scores(
-    algorithm: Algorithm, state: State, silos: Sequence[Silo]
-) -> list[tuple[Silo, list[np.ndarray]]]:
-    """Each tested silo's test-set scores under its own model, one array per trial."""
-    scored = []
-    for k, silo in enumerate(silos):
-        if silo.x_test is None:
-            continue
-        stacked = algorithm.silo_params(state, k)
-        trials = next(iter(stacked.values())).shape[0]
-        scored.append(
-            (
-                silo,
-                [
-                    _scores(algorithm, {n: v[r] for n, v in stacked.items()}, silo.x_test)
-                    for r in range(trials)
-                ],
-            )
-        )
-    return scored
-
-
-def _evaluate(
-    algorithm: Algorithm, state: State, silos: Sequence[Silo], round_: int
-) -> list[dict[str, Any]]:
-    """Metrics on the union of the silos' test sets (each scored by its silo's model)."""
-    scored = _silo_scores(algorithm, state, silos)
-    if not scored:
-        return []
-    labels = np.concatenate([s.y_test.numpy() for s, _ in scored if s.y_test is not None])
-    return [
-        {
-            "round": round_,
-            "trial": r,
-            "metrics": classification_metrics(
-                labels, np.concatenate([scores[r] for _, scores in scored])
-            ),
-            "silos": {
-                silo.name: classification_metrics(silo.y_test.numpy(), scores[r])
-                for silo, scores in scored
-                if silo.y_test is not None
-            },
-        }
-        for r in range(len(scored[0][1]))
-    ]
-
-
-def _final_silo_metrics(
-    algorithm: Algorithm,
-    state: State,
-    silos: Sequence[Silo],
-    history: list[dict[str, Any]],
-    last_round: int,
-) -> list[dict[str, dict[str, float]]]:
-    """Per trial and silo, the metrics of the final models (evaluated unless the last
-    round already was)."""
-    evaluated = [h for h in history if h["round"] == last_round]
-    return [h["silos"] for h in evaluated or _evaluate(algorithm, state, silos, last_round)]
+def _count_noise(research: bool, seed: int, k: int) -> NoiseSource:
+    """The noise of silo k's released record count (drawn once, before round 0)."""
+    return _noise(research, [seed, 0, k + 1, 0, 0, 2])
 
 
 def _status(
     book: Ledger,
-    silos: Sequence[Silo],
+    silos: Sequence[SiloInfo],
     trials: int,
     history: list[dict[str, Any]],
     algorithm: Algorithm,
 ) -> str:
-    """The worst ε spent so far, over silos and trials, by the accountant that enforces
-    the budgets (named), and the latest accuracy."""
+    """The worst ε spent so far over silos and trials (by the accountant that enforces
+    the budgets) and the latest accuracy."""
     accuracy = history[-1]["metrics"]["accuracy"] if history else math.nan
     if not algorithm.private:
         return f"non-private  accuracy {accuracy:.3f}"
-    worst = max(
-        (book.spent(account(s, r)) for s in silos for r in range(trials)),
-        key=lambda report: report.epsilon,
-    )
-    return f"max ε {worst.epsilon:.3f} ({worst.accountant.value.upper()})  accuracy {accuracy:.3f}"
+    return f"{worst_spent(book, silos, trials)}  accuracy {accuracy:.3f}"
 
 
 def _ledger_path(ledger: str | Path | None) -> Path:
@@ -667,7 +492,7 @@ def _fingerprint(
 ) -> str:
     """Identifies a run across processes: what a checkpoint may be resumed into."""
     sizes = [(s.name, s.public_size, s.size) for s in silos]
-    text = _stable((algorithm, sizes, trials, seed, research))
+    text = _stable((CHECKPOINT_FORMAT, algorithm, sizes, trials, seed, research))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -694,7 +519,7 @@ def _save(
     fingerprint: str,
     instance: str,
     round_: int,
-    state: State,
+    state: _RunState,
     history: list[dict[str, Any]],
     messages: list[dict[str, Any]],
 ) -> None:

@@ -8,7 +8,10 @@ deployment sends (headers of the transport aside).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -50,3 +53,25 @@ def decode(encoding: Encoding, data: bytes, n_params: int) -> Tensor:
         return torch.from_numpy(np.frombuffer(data, dtype="<f4").astype(np.float32))
     bits = np.unpackbits(np.frombuffer(data, dtype=np.uint8), count=n_params)
     return torch.from_numpy(bits.astype(np.float32) * 2 - 1)
+
+
+@dataclass(frozen=True)
+class Summed:
+    """The sum of the replies that made it into it, and whose they are."""
+
+    total: Tensor
+    included: tuple[str, ...]
+
+
+@runtime_checkable
+class SecureSum(Protocol):
+    """How the server learns the sum of the silos' reply vectors: in the clear, or by
+    secure aggregation (masking, HE). `reveals_inputs` says whether the server also sees
+    each reply; an algorithm that needs the individual replies (a robust aggregator)
+    refuses a sum that hides them, and one whose privacy needs them hidden (Dopamine)
+    refuses a sum that shows them."""
+
+    @property
+    def reveals_inputs(self) -> bool: ...
+
+    def __call__(self, vectors: Mapping[str, Tensor]) -> Summed: ...

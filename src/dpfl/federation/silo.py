@@ -9,6 +9,7 @@ hospital's size), or a DP count that the engine releases and charges before roun
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -19,6 +20,14 @@ from torch import Tensor
 
 from dpfl.data.dataset import Dataset
 from dpfl.data.partition import per_silo_splits
+
+
+@dataclass(frozen=True)
+class SiloInfo:
+    """What anyone may know of a silo: its name and public size (never its records)."""
+
+    name: str
+    public_size: int
 
 
 @dataclass(frozen=True)
@@ -67,6 +76,15 @@ class Silo:
                 "let the engine release a DP count of its records first"
             )
         return self.public_size
+
+    def with_public_size(self, public_size: int) -> Silo:
+        """The same silo with `public_size` declared."""
+        return dataclasses.replace(self, public_size=public_size)
+
+    @property
+    def info(self) -> SiloInfo:
+        """The silo's public facts (refuses if it has no public size yet)."""
+        return SiloInfo(self.name, self.declared_size)
 
     @classmethod
     def from_arrays(

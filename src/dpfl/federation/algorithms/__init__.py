@@ -1,7 +1,16 @@
 """Federated algorithms of the seed papers, one module each."""
 
 from dpfl.federation.algorithms.aop import AOP
-from dpfl.federation.algorithms.base import Algorithm, DPSGDAlgorithm, RoundContext, State
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    DPSGDAlgorithm,
+    HospitalContext,
+    Instruction,
+    LocalState,
+    Member,
+    Reply,
+    State,
+)
 from dpfl.federation.algorithms.centralized import Centralized
 from dpfl.federation.algorithms.cyclic import Cyclic
 from dpfl.federation.algorithms.ditto import Ditto
@@ -23,8 +32,12 @@ __all__ = [
     "FedAvg",
     "FedSGDSecure",
     "Finetune",
+    "HospitalContext",
+    "Instruction",
     "Local",
-    "RoundContext",
+    "LocalState",
+    "Member",
+    "Reply",
     "Sign",
     "State",
 ]

@@ -14,16 +14,27 @@ logistic regression (`nn.Linear`) with `bce` or `cross_entropy` only.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-import torch
+import numpy as np
 from torch import nn
 
-from dpfl.federation import aggregators
-from dpfl.federation.algorithms.base import Algorithm, RoundContext, State
-from dpfl.federation.messages import Encoding, payload_bytes
-from dpfl.federation.silo import Silo
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    Instruction,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    flat,
+    received,
+    unflat,
+)
+from dpfl.federation.algorithms.fedavg import broadcast
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.losses import Loss
 from dpfl.local.output_perturbation import AOPConfig, output_perturbation
@@ -40,7 +51,16 @@ class AOP(Algorithm):
     config: AOPConfig
     epochs: int
 
-    name = "aop"
+    name: ClassVar[str] = "aop"
+    threat_model: ClassVar[str] = (
+        "A*STAR output perturbation: each hospital releases a noisy minimiser per epoch; "
+        "the server and the other hospitals see those releases. Basic composition over "
+        "the epochs."
+    )
+    mechanism: ClassVar[str] = (
+        "approximate output perturbation (Gaussian), basic composition over epochs"
+    )
+    sets_own_noise: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -59,41 +79,45 @@ class AOP(Algorithm):
             delta=self.config.delta / self.epochs,
         )
 
-    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+    def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """One (ε/T, δ/T) release per round, for every silo."""
         release = self.epoch_config
         return events.approximate_dp(release.epsilon, release.delta)
 
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        return {"global": self.initial_global(trials)}
-
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        if context.round >= self.epochs:
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        if round >= self.epochs:
             raise ValueError(
-                f"A*STAR's run has T = {self.epochs} epochs; round {context.round} would spend "
+                f"A*STAR's run has T = {self.epochs} epochs; round {round} would spend "
                 f"beyond (ε={self.config.epsilon:g}, δ={self.config.delta:g})"
             )
+        return broadcast(state, silos)
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        """Each hospital's noisy minimiser, charged before it is released."""
+        outcomes: list[Outcome] = []
+        for m in members:
+            result = output_perturbation(
+                self.model,
+                received(m),
+                (m.silo.x, m.silo.y),
+                self.loss,
+                self.epoch_config,
+                m.silo.declared_size,
+                noise=m.ctx.noise(),
+            )
+            m.ctx.charge(result.event)
+            outcomes.append((Reply(flat(result.params)), m.state))
+        return outcomes
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        """The mean of the K releases (Algorithm 3, line 7)."""
+        total = secure_sum({name: r.vector for name, r in replies.items()}).total
         glob: Params = state["global"]
-        release = self.epoch_config
-        message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in glob.values()))
-        new_global = {name: v.clone() for name, v in glob.items()}
-        for r in range(context.trials):
-            start = {name: v[r] for name, v in glob.items()}
-            released = []
-            for k, silo in enumerate(silos):
-                result = output_perturbation(
-                    self.model,
-                    start,
-                    (silo.x, silo.y),
-                    self.loss,
-                    release,
-                    silo.declared_size,
-                    noise=context.noise(r, k),
-                )
-                context.charge(r, k, result.event)
-                context.traffic(r, k, message, message)
-                released.append(result.params)
-            for name in new_global:
-                stacked = torch.stack([p[name].flatten() for p in released])
-                new_global[name][r] = aggregators.mean(stacked).reshape(new_global[name][r].shape)
-        return {"global": new_global}
+        return {**state, "global": unflat(total / len(replies), glob)}

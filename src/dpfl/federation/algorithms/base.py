@@ -1,26 +1,40 @@
-"""What every federated algorithm provides, and what an engine gives it each round.
+"""What every federated algorithm provides: a server half and a hospital half.
 
-An algorithm owns its state (stacked over independent trials on axis 0) and one
-`run_round`. It never touches a ledger or an RNG directly: the engine's `RoundContext`
-hands it seeded generators and noise sources derived from (seed, trial, silo, round),
-so a run repeats bit for bit and can resume from any round, and a `charge` callback
-that records a silo's event in the ledger. The one rule: charge a silo's event before
-its update is used by anyone else.
+An algorithm is a small frozen object with pure, seedable functions over parameters
+(ARCHITECTURE.md, "One algorithm, two engines"):
+
+* server half: `configure` says what each silo of a round gets (an `Instruction`),
+  `aggregate` turns the silos' `Reply`s into the next state through `secure_sum`, the
+  seam where secure aggregation plugs in;
+* hospital half: `client_updates` does the silos' work. Each member sees only its own
+  silo, its own local state (momentum, personal models) and its own `HospitalContext`,
+  which hands it seeded randomness and charges its hospital's own ledger before the
+  reply exists. The simulator passes many (trial, silo) members at once so they train
+  as one stacked computation; a deployment passes one (`client_update`); both give the
+  same result bit for bit;
+* both: `participation_event`, what a round costs a silo, from public facts only.
+
+Server state is one trial's; the simulator keeps one per trial. Facts that other layers
+need about an algorithm (does it pool data, stop at its budget, need a secure sum, what
+does each party see) are attributes here, never looked up by name.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections import defaultdict
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
-from torch import nn
+import torch
+from torch import Tensor, nn
 
 from dpfl.data.sampling import PoissonSampler
-from dpfl.federation.silo import Silo
+from dpfl.federation.messages import Encoding, SecureSum
+from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, LocalResult, parameters_of, stack
 from dpfl.local.losses import Loss
@@ -29,37 +43,100 @@ from dpfl.local.regularised import ProximalDPSGD
 from dpfl.privacy import events
 
 State = dict[str, Any]
+"""The server's state of one trial (at least `"global"`, the shared model)."""
+LocalState = dict[str, Any]
+"""What one hospital keeps between rounds of one trial (`"model"`: its personal model)."""
+Charges = Callable[[Sequence[tuple[Any, str | None, events.PrivacyEvent]]], None]
+"""A hospital's ledger: records (account key, view, event) triples in one write; view
+None is the server's view, which the budget binds."""
 
 
 @dataclass(frozen=True)
-class RoundContext:
-    """Everything an algorithm may use in one round besides its state and the silos."""
+class HospitalContext:
+    """What one hospital's half may use in one round besides its data and state."""
 
     round: int
-    trials: int
-    rng: Callable[[int, int], np.random.Generator]
-    """rng(trial, silo index): a new independent stream at every call (silo -1: server)."""
-    noise: Callable[[int, int], NoiseSource]
-    """noise(trial, silo index): a new independent noise source at every call."""
-    charge: Callable[[int, int, events.PrivacyEvent], None]
-    """charge(trial, silo index, event): record in the silo's account (its budget binds)."""
-    charge_many: Callable[[Sequence[tuple[int, int, events.PrivacyEvent]]], None]
-    """charge_many([(trial, silo index, event), ...]): the same for many, in one commit."""
-    charge_view: Callable[[int, int, str, events.PrivacyEvent], None]
-    """charge_view(trial, silo index, view, event): record what another observer (e.g. the
-    other hospitals) can learn, in the silo's account for that view."""
-    traffic: Callable[[int, int, int, int], None]
-    """traffic(trial, silo index, bytes down, bytes up) of this round's messages."""
+    rng: Callable[[], np.random.Generator]
+    """A new independent stream at every call (batches, coins), seeded per round."""
+    noise: Callable[[], NoiseSource]
+    """A new independent noise source at every call."""
+    ledger: Charges
+    """The hospital's own ledger (`charge` below writes many members at once)."""
+    account: Any = None
+    """Which of the ledger's accounts is this member's (the engine's key)."""
+
+    def charge(self, event: events.PrivacyEvent, view: str | None = None) -> None:
+        self.ledger([(self.account, view, event)])
+
+
+def charge(members: Sequence[tuple[HospitalContext, events.PrivacyEvent]]) -> None:
+    """Record each member's event in its hospital's ledger, one write per ledger."""
+    grouped: dict[int, tuple[Charges, list[tuple[Any, str | None, events.PrivacyEvent]]]] = {}
+    for ctx, event in members:
+        grouped.setdefault(id(ctx.ledger), (ctx.ledger, []))[1].append((ctx.account, None, event))
+    for ledger, charges in grouped.values():
+        ledger(charges)
+
+
+@dataclass(frozen=True)
+class Instruction:
+    """What the server sends one silo for one step of a round."""
+
+    params: Params | None
+    """The model sent down (None: nothing is sent, the silo works on its own state)."""
+    cohort: tuple[SiloInfo, ...]
+    """The step's participants (public: drawn by the server from no data)."""
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What one silo sends back: a flat vector and its wire encoding."""
+
+    vector: Tensor
+    encoding: Encoding = Encoding.FLOAT32
+
+
+@dataclass(frozen=True)
+class Member:
+    """One (trial, silo) of a round's hospital work."""
+
+    instruction: Instruction
+    silo: Silo
+    state: LocalState
+    ctx: HospitalContext
+
+
+def received(member: Member) -> Params:
+    """The model the member was sent (refuses an instruction that sent none)."""
+    if member.instruction.params is None:
+        raise ValueError(f"silo {member.silo.name!r} was sent no model to work on")
+    return member.instruction.params
+
+
+Outcome = tuple[Reply | None, LocalState]
+"""A hospital's reply (None: nothing is sent) and its new local state."""
 
 
 class Algorithm(ABC):
     """What the engines need of any algorithm."""
 
-    name = "abstract"
-    model: nn.Module
-    stops_at_budget = False
+    name: ClassVar[str] = "abstract"
+    threat_model: ClassVar[str] = ""
+    """Who sees what, for the datasheet."""
+    mechanism: ClassVar[str] = (
+        "DP-SGD: per-example clipping to C, Gaussian noise σC on Poisson-sampled batches"
+    )
+    stops_at_budget: ClassVar[bool] = False
     """True: run until a silo's next round would pass its budget, then return the last
     model (Dopamine); False: the whole plan must fit the budget before round 0."""
+    pools_data: ClassVar[bool] = False
+    """True: a reference that trains on every silo's records pooled at a curator; it
+    cannot be deployed, and every silo is charged the curator's event."""
+    needs_secure_sum: ClassVar[bool] = False
+    """True: the accounting assumes the server sees only the sum of all silos' replies."""
+    sets_own_noise: ClassVar[bool] = False
+    """True: the noise follows from the budget inside the mechanism (no σ to calibrate)."""
+    model: nn.Module
 
     @property
     @abstractmethod
@@ -76,37 +153,95 @@ class Algorithm(ABC):
         raise ValueError(f"{self.name} has no noise multiplier to calibrate")
 
     @abstractmethod
-    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+    def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """What one round of taking part costs `silo`, one of the run's `silos` (the engine
-        checks the whole plan of `rounds` such events against its budget before round 0)."""
+        checks the whole plan of such events against its budget before round 0)."""
 
-    def view_events(self, silo: Silo, silos: Sequence[Silo]) -> dict[str, events.PrivacyEvent]:
+    def view_events(
+        self, silo: SiloInfo, silos: Sequence[SiloInfo]
+    ) -> dict[str, events.PrivacyEvent]:
         """Per round, what observers other than the server learn, when that differs from
         `participation_event` (which binds the budget). Recorded, never enforced."""
         return {}
 
-    @abstractmethod
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        """State before round 0, stacked over `trials`."""
+    # -- server half -------------------------------------------------------------------
+
+    def initial_state(self, silos: Sequence[SiloInfo]) -> State:
+        """The server's state before round 0: the model's initial parameters."""
+        return {"global": parameters_of(self.model)}
+
+    def steps(self, silos: Sequence[SiloInfo]) -> int:
+        """Configure-and-aggregate steps in one round (cyclic training: one per silo)."""
+        return 1
 
     @abstractmethod
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        """One round for every trial; charge each silo's event before its update is used."""
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        """Instructions for the silos of `step` of `round`, by silo name; `rng()` gives the
+        server a new independent stream."""
 
-    def initial_global(self, trials: int) -> Params:
-        """The model's initial parameters, identical in every trial."""
-        start = parameters_of(self.model)
-        return {k: v.unsqueeze(0).repeat(trials, *[1] * v.dim()) for k, v in start.items()}
+    @abstractmethod
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        """The next state from the step's replies (possibly none)."""
 
-    def global_params(self, state: State) -> Params:
-        """The shared model, stacked over trials."""
-        params: Params = state["global"]
+    # -- hospital half ------------------------------------------------------------------
+
+    def initial_local_state(self, start: Params) -> LocalState:
+        """What a hospital keeps before round 0, given the initial model."""
+        return {}
+
+    @abstractmethod
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        """Each member's reply and new local state; members never see each other."""
+
+    def client_update(
+        self, instruction: Instruction, silo: Silo, state: LocalState, ctx: HospitalContext
+    ) -> Outcome:
+        """One hospital's half of a step (what a deployment runs at the hospital)."""
+        return self.client_updates([Member(instruction, silo, state, ctx)])[0]
+
+    def model_of(self, state: State, local: LocalState) -> Params:
+        """The model a silo uses: its personal one if it keeps one, else the shared one."""
+        params: Params = local["model"] if "model" in local else state["global"]
         return params
 
-    def silo_params(self, state: State, k: int) -> Params:
-        """The model silo k uses, stacked over trials: the shared one unless the algorithm
-        personalises (MR-MTL, Ditto, finetuning, local training override this)."""
-        return self.global_params(state)
+
+def flat(params: Params) -> Tensor:
+    """Parameters as one flat vector, in the model's parameter order (a message)."""
+    return torch.cat([v.flatten() for v in params.values()])
+
+
+def unflat(vector: Tensor, like: Params) -> Params:
+    """The inverse of `flat`, shaped as `like`."""
+    out, offset = {}, 0
+    for name, v in like.items():
+        out[name] = vector[offset : offset + v.numel()].reshape(v.shape)
+        offset += v.numel()
+    return out
+
+
+def size_weights(cohort: Sequence[SiloInfo], weighting: str) -> dict[str, Tensor]:
+    """Each participant's share of a weighted mean: public size over the cohort's total
+    (or 1/K), computed at every hospital alike, so that the server only needs a sum."""
+    raw = torch.tensor([float(s.public_size) if weighting == "size" else 1.0 for s in cohort])
+    shares = raw / raw.sum()
+    return {s.name: shares[i] for i, s in enumerate(cohort)}
+
+
+@dataclass(frozen=True)
+class Job:
+    """One member's local DP-SGD: from `start`, with its momentum and anchor if any."""
+
+    start: Params
+    member: Member
+    velocity: Params | None = None
+    anchor: Params | None = None
 
 
 @dataclass(frozen=True)
@@ -130,10 +265,11 @@ class DPSGDAlgorithm(Algorithm):
     def noise_multiplier(self) -> float | None:
         return self.dpsgd.noise_multiplier
 
-    def sample_rate(self, silo: Silo) -> float:
+    def sample_rate(self, silo: SiloInfo | Silo) -> float:
         """q = B / n: the expected batch of B records over the silo's public size n (the
         true count would make q, and so every record's privacy, depend on a private fact)."""
-        return self.rate_for(silo.declared_size, silo.name)
+        size = silo.public_size if isinstance(silo, SiloInfo) else silo.declared_size
+        return self.rate_for(size, silo.name)
 
     def rate_for(self, public_size: int, who: str) -> float:
         """q = B / n for a public size n (of a silo, or of a pool of silos)."""
@@ -151,87 +287,79 @@ class DPSGDAlgorithm(Algorithm):
         )
 
     @abstractmethod
-    def local_steps(self, silo: Silo) -> int:
-        """DP-SGD steps a silo runs each time it takes part in a round."""
+    def local_steps(self, silo: SiloInfo) -> int:
+        """DP-SGD steps a silo runs each time it trains."""
 
-    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+    def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """What one participation costs the silo: `local_steps` Poisson DP-SGD steps."""
+        return self.training_event(silo)
+
+    def training_event(self, silo: SiloInfo) -> events.PrivacyEvent:
+        """One `train` of the silo: `local_steps` Poisson DP-SGD steps."""
         return events.poisson_gaussian(
             self.sample_rate(silo), self.dpsgd.noise_multiplier, steps=self.local_steps(silo)
         )
 
     def train(
         self,
-        starts: Sequence[Params],
-        members: Sequence[tuple[int, int]],
-        silos: Sequence[Silo],
-        context: RoundContext,
-    ) -> list[Params]:
-        """Local DP-SGD for each (trial, silo) member; each member's declared event is
-        charged before its parameters are returned (see `train_local`)."""
-        return [result.params for result in self.train_local(starts, members, silos, context)]
-
-    def train_local(
-        self,
-        starts: Sequence[Params],
-        members: Sequence[tuple[int, int]],
-        silos: Sequence[Silo],
-        context: RoundContext,
+        jobs: Sequence[Job],
         *,
         config: DPSGDConfig | None = None,
-        velocities: Sequence[Params] | None = None,
-        anchors: Sequence[Params] | None = None,
         strength: float = 0.0,
-        charge: bool = True,
+        charge_events: bool = True,
     ) -> list[LocalResult]:
-        """Local DP-SGD for each (trial, silo) member from its start parameters (and
-        momentum); members with the same number of steps and dense data run as one stacked
-        computation. With `anchors`, every noisy gradient is pulled towards the member's
-        anchor with `strength` λ (MR-MTL, Ditto: `ProximalDPSGD`). Each member's declared
-        event is charged before it is returned, unless `charge=False` for an algorithm
-        that charges an aggregate-level event itself."""
+        """Local DP-SGD for each job; jobs with the same number of steps and dense data run
+        as one stacked computation, each exactly as it would alone. With anchors, every
+        noisy gradient is pulled towards the job's anchor with `strength` λ (MR-MTL,
+        Ditto). Each job's declared event is charged to its hospital before its result
+        exists, unless `charge_events=False` for an algorithm that charges another event
+        itself (Dopamine's share of noise)."""
         trainer = DPSGD(self.model, self.loss, config or self.dpsgd)
-        proximal = None if anchors is None else ProximalDPSGD(trainer, strength)
-        results: list[LocalResult | None] = [None] * len(members)
-        groups: dict[tuple[int, bool], list[int]] = {}
-        for i, (_, k) in enumerate(members):
-            sparse = silos[k].x.is_sparse
-            groups.setdefault((self.local_steps(silos[k]), sparse), []).append(i)
+        proximal = None if jobs[0].anchor is None else ProximalDPSGD(trainer, strength)
+        results: list[LocalResult | None] = [None] * len(jobs)
+        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)
+        for i, job in enumerate(jobs):
+            silo = job.member.silo
+            groups[self.local_steps(silo.info), silo.x.is_sparse].append(i)
         for (steps, sparse), indices in groups.items():
-            batches = [[i] for i in indices] if sparse else [indices]
-            for batch in batches:
-                chosen = [members[i] for i in batch]
-                start = stack([starts[i] for i in batch])
-                data = [(silos[k].x, silos[k].y) for _, k in chosen]
+            for batch in [[i] for i in indices] if sparse else [indices]:
+                chosen = [jobs[i] for i in batch]
+                silos = [job.member.silo for job in chosen]
+                ctxs = [job.member.ctx for job in chosen]
+                start = stack([job.start for job in chosen])
+                data = [(silo.x, silo.y) for silo in silos]
                 samplers = [
                     PoissonSampler(
-                        silos[k].size,
-                        self.sample_rate(silos[k]),
-                        context.rng(r, k),
-                        public_size=silos[k].declared_size,
+                        silo.size, self.sample_rate(silo), ctx.rng(), public_size=silo.declared_size
                     )
-                    for r, k in chosen
+                    for silo, ctx in zip(silos, ctxs, strict=True)
                 ]
-                noises = [context.noise(r, k) for r, k in chosen]
-                velocity = None if velocities is None else stack([velocities[i] for i in batch])
-                outcome = (
-                    trainer.run_stacked(start, data, samplers, noises, steps, velocity)
-                    if proximal is None or anchors is None
-                    else proximal.run_stacked(
-                        start, stack([anchors[i] for i in batch]), data, samplers, noises, steps
-                    )
-                )
-                if charge and outcome.events:
-                    context.charge_many(
-                        [(r, k, e) for (r, k), e in zip(chosen, outcome.events, strict=True)]
-                    )
+                noises = [ctx.noise() for ctx in ctxs]
+                if proximal is None:
+                    velocity = _stacked([job.velocity for job in chosen])
+                    outcome = trainer.run_stacked(start, data, samplers, noises, steps, velocity)
+                else:
+                    anchors = _stacked([job.anchor for job in chosen])
+                    assert anchors is not None  # every job of an anchored run has one
+                    outcome = proximal.run_stacked(start, anchors, data, samplers, noises, steps)
+                if charge_events and outcome.events:
+                    charge(list(zip(ctxs, outcome.events, strict=True)))
                 for j, i in enumerate(batch):
-                    event = outcome.events[j] if outcome.events else None
                     results[i] = LocalResult(
                         {name: v[j] for name, v in outcome.params.items()},
                         {name: v[j] for name, v in outcome.velocity.items()},
-                        event,
+                        outcome.events[j] if outcome.events else None,
                         outcome.metadata[j],
                     )
-        assert all(r is not None for r in results)  # every member belongs to one group
+        assert all(r is not None for r in results)  # every job belongs to one group
         return [r for r in results if r is not None]
+
+
+def _stacked(members: Sequence[Params | None]) -> Params | None:
+    """The members' parameters stacked, or None if they have none (all or none must)."""
+    present = [m for m in members if m is not None]
+    if not present:
+        return None
+    if len(present) != len(members):
+        raise ValueError("either every job of a batch carries these parameters or none does")
+    return stack(present)

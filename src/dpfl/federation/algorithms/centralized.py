@@ -6,85 +6,98 @@ are sampled at q = B / N over the pool of N records, so one record's privacy is 
 the pooled run; every silo has records in the pool, so every silo is charged the pooled
 run's event each round, and its ε is CDP's (not a silo-sized q and step count).
 
-No model messages are exchanged, so no traffic is recorded; the one-off transfer of the
-raw records to the curator is what this reference gives up, and is not a model message.
+The curator is the one "hospital" of this algorithm (`pools_data`): the simulator hands
+its half the pooled silo, the server's randomness, and a ledger that charges every
+silo. No model messages are exchanged, so no traffic is recorded; the one-off transfer of
+the raw records to the curator is what this reference gives up. It cannot be deployed.
 """
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
+import numpy as np
 import torch
 
-from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
-from dpfl.federation.silo import Silo
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    flat,
+    received,
+    unflat,
+)
+from dpfl.federation.algorithms.fedavg import epoch_steps
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.privacy import events
+
+POOL = "pooled"
+"""The curator's name, the one silo a pooled algorithm instructs."""
 
 
 def pool(silos: Sequence[Silo]) -> Silo:
     """All silos' training records as one dataset (test sets stay with their silos); its
     public size is the sum of theirs."""
     return Silo(
-        "pooled",
+        POOL,
         torch.cat([s.x for s in silos]),
         torch.cat([s.y for s in silos]),
-        public_size=pooled_size(silos),
+        public_size=pooled_size([s.info for s in silos]),
     )
 
 
-def pooled_size(silos: Sequence[Silo]) -> int:
+def pooled_size(silos: Sequence[SiloInfo]) -> int:
     """N: the pool's public size, from the silos' public sizes (no data is pooled)."""
-    return sum(s.declared_size for s in silos)
+    return sum(s.public_size for s in silos)
 
 
 @dataclass(frozen=True)
 class Centralized(DPSGDAlgorithm):
     epochs_per_round: float = 1.0
 
-    name = "centralized"
+    name: ClassVar[str] = "centralized"
+    threat_model: ClassVar[str] = (
+        "The pooled reference: a trusted curator holds all records and releases a "
+        "DP-SGD-trained model (CDP), or a non-private one (C)."
+    )
+    pools_data: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.epochs_per_round <= 0:
             raise ValueError(f"epochs_per_round must be > 0, got {self.epochs_per_round}")
 
-    def local_steps(self, silo: Silo) -> int:
+    def local_steps(self, silo: SiloInfo) -> int:
         """Steps of the pooled run per round: `epochs_per_round` passes over the pool."""
-        return self._steps(self.sample_rate(silo))
+        return epoch_steps(self.epochs_per_round, self.sample_rate(silo))
 
-    def _steps(self, rate: float) -> int:
-        return max(1, round(self.epochs_per_round / rate))
-
-    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+    def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """The pooled run's event (q = B / N over the N pooled records' public size),
         whichever silo; from public sizes only, without pooling any data."""
-        rate = self.rate_for(pooled_size(silos), "pooled")
-        return events.poisson_gaussian(rate, self.dpsgd.noise_multiplier, steps=self._steps(rate))
+        return self.training_event(SiloInfo(POOL, pooled_size(silos)))
 
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        return {"global": self.initial_global(trials)}
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        return {POOL: Instruction(state["global"], tuple(silos))}
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        trained = self.train([Job(received(m), m) for m in members])
+        return [(Reply(flat(t.params)), m.state) for m, t in zip(members, trained, strict=True)]
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         glob: Params = state["global"]
-        curator = dataclasses.replace(  # the curator's (server's) randomness, not a silo's
-            context,
-            rng=lambda trial, _: context.rng(trial, -1),
-            noise=lambda trial, _: context.noise(trial, -1),
-        )
-        results = self.train_local(
-            [{name: v[r] for name, v in glob.items()} for r in range(context.trials)],
-            [(r, 0) for r in range(context.trials)],
-            [pool(silos)],
-            curator,
-            charge=False,
-        )
-        for r, result in enumerate(results):
-            if result.event is not None:
-                for k in range(len(silos)):  # every silo has records in every batch draw
-                    context.charge(r, k, result.event)
-        return {
-            "global": {name: torch.stack([res.params[name] for res in results]) for name in glob}
-        }
+        return {**state, "global": unflat(replies[POOL].vector, glob)}

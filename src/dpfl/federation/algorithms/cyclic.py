@@ -1,18 +1,35 @@
 """Cyclic DP federated learning (Owkin, iDASH 2020, Algorithm 2).
 
 The silos train in turn: each runs E Poisson DP-SGD steps on the current model and
-passes it to the next; N such rounds. For a silo, the other silos' steps are
-post-processing, so its account composes only its own N·E steps (Owkin, Theorem 9).
+passes it to the next; N such rounds. A round is K steps of the server half, one per
+silo: the model goes to one silo and its trained model comes back as the new state (a
+deployment routes it through the server; the hand-off is what the next silo sees). For
+a silo, the other silos' steps are post-processing, so its account composes only its
+own N·E steps (Owkin, Theorem 9).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
-from dpfl.federation.messages import Encoding, payload_bytes
-from dpfl.federation.silo import Silo
+import numpy as np
+
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    flat,
+    received,
+    unflat,
+)
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 
 
@@ -20,28 +37,43 @@ from dpfl.local.clipping import Params
 class Cyclic(DPSGDAlgorithm):
     steps_per_visit: int = 10
 
-    name = "cyclic"
+    name: ClassVar[str] = "cyclic"
+    threat_model: ClassVar[str] = (
+        "Each hospital passes its model to the next in turn; the next hospital (and "
+        "anyone who sees the model) learns only what E DP-SGD steps release. Steps at "
+        "other hospitals are post-processing for this one."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.steps_per_visit < 1:
             raise ValueError(f"steps_per_visit must be ≥ 1, got {self.steps_per_visit}")
 
-    def local_steps(self, silo: Silo) -> int:
+    def local_steps(self, silo: SiloInfo) -> int:
         return self.steps_per_visit
 
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        return {"global": self.initial_global(trials)}
+    def steps(self, silos: Sequence[SiloInfo]) -> int:
+        return len(silos)
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        model: Params = {name: v.clone() for name, v in state["global"].items()}
-        message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in model.values()))
-        for k in range(len(silos)):
-            members = [(r, k) for r in range(context.trials)]
-            starts = [{name: v[r] for name, v in model.items()} for r in range(context.trials)]
-            trained = self.train(starts, members, silos, context)
-            for r in range(context.trials):
-                for name in model:
-                    model[name][r] = trained[r][name]
-                context.traffic(r, k, message, message)  # receives the model, passes it on
-        return {"global": model}
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        visited = silos[step]
+        return {visited.name: Instruction(state["global"], (visited,))}
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        trained = self.train([Job(received(m), m) for m in members])
+        return [(Reply(flat(t.params)), m.state) for m, t in zip(members, trained, strict=True)]
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        """The visited silo's model is the next state (the sum of one reply)."""
+        if len(replies) != 1:
+            raise ValueError(f"a cyclic step visits one silo, got {len(replies)} replies")
+        glob: Params = state["global"]
+        model = secure_sum({name: r.vector for name, r in replies.items()}).total
+        return {**state, "global": unflat(model, glob)}

@@ -1,48 +1,93 @@
 """Ditto (Li et al. 2021) under silo-specific record-level DP, the puffle seed's baseline.
 
 Each round a silo does two things on its own data: FedAvg's local DP-SGD on the global
-model w (averaged by the server as in FedAvg), and as many DP-SGD steps on its personal
-model v_k ← v_k − η(g̃_k + λ(v_k − w)), the MR-MTL step with the global model of the
-round as anchor. Both touch the silo's records, so a participation costs twice a FedAvg
-round: the seed's point that Ditto pays for its 2× local iterations (Fig. 3). The
-second pass asks the round's context for its generators and noise again, and so gets
-fresh, independent streams: replaying the first pass's batches and noise would not be
-the two independently sampled Gaussian mechanisms that the ledger composes.
+model w (its update averaged by the server as in FedAvg), and as many DP-SGD steps on
+its personal model v_k ← v_k − η(g̃_k + λ(v_k − w)), the MR-MTL step with the global
+model of the round as anchor; v_k never leaves the hospital. Both touch the silo's
+records, so a participation costs twice a FedAvg round: the seed's point that Ditto
+pays for its 2× local iterations (Fig. 3). The second pass asks the hospital's context
+for its generators and noise again, and so gets fresh, independent streams: replaying
+the first pass's would not be the two independent mechanisms the ledger composes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
-from dpfl.federation.algorithms.base import RoundContext, State
-from dpfl.federation.algorithms.fedavg import FedAvg
-from dpfl.federation.algorithms.local import every_silo, member_params, restack
-from dpfl.federation.algorithms.mrmtl import MRMTL
-from dpfl.federation.silo import Silo
+import numpy as np
+
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    LocalState,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    received,
+)
+from dpfl.federation.algorithms.fedavg import apply_sum, broadcast, epoch_steps, update_replies
+from dpfl.federation.algorithms.local import personal
+from dpfl.federation.algorithms.mrmtl import train_personal
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
+from dpfl.local.clipping import Params
+from dpfl.local.regularised import check_strength
 from dpfl.privacy import events
 
 
 @dataclass(frozen=True)
-class Ditto(MRMTL):
-    name = "ditto"
+class Ditto(DPSGDAlgorithm):
+    local_epochs: float = 1.0
+    strength: float = 1.0
+    """λ, the personal model's pull towards the global one."""
+    weighting: Literal["size", "uniform"] = "size"
 
-    def participation_event(self, silo: Silo, silos: Sequence[Silo]) -> events.PrivacyEvent:
+    name: ClassVar[str] = "ditto"
+    threat_model: ClassVar[str] = (
+        "As MR-MTL; the personal model's extra local steps are charged too, since its "
+        "outputs (predictions) may be released."
+    )
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.local_epochs <= 0:
+            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
+        if self.weighting not in ("size", "uniform"):
+            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
+        check_strength(self.dpsgd, self.strength)
+
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
+
+    def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """The global model's local steps and as many personal ones, all on its data."""
-        return events.repeat(super().participation_event(silo, silos), 2)
+        return events.repeat(self.training_event(silo), 2)
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        members = every_silo(context.trials, len(silos))
-        global_model = FedAvg.run_round(self, state, silos, context)["global"]
-        personal = self.train_local(
-            member_params(state["personal"], members),
-            members,
-            silos,
-            context,
-            anchors=[{name: v[r] for name, v in state["global"].items()} for r, _ in members],
-            strength=self.strength,
-        )
-        return {
-            "global": global_model,
-            "personal": restack([p.params for p in personal], context.trials, len(silos)),
-        }
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        return broadcast(state, silos)
+
+    def initial_local_state(self, start: Params) -> LocalState:
+        return personal(start)
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        shared = self.train([Job(received(m), m) for m in members])
+        replies = update_replies(members, [t.params for t in shared], self.weighting)
+        mine = train_personal(self, members, self.strength)
+        return [
+            (reply, {**m.state, "model": t.params})
+            for m, reply, t in zip(members, replies, mine, strict=True)
+        ]
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        return apply_sum(state, replies, secure_sum)

@@ -2,29 +2,87 @@
 
 Each round the server sends the global model to the round's silos (all of them, a
 Poisson sample at rate C, or K of N); each runs `local_epochs` epochs of Poisson DP-SGD
-(steps = epochs × n_k / B) and returns its model; the server averages them, weighted by
-silo size (FedAvg) or uniformly (Kerkouche's 1/|K|). A silo is charged for the rounds it
-takes part in: the participation pattern is drawn by the server without looking at any
-data, so accounting for the realised pattern is exact for it (docs/privacy.md).
-Sizes (steps, weights) are the silos' public sizes, never their true record counts.
+(steps = epochs × n_k / B) and returns its update, scaled by its share of the mean
+(public size over the round's total, or 1/|K| as Kerkouche's), so that the server only
+needs the sum. A silo is charged for the rounds it takes part in: the participation
+pattern is drawn by the server without looking at any data, so accounting for the
+realised pattern is exact for it (docs/privacy.md). Sizes (steps, weights) are the
+silos' public sizes, never their true record counts.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from dpfl.federation import aggregators
-from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    flat,
+    received,
+    size_weights,
+    unflat,
+)
 from dpfl.federation.client_sampling import ClientSampler
-from dpfl.federation.messages import Encoding, payload_bytes
-from dpfl.federation.silo import Silo
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
+
+
+def epoch_steps(epochs: float, rate: float) -> int:
+    """Poisson DP-SGD steps of `epochs` passes at sampling rate q: round(epochs / q)."""
+    return max(1, round(epochs / rate))
+
+
+def sampled_cohort(
+    silos: Sequence[SiloInfo],
+    rng: Callable[[], np.random.Generator],
+    rate: float | None,
+    per_round: int | None,
+) -> tuple[SiloInfo, ...]:
+    """The round's silos: all, each with probability `rate`, or `per_round` of them."""
+    if rate is None and per_round is None:
+        return tuple(silos)
+    sampler = ClientSampler(len(silos), rate=rate, per_round=per_round)
+    return tuple(silos[int(k)] for k in sampler.sample(rng()))
+
+
+def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction]:
+    """Every silo of the cohort gets the global model."""
+    return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
+
+
+def update_replies(
+    members: Sequence[Member], trained: Sequence[Params], weighting: str | None
+) -> list[Reply]:
+    """Each member's update from the model it was sent, times its share of the mean
+    (None: unscaled, for an aggregator that needs every update as it is)."""
+    replies = []
+    for member, params in zip(members, trained, strict=True):
+        update = flat(params) - flat(received(member))
+        if weighting is not None:
+            update = size_weights(member.instruction.cohort, weighting)[member.silo.name] * update
+        replies.append(Reply(update))
+    return replies
+
+
+def apply_sum(state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+    """The global model moved by the sum of the (pre-scaled) updates; no reply, no move."""
+    if not replies:
+        return state
+    total = secure_sum({name: r.vector for name, r in replies.items()}).total
+    glob: Params = state["global"]
+    return {**state, "global": unflat(flat(glob) + total, glob)}
 
 
 @dataclass(frozen=True)
@@ -36,9 +94,15 @@ class FedAvg(DPSGDAlgorithm):
     robust: Callable[[Tensor], Tensor] | None = None
     """A robust aggregator of the [K, P] model updates (e.g. `aggregators.coordinate_median`
     or `functools.partial(aggregators.trimmed_mean, trim_fraction=0.2)`), used instead of
-    the weighted mean so one bad client moves the model less; post-processing, no ε."""
+    the weighted mean so one bad client moves the model less; post-processing, no ε. It
+    needs every update in the clear."""
 
-    name = "fedavg"
+    name: ClassVar[str] = "fedavg"
+    threat_model: ClassVar[str] = (
+        "The server and every other hospital see each participating hospital's model "
+        "update after its local DP-SGD; the guarantee holds against all of them together "
+        "(honest-but-curious or colluding). With client sampling, who took part is public."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -46,60 +110,34 @@ class FedAvg(DPSGDAlgorithm):
             raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
         if self.weighting not in ("size", "uniform"):
             raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
+        if self.client_rate is not None and self.clients_per_round is not None:
+            raise ValueError("give client_rate or clients_per_round, not both")
 
-    def local_steps(self, silo: Silo) -> int:
-        return max(1, round(self.local_epochs / self.sample_rate(silo)))
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
 
-    def client_sampler(self, n_silos: int) -> ClientSampler | None:
-        if self.client_rate is None and self.clients_per_round is None:
-            return None
-        return ClientSampler(n_silos, rate=self.client_rate, per_round=self.clients_per_round)
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        cohort = sampled_cohort(silos, rng, self.client_rate, self.clients_per_round)
+        return broadcast(state, cohort)
 
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        return {"global": self.initial_global(trials)}
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        trained = self.train([Job(received(m), m) for m in members])
+        weighting = None if self.robust is not None else self.weighting
+        replies = update_replies(members, [t.params for t in trained], weighting)
+        return [(reply, m.state) for reply, m in zip(replies, members, strict=True)]
 
-    def local_round(
-        self, state: State, silos: Sequence[Silo], context: RoundContext
-    ) -> tuple[list[tuple[int, int]], list[Params], list[Params]]:
-        """The round's (trial, silo) members, the global model each started from, and
-        what each trained (charged): the client side shared by FedAvg and FL-SIGN."""
-        sampler = self.client_sampler(len(silos))
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        if self.robust is None or not replies:
+            return apply_sum(state, replies, secure_sum)
+        if not secure_sum.reveals_inputs:
+            raise ValueError("a robust aggregator needs every update in the clear")
         glob: Params = state["global"]
-        members = [
-            (r, int(k))
-            for r in range(context.trials)
-            for k in (
-                np.arange(len(silos)) if sampler is None else sampler.sample(context.rng(r, -1))
-            )
-        ]
-        starts = [{name: v[r] for name, v in glob.items()} for r, _ in members]
-        return members, starts, self.train(starts, members, silos, context)
-
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        glob: Params = state["global"]
-        members, _, trained = self.local_round(state, silos, context)
-        n_params = sum(v[0].numel() for v in glob.values())
-        message = payload_bytes(Encoding.FLOAT32, n_params)
-        for r, k in members:
-            context.traffic(r, k, message, message)
-        new_global = {name: v.clone() for name, v in glob.items()}
-        for r in range(context.trials):
-            mine = [i for i, (t, _) in enumerate(members) if t == r]
-            if not mine:  # nobody sampled: the model stays
-                continue
-            weights = torch.tensor(
-                [
-                    float(silos[members[i][1]].declared_size) if self.weighting == "size" else 1.0
-                    for i in mine
-                ]
-            )
-            for name in new_global:
-                start = glob[name][r]
-                updates = torch.stack([(trained[i][name] - start).flatten() for i in mine])
-                step = (
-                    aggregators.weighted_mean(updates, weights)
-                    if self.robust is None
-                    else self.robust(updates)
-                )
-                new_global[name][r] = start + step.reshape(start.shape)
-        return {"global": new_global}
+        step = self.robust(torch.stack([r.vector for r in replies.values()]))
+        return {**state, "global": unflat(flat(glob) + step, glob)}

@@ -7,82 +7,120 @@ secure aggregation. Only the aggregate is seen, and it carries K shares of noise
 against the server each record is protected by noise multiplier σ at its silo's rate q_k
 (`participation_event`, which binds the budget). Another hospital knows its own share and
 can cancel it, leaving σ·√((K − 1)/K) (`view_events["hospitals"]`, recorded beside it).
-Momentum re-uses only released noisy aggregates: post-processing (Dopamine, App. C). The
-run stops before the round whose ε would pass a silo's budget and returns the last model.
+Momentum re-uses only released noisy aggregates: post-processing (Dopamine, App. C), and
+it stays at the hospital. The run stops before the round whose ε would pass a silo's
+budget and returns the last model.
 
-Secure aggregation itself (masking or HE) is `dpfl.secure`'s; this module sums in the
-clear behind the same interface, and its server-view ε assumes the secure sum.
+That accounting holds only if the server learns nothing but the sum of all K replies:
+`aggregate` refuses a sum that shows the replies (each alone carries σ/√K) or that lost
+one (a sum of K′ < K replies carries only σ√(K′/K), less than was charged).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-from dpfl.federation.algorithms.base import DPSGDAlgorithm, RoundContext, State
-from dpfl.federation.messages import Encoding, payload_bytes
-from dpfl.federation.silo import Silo
+import numpy as np
+import torch
+
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    LocalState,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    charge,
+    flat,
+    received,
+    unflat,
+)
+from dpfl.federation.algorithms.fedavg import broadcast
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.privacy import events
 
 
 @dataclass(frozen=True)
 class FedSGDSecure(DPSGDAlgorithm):
-    name = "fedsgd_secure"
-    stops_at_budget = True
+    name: ClassVar[str] = "fedsgd_secure"
+    threat_model: ClassVar[str] = (
+        "Dopamine: the server sees only the secure sum of the hospitals' noisy gradients, "
+        "which carries noise σ in all (the server view, bound by the budget). Another "
+        "hospital that subtracts its own share still faces noise σ√((K−1)/K): the "
+        "'hospitals' view. The sum must hold every hospital's reply; the simulator hands "
+        "the server only the sum (ideal secure aggregation)."
+    )
+    stops_at_budget: ClassVar[bool] = True
+    needs_secure_sum: ClassVar[bool] = True
 
-    def local_steps(self, silo: Silo) -> int:
+    def local_steps(self, silo: SiloInfo) -> int:
         return 1
 
-    def view_events(self, silo: Silo, silos: Sequence[Silo]) -> dict[str, events.PrivacyEvent]:
+    def view_events(
+        self, silo: SiloInfo, silos: Sequence[SiloInfo]
+    ) -> dict[str, events.PrivacyEvent]:
         if len(silos) < 2:
             return {}
         remaining = self.dpsgd.noise_multiplier * math.sqrt((len(silos) - 1) / len(silos))
         return {"hospitals": events.poisson_gaussian(self.sample_rate(silo), remaining)}
 
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        glob = self.initial_global(trials)
-        zeros = {
-            name: v.new_zeros(v.shape[0], len(silos), *v.shape[1:]) for name, v in glob.items()
-        }
-        return {"global": glob, "momentum": zeros}
+    def initial_state(self, silos: Sequence[SiloInfo]) -> State:
+        return {**super().initial_state(silos), "hospitals": len(silos)}
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        glob: Params = state["global"]
-        momentum: Params = state["momentum"]
-        k_silos = len(silos)
-        members = [(r, k) for r in range(context.trials) for k in range(k_silos)]
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        return broadcast(state, silos)
+
+    def initial_local_state(self, start: Params) -> LocalState:
+        return {"velocity": {name: torch.zeros_like(v) for name, v in start.items()}}
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        """One step with a 1/√K share of the noise; the charge is the secure sum's event
+        (each share alone is weak: the sum is what the server sees)."""
+        cohort = members[0].instruction.cohort
+        if any(m.instruction.cohort != cohort for m in members):
+            raise ValueError("every hospital of a Dopamine round shares its cohort")
         share = dataclasses.replace(
-            self.dpsgd, noise_multiplier=self.dpsgd.noise_multiplier / math.sqrt(k_silos)
+            self.dpsgd, noise_multiplier=self.dpsgd.noise_multiplier / math.sqrt(len(cohort))
         )
-        trained = self.train_local(
-            [{n: v[r] for n, v in glob.items()} for r, _ in members],
-            members,
-            silos,
-            context,
+        results = self.train(
+            [Job(received(m), m, velocity=m.state["velocity"]) for m in members],
             config=share,
-            velocities=[{n: v[r, k] for n, v in momentum.items()} for r, k in members],
-            charge=False,  # each share alone is weak: the secure sum is what is released
+            charge_events=False,
         )
-        message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in glob.values()))
         if self.private:
-            context.charge_many(
-                [(r, k, self.participation_event(silos[k], silos)) for r, k in members]
+            charge([(m.ctx, self.participation_event(m.silo.info, cohort)) for m in members])
+            for m in members:
+                for view, event in self.view_events(m.silo.info, cohort).items():
+                    m.ctx.charge(event, view)
+        return [(Reply(flat(r.params)), {"velocity": r.velocity}) for r in results]
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        if secure_sum.reveals_inputs:
+            raise ValueError(
+                "fedsgd_secure's ε assumes the server sees only the sum of the replies; "
+                "in the clear each reply carries only σ/√K of the noise"
             )
-        for r, k in members:
-            if self.private:
-                for view, event in self.view_events(silos[k], silos).items():
-                    context.charge_view(r, k, view, event)
-            context.traffic(r, k, message, message)
-        new_global = {n: v.clone() for n, v in glob.items()}
-        new_momentum = {n: v.clone() for n, v in momentum.items()}
-        for i, (r, k) in enumerate(members):
-            for n in new_momentum:
-                new_momentum[n][r, k] = trained[i].velocity[n]
-        for r in range(context.trials):
-            mine = [trained[i].params for i, (t, _) in enumerate(members) if t == r]
-            for n in new_global:
-                new_global[n][r] = sum(p[n] for p in mine) / k_silos
-        return {"global": new_global, "momentum": new_momentum}
+        summed = secure_sum({name: r.vector for name, r in replies.items()})
+        hospitals: int = state["hospitals"]
+        if len(summed.included) != hospitals:
+            raise ValueError(
+                f"the secure sum holds {len(summed.included)} of {hospitals} replies: it "
+                f"carries noise σ√({len(summed.included)}/{hospitals}), less than was charged"
+            )
+        glob: Params = state["global"]
+        return {**state, "global": unflat(summed.total / hospitals, glob)}

@@ -1,37 +1,78 @@
 """Finetuning: FedAvg, then each silo trains the federated model further on its own data.
 
-Rounds 0 … `federated_rounds` − 1 are FedAvg rounds; every later round is a local
-training round of the same `local_epochs` of Poisson DP-SGD, from the last federated
-model, with no messages. A round of either kind costs a silo the same local steps, all
-charged. The seed's caveat (Fig. 2): finetuning drops the noise reduction that the
-averaging gave, so under DP it may not improve on FedAvg.
+Rounds 0 … `federated_rounds` − 1 are FedAvg rounds; in round `federated_rounds` each
+silo receives the last federated model and from then on trains it alone, the same
+`local_epochs` of Poisson DP-SGD a round, sending nothing. A round of either kind costs a
+silo the same local steps, all charged. The seed's caveat (Fig. 2): finetuning drops the
+noise reduction that the averaging gave, so under DP it may not improve on FedAvg.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
-from dpfl.federation.algorithms.base import RoundContext, State
-from dpfl.federation.algorithms.fedavg import FedAvg
-from dpfl.federation.algorithms.local import Local, broadcast
-from dpfl.federation.silo import Silo
+import numpy as np
+
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    received,
+)
+from dpfl.federation.algorithms.fedavg import apply_sum, broadcast, epoch_steps, update_replies
+from dpfl.federation.algorithms.local import train_alone
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 
 
 @dataclass(frozen=True)
-class Finetune(Local):
+class Finetune(DPSGDAlgorithm):
+    local_epochs: float = 1.0
     federated_rounds: int = 1
     """Rounds of FedAvg before the silos finetune alone."""
+    weighting: Literal["size", "uniform"] = "size"
 
-    name = "finetune"
+    name: ClassVar[str] = "finetune"
+    threat_model: ClassVar[str] = (
+        "The server sees the federated phase's updates; fine-tuning steps are charged."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.local_epochs <= 0:
+            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
         if self.federated_rounds < 0:
             raise ValueError(f"federated_rounds must be ≥ 0, got {self.federated_rounds}")
+        if self.weighting not in ("size", "uniform"):
+            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        if context.round >= self.federated_rounds:
-            return super().run_round(state, silos, context)
-        global_model = FedAvg.run_round(self, state, silos, context)["global"]
-        return {"global": global_model, "personal": broadcast(global_model, len(silos))}
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
+
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        if round <= self.federated_rounds:  # the last federated model goes out once more
+            return broadcast(state, silos)
+        return {s.name: Instruction(None, tuple(silos)) for s in silos}
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        if members[0].ctx.round >= self.federated_rounds:
+            return train_alone(self, members)
+        trained = self.train([Job(received(m), m) for m in members])
+        replies = update_replies(members, [t.params for t in trained], self.weighting)
+        return [(reply, m.state) for reply, m in zip(replies, members, strict=True)]
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        return apply_sum(state, replies, secure_sum)

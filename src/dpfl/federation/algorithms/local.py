@@ -4,76 +4,86 @@ One end of puffle's personalisation spectrum (seed §1.2): no cost from heteroge
 no reduction of the silo's DP noise by averaging. Under silo-specific record-level DP a
 round costs a silo exactly what a FedAvg round costs (the same local DP-SGD steps; being
 averaged with others is post-processing), so it is the baseline that every personalised
-algorithm must beat at equal ε.
+algorithm must beat at equal ε. The server half sends nothing; the shared model stays
+the common initial one.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar
 
-import torch
+import numpy as np
 
-from dpfl.federation.algorithms.base import RoundContext, State
-from dpfl.federation.algorithms.fedavg import FedAvg
-from dpfl.federation.silo import Silo
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    LocalState,
+    Member,
+    Outcome,
+    Reply,
+    State,
+)
+from dpfl.federation.algorithms.fedavg import epoch_steps
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 
 
-def every_silo(trials: int, silos: int) -> list[tuple[int, int]]:
-    """(trial, silo) members of a round in which every silo takes part."""
-    return [(r, k) for r in range(trials) for k in range(silos)]
+def personal(start: Params) -> LocalState:
+    """A hospital's local state that holds its own model, starting from `start`."""
+    return {"model": {name: v.clone() for name, v in start.items()}}
 
 
-def broadcast(params: Params, silos: int) -> Params:
-    """[trials, ...] → [trials, silos, ...]: every silo starts from the same model."""
-    return {
-        name: v.unsqueeze(1).expand(v.shape[0], silos, *v.shape[1:]).clone()
-        for name, v in params.items()
-    }
-
-
-def member_params(personal: Params, members: Sequence[tuple[int, int]]) -> list[Params]:
-    """Each (trial, silo) member's own model out of the stacked personal models."""
-    return [{name: v[r, k] for name, v in personal.items()} for r, k in members]
-
-
-def restack(trained: Sequence[Params], trials: int, silos: int) -> Params:
-    """Models of `every_silo(trials, silos)`, in that order, back to [trials, silos, ...]."""
-    return {
-        name: torch.stack([t[name] for t in trained]).reshape(trials, silos, *v.shape)
-        for name, v in trained[0].items()
-    }
+def train_alone(algorithm: DPSGDAlgorithm, members: Sequence[Member]) -> list[Outcome]:
+    """Each member trains its own model from where it is (or from the model it was just
+    sent) and sends nothing."""
+    jobs = [
+        Job(m.state["model"] if m.instruction.params is None else m.instruction.params, m)
+        for m in members
+    ]
+    return [
+        (None, {**m.state, "model": t.params})
+        for m, t in zip(members, algorithm.train(jobs), strict=True)
+    ]
 
 
 @dataclass(frozen=True)
-class Local(FedAvg):
-    """FedAvg's local training (`local_epochs` of Poisson DP-SGD a round) without the
-    server: no messages, so no traffic.
+class Local(DPSGDAlgorithm):
+    """`local_epochs` of Poisson DP-SGD a round at every silo, on its own model."""
 
-    The base of the personalised algorithms: the state keeps every silo's model as
-    `personal[trial, silo]` and each silo is evaluated with its own. Here `global` stays
-    the common initial model, as nothing is ever shared.
-    """
+    local_epochs: float = 1.0
 
-    name = "local"
+    name: ClassVar[str] = "local"
+    threat_model: ClassVar[str] = (
+        "Nothing leaves a hospital during training; the released model is DP-SGD-trained."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.client_rate is not None or self.clients_per_round is not None:
-            raise ValueError(
-                f"{self.name} trains every silo in every round (cross-silo); "
-                "client sampling is not supported"
-            )
+        if self.local_epochs <= 0:
+            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
 
-    def initial_state(self, silos: Sequence[Silo], trials: int) -> State:
-        start = self.initial_global(trials)
-        return {"global": start, "personal": broadcast(start, len(silos))}
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
 
-    def silo_params(self, state: State, k: int) -> Params:
-        return {name: v[:, k] for name, v in state["personal"].items()}
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        return {s.name: Instruction(None, tuple(silos)) for s in silos}
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        members = every_silo(context.trials, len(silos))
-        trained = self.train(member_params(state["personal"], members), members, silos, context)
-        return {**state, "personal": restack(trained, context.trials, len(silos))}
+    def initial_local_state(self, start: Params) -> LocalState:
+        return personal(start)
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        return train_alone(self, members)
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        return state

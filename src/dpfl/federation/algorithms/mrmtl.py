@@ -1,62 +1,101 @@
 """MR-MTL: mean-regularised multi-task learning (puffle seed, §1.3).
 
-Each silo k keeps its own model w_k across rounds and takes DP-SGD steps on
-F_k(w) + λ/2‖w − w̄‖²: w_k ← w_k − η(g̃_k + λ(w_k − w̄)), g̃_k its noisy gradient. The
-server keeps w̄, the mean of the silos' models after each round, and sends it back.
-λ = 0 is local training; a large λ ties every w_k to w̄, FedAvg's end of the spectrum.
-The pull only uses w̄, public to the silo, so a round costs what a FedAvg round costs
-(seed, footnote 3).
+Each silo k keeps its own model w_k across rounds, at the hospital, and takes DP-SGD
+steps on F_k(w) + λ/2‖w − w̄‖²: w_k ← w_k − η(g̃_k + λ(w_k − w̄)), g̃_k its noisy
+gradient. The server keeps w̄, the mean of the silos' models after each round (each
+hospital sends its model times its share), and sends it back. λ = 0 is local training;
+a large λ ties every w_k to w̄, FedAvg's end of the spectrum. The pull only uses w̄,
+public to the silo, so a round costs what a FedAvg round costs (seed, footnote 3).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import ClassVar, Literal
 
-import torch
+import numpy as np
 
-from dpfl.federation import aggregators
-from dpfl.federation.algorithms.base import RoundContext, State
-from dpfl.federation.algorithms.local import Local, every_silo, member_params, restack
-from dpfl.federation.messages import Encoding, payload_bytes
-from dpfl.federation.silo import Silo
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    LocalState,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    flat,
+    received,
+    size_weights,
+    unflat,
+)
+from dpfl.federation.algorithms.fedavg import broadcast, epoch_steps
+from dpfl.federation.algorithms.local import personal
+from dpfl.federation.messages import SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
+from dpfl.local.dpsgd import LocalResult
 from dpfl.local.regularised import check_strength
 
 
+def train_personal(
+    algorithm: DPSGDAlgorithm, members: Sequence[Member], strength: float
+) -> list[LocalResult]:
+    """Each member's personal model, trained with its steps pulled towards the model it
+    was sent (MR-MTL's w̄, Ditto's global model)."""
+    return algorithm.train(
+        [Job(m.state["model"], m, anchor=received(m)) for m in members], strength=strength
+    )
+
+
 @dataclass(frozen=True)
-class MRMTL(Local):
+class MRMTL(DPSGDAlgorithm):
+    local_epochs: float = 1.0
     strength: float = 1.0
     """λ, the pull towards the anchor; η·λ must stay below 2(1 + momentum)."""
+    weighting: Literal["size", "uniform"] = "size"
 
-    name = "mrmtl"
+    name: ClassVar[str] = "mrmtl"
+    threat_model: ClassVar[str] = (
+        "The server sees each hospital's DP-SGD-trained model; the personalised models "
+        "stay at their hospitals but are covered by the same steps (silo-level DP)."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.local_epochs <= 0:
+            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
+        if self.weighting not in ("size", "uniform"):
+            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
         check_strength(self.dpsgd, self.strength)
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        members = every_silo(context.trials, len(silos))
-        mean: Params = state["global"]
-        trained = self.train_local(
-            member_params(state["personal"], members),
-            members,
-            silos,
-            context,
-            anchors=[{name: v[r] for name, v in mean.items()} for r, _ in members],
-            strength=self.strength,
-        )
-        personal = restack([t.params for t in trained], context.trials, len(silos))
-        message = payload_bytes(Encoding.FLOAT32, sum(v[0].numel() for v in mean.values()))
-        for r, k in members:
-            context.traffic(r, k, message, message)  # receives w̄, sends w_k
-        weights = torch.tensor(
-            [float(s.declared_size) if self.weighting == "size" else 1.0 for s in silos]
-        )
-        return {
-            "global": {
-                name: aggregators.weighted_mean(v.flatten(2), weights).reshape(mean[name].shape)
-                for name, v in personal.items()
-            },
-            "personal": personal,
-        }
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
+
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        return broadcast(state, silos)  # w̄, the anchor
+
+    def initial_local_state(self, start: Params) -> LocalState:
+        return personal(start)
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        trained = train_personal(self, members, self.strength)
+        outcomes: list[Outcome] = []
+        for m, t in zip(members, trained, strict=True):
+            share = size_weights(m.instruction.cohort, self.weighting)[m.silo.name]
+            outcomes.append((Reply(share * flat(t.params)), {**m.state, "model": t.params}))
+        return outcomes
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        """w̄: the sum of the silos' models times their shares."""
+        total = secure_sum({name: r.vector for name, r in replies.items()}).total
+        glob: Params = state["global"]
+        return {**state, "global": unflat(total, glob)}

@@ -5,25 +5,36 @@ global model, but each returns only s_k = sign(w_k − w) ∈ {−1, 1}ⁿ, a un
 sign where the update is exactly zero (§3.1), packed one bit a parameter: 32× less
 upstream traffic. The server moves the model by γ·sign(Σ_k s_k), a majority vote that is
 not weighted by silo size (a client could otherwise inflate its vote by claiming more
-records). The sign and the tie-breaking coin are post-processing of the DP-SGD output, so
-a silo's charge is its local DP-SGD steps, for the rounds it takes part in, as in FedAvg.
+records); it needs only the sum of the votes. The sign and the tie-breaking coin are
+post-processing of the DP-SGD output, so a silo's charge is its local DP-SGD steps, for
+the rounds it takes part in, as in FedAvg.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from dpfl.federation import aggregators
-from dpfl.federation.algorithms.base import RoundContext, State
-from dpfl.federation.algorithms.fedavg import FedAvg
-from dpfl.federation.messages import Encoding, payload_bytes
-from dpfl.federation.silo import Silo
+from dpfl.federation.algorithms.base import (
+    DPSGDAlgorithm,
+    Instruction,
+    Job,
+    Member,
+    Outcome,
+    Reply,
+    State,
+    flat,
+    received,
+    unflat,
+)
+from dpfl.federation.algorithms.fedavg import broadcast, epoch_steps, sampled_cohort
+from dpfl.federation.messages import Encoding, SecureSum
+from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 
 
@@ -38,45 +49,59 @@ def random_signs(update: Tensor, rng: np.random.Generator) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Sign(FedAvg):
+class Sign(DPSGDAlgorithm):
     """FL-SIGN (σ = 0) or FL-SIGN-DP; `server_learning_rate` is Kerkouche's γ
     (0.001 for FL-SIGN, 0.005 for FL-SIGN-DP in their Table 5)."""
 
+    local_epochs: float = 1.0
+    client_rate: float | None = None
+    clients_per_round: int | None = None
     server_learning_rate: float = 0.005
-    weighting: Literal["size", "uniform"] = "uniform"
 
-    name = "sign"
+    name: ClassVar[str] = "sign"
+    threat_model: ClassVar[str] = (
+        "As FL-STANDARD-DP: the server sees each hospital's sign vector, computed from a "
+        "DP-SGD update, so it is covered by that hospital's DP-SGD guarantee."
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
+        if self.local_epochs <= 0:
+            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
         if self.server_learning_rate <= 0:
             raise ValueError(f"server_learning_rate must be > 0, got {self.server_learning_rate}")
-        if self.weighting != "uniform":
-            raise ValueError("FL-SIGN's votes are not weighted by silo size (Kerkouche §3.1)")
+        if self.client_rate is not None and self.clients_per_round is not None:
+            raise ValueError("give client_rate or clients_per_round, not both")
 
-    def run_round(self, state: State, silos: Sequence[Silo], context: RoundContext) -> State:
-        glob: Params = state["global"]
-        members, starts, trained = self.local_round(state, silos, context)
-        names = list(glob)
-        n_params = sum(glob[name][0].numel() for name in names)
-        down, up = payload_bytes(Encoding.FLOAT32, n_params), payload_bytes(Encoding.SIGN, n_params)
-        votes = []
-        for (r, k), start, local in zip(members, starts, trained, strict=True):
-            update = torch.cat([(local[name] - start[name]).flatten() for name in names])
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
+
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        return broadcast(
+            state, sampled_cohort(silos, rng, self.client_rate, self.clients_per_round)
+        )
+
+    def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
+        trained = self.train([Job(received(m), m) for m in members])
+        outcomes: list[Outcome] = []
+        for m, t in zip(members, trained, strict=True):
+            update = flat(t.params) - flat(received(m))
             # a fresh stream: reusing the sampler's would tie the coins to the batches
-            votes.append(random_signs(update, context.rng(r, k)))
-            context.traffic(r, k, down, up)
-        new_global = {name: v.clone() for name, v in glob.items()}
-        for r in range(context.trials):
-            mine = [votes[i] for i, (t, _) in enumerate(members) if t == r]
-            if not mine:  # nobody sampled: the model stays
-                continue
-            step = self.server_learning_rate * aggregators.sign_majority(torch.stack(mine))
-            offset = 0
-            for name in names:
-                size = new_global[name][r].numel()
-                new_global[name][r] += step[offset : offset + size].reshape(
-                    new_global[name][r].shape
-                )
-                offset += size
-        return {"global": new_global}
+            votes = random_signs(update, m.ctx.rng())
+            outcomes.append((Reply(votes, Encoding.SIGN), m.state))
+        return outcomes
+
+    def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
+        if not replies:  # nobody sampled: the model stays
+            return state
+        votes = secure_sum({name: r.vector for name, r in replies.items()}).total
+        glob: Params = state["global"]
+        step = self.server_learning_rate * torch.sign(votes)
+        return {**state, "global": unflat(flat(glob) + step, glob)}

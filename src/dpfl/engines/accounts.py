@@ -1,0 +1,248 @@
+"""The privacy bookkeeping every engine does around an algorithm's rounds.
+
+One ledger account per (silo, trial) with the silo's (ε, δ) budget, and one per view
+(what observers other than the server learn: recorded, never binding); public sizes
+(declared, or a DP count released once through the ledger); the whole plan checked
+before round 0; σ calibrated to the budgets by the accountant that enforces them; and
+the resume rule: only a resume of the same run instance may count an entry as already
+paid. The simulator applies it to every account of a run at once; a deployed hospital
+applies it to its own accounts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
+
+import torch
+
+from dpfl.federation.algorithms.base import Algorithm
+from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.local.noise import NoiseSource
+from dpfl.privacy import Accountant, Ledger, calibrate_noise, events
+
+DEFAULT_SIZE_NOISE = 20.0
+"""Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
+δ = 1e-5 on its own, and a ±20 error that barely moves q for a silo of hundreds."""
+
+Budgets = Mapping[str, tuple[float | None, float]]
+"""(ε, δ) per silo name; ε None: record without limit (ε read off afterwards)."""
+Prepaid = Counter[tuple[str, int, str]]
+
+
+def account(silo: Silo | SiloInfo | str, trial: int, view: str | None = None) -> str:
+    """The ledger account of a silo (or silo name) in one trial: trials are separate runs
+    on the same records, each with the silo's budget (releasing several trials' models
+    composes them). A `view` account records what another observer (e.g. the other
+    hospitals) learns."""
+    name = silo if isinstance(silo, str) else silo.name
+    return f"{name}/trial-{trial}" + ("" if view is None else f"/{view}")
+
+
+def register_accounts(book: Ledger, silos: Sequence[Silo], trials: int, budgets: Budgets) -> None:
+    """Open every (silo, trial) account with the silo's budget and declared size. A silo
+    without an ε budget gets an account that records without limit (a research run at a
+    fixed σ, its ε read off afterwards)."""
+    for silo in silos:
+        eps, delta = budgets[silo.name]
+        for trial in range(trials):
+            book.register_silo(
+                account(silo, trial),
+                epsilon=math.inf if eps is None else eps,
+                delta=delta,
+                size=silo.public_size,
+            )
+
+
+def register_views(
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[SiloInfo],
+    trials: int,
+    budgets: Budgets,
+    declared: Mapping[str, int | None],
+) -> None:
+    """Accounts for what observers other than the server learn: recorded, never binding."""
+    for silo in silos:
+        for view in algorithm.view_events(silo, silos):
+            for trial in range(trials):
+                book.register_silo(
+                    account(silo, trial, view),
+                    epsilon=math.inf,
+                    delta=budgets[silo.name][1],
+                    size=declared[silo.name],
+                )
+
+
+def public_sizes(
+    book: Ledger,
+    silos: Sequence[Silo],
+    trials: int,
+    size_noise: float,
+    noise_of: Callable[[int], NoiseSource],
+) -> tuple[list[Silo], dict[str, events.PrivacyEvent]]:
+    """Each silo with its public size: declared, or a DP count released through the
+    ledger (charged to every trial's account before it is drawn with `noise_of(k)`,
+    drawn once, kept). Returns the silos and, per released silo, the count's event."""
+    out, counts = [], {}
+    for k, silo in enumerate(silos):
+        if silo.public_size is not None:
+            out.append(silo)
+            continue
+        if not size_noise > 0:
+            raise ValueError(f"size_noise must be > 0 to release a DP count, got {size_noise}")
+        count = events.gaussian(size_noise)
+        noise = noise_of(k)
+
+        def draw(silo: Silo = silo, noise: NoiseSource = noise) -> float:
+            return silo.size + float(noise.normal((1,), size_noise, torch.float64)[0])
+
+        value = book.release(
+            f"record count of {silo.name}",
+            [(account(silo, trial), count) for trial in range(trials)],
+            draw,
+        )
+        out.append(dataclasses.replace(silo, public_size=max(1, round(value))))
+        counts[silo.name] = count
+    return out, counts
+
+
+def calibrated_sigma(
+    algorithm: Algorithm,
+    silos: Sequence[SiloInfo],
+    rounds: int,
+    budgets: Budgets,
+    accountant: Accountant | None,
+    counts: Mapping[str, events.PrivacyEvent],
+) -> dict[str, float]:
+    """Per silo, the least σ that keeps its whole plan (with its released count, if any)
+    within its budget, by the ledger's accountant, which will hold the run to it."""
+    sigmas: dict[str, float] = {}
+    memo: dict[tuple[str, float, float], float] = {}
+    for silo in silos:
+        eps, delta = budgets[silo.name]
+        if eps is None:
+            raise ValueError("calibration needs an ε budget for every silo")
+        before = [counts[silo.name]] if silo.name in counts else []
+
+        def plan(
+            sigma: float, silo: SiloInfo = silo, before: list[events.PrivacyEvent] = before
+        ) -> events.PrivacyEvent:
+            rounds_of = events.repeat(
+                algorithm.with_noise(sigma).participation_event(silo, silos), rounds
+            )
+            return events.compose([*before, rounds_of]) if before else rounds_of
+
+        key = (plan(1.0).to_json(), eps, delta)
+        if key not in memo:
+            memo[key] = calibrate_noise(eps, delta, plan, accountant=accountant)
+        sigmas[silo.name] = memo[key]
+    return sigmas
+
+
+def affordable_rounds(
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[SiloInfo],
+    rounds_left: int,
+    budgets: Budgets,
+) -> int:
+    """How many of the `rounds_left` rounds every silo can afford. The first trial's
+    account stands for all trials: they spend alike."""
+    counts = []
+    for silo in silos:
+        if budgets[silo.name][0] is None:
+            raise ValueError(f"{algorithm.name} stops at a budget: give every silo an ε")
+        name = account(silo, 0)
+        per_round = algorithm.participation_event(silo, silos)
+        fits = book.can_afford(name, events.repeat(per_round, rounds_left))
+        counts.append(rounds_left if fits else book.affordable_repeats(name, per_round))
+    return min(counts)
+
+
+def prepaid(
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[SiloInfo],
+    trials: int,
+    start: int,
+    label: str,
+) -> Prepaid:
+    """Charges this run (by its label) already made for the round it resumes with: it
+    stopped after paying for that round but before checkpointing it. The round's outputs
+    were never kept, and re-running it releases them once, so what was paid covers it.
+    If this run's entries go past that round, it is a new run over an old ledger, and
+    nothing counts as paid."""
+    names = [
+        account(s, r, view)
+        for s in silos
+        for r in range(trials)
+        for view in [None, *algorithm.view_events(s, silos)]
+    ]
+    known = set(book.silos())
+    mine = [
+        (name, entry)
+        for name in names
+        if name in known
+        for entry in book.entries(name)
+        if entry.label == label
+    ]
+    if any(entry.round is not None and entry.round > start for _, entry in mine):
+        return Counter()
+    return Counter(
+        (name, start, entry.event.to_json()) for name, entry in mine if entry.round == start
+    )
+
+
+def unpaid(
+    charges: Sequence[tuple[str, events.PrivacyEvent]], paid: Prepaid, round_: int
+) -> list[tuple[str, events.PrivacyEvent]]:
+    """The charges not covered by `paid`, which gives up what it covers."""
+    due = []
+    for name, event in charges:
+        key = (name, round_, event.to_json())
+        if paid[key]:
+            paid[key] -= 1
+        else:
+            due.append((name, event))
+    return due
+
+
+def check_plans(
+    book: Ledger,
+    algorithm: Algorithm,
+    silos: Sequence[SiloInfo],
+    trials: int,
+    rounds_left: int,
+    budgets: Budgets,
+    paid: Prepaid,
+) -> None:
+    """Check that the rest of every account's plan fits (a first round already paid for,
+    see `prepaid`, is not planned twice)."""
+    accounts_paid = {name for name, _, _ in paid}
+    for silo in silos:
+        event = algorithm.participation_event(silo, silos)
+        eps, delta = budgets[silo.name]
+        budget = math.inf if eps is None else eps
+        for trial in range(trials):
+            name = account(silo, trial)
+            plan = events.repeat(event, rounds_left - (name in accounts_paid))
+            if not book.can_afford(name, plan):
+                raise ValueError(
+                    f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
+                    f"ε={budget:g} at δ={delta:g} (ε would be "
+                    f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
+                    "rounds, or calibrate the noise to the budget"
+                )
+
+
+def worst_spent(book: Ledger, silos: Sequence[SiloInfo], trials: int) -> str:
+    """The worst ε spent so far, over silos and trials, by the accountant that enforces
+    the budgets (named)."""
+    worst = max(
+        (book.spent(account(s, r)) for s in silos for r in range(trials)),
+        key=lambda report: report.epsilon,
+    )
+    return f"max ε {worst.epsilon:.3f} ({worst.accountant.value.upper()})"

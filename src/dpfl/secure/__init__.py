@@ -1,0 +1,59 @@
+"""Secure aggregation: how the server learns the sum of the hospitals' replies.
+
+Every sum here satisfies `dpfl.federation.messages.SecureSum`. `InTheClear` shows the
+server each reply (and so suits robust aggregators, never an algorithm whose accounting
+needs the replies hidden). `IdealSecureSum` is the ideal functionality of secure
+aggregation inside one process: the server's code is handed the sum of every reply and
+nothing else, which is what masking or homomorphic encryption guarantee across machines;
+the simulator uses it for algorithms that need a secure sum (Dopamine).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dpfl.federation.messages import Summed
+
+__all__ = ["IdealSecureSum", "InTheClear", "plain_sum"]
+
+
+def plain_sum(vectors: Mapping[str, Tensor]) -> Summed:
+    """The sum of the vectors, in their order, and who is in it."""
+    if not vectors:
+        raise ValueError("nothing to sum: no replies")
+    shapes = {tuple(v.shape) for v in vectors.values()}
+    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
+        raise ValueError(f"replies must be flat vectors of one length, got shapes {shapes}")
+    total = torch.stack(list(vectors.values())).sum(0)
+    if not bool(torch.isfinite(total).all()):
+        raise ValueError("a reply contains NaN or infinity; refusing to sum it")
+    return Summed(total, tuple(vectors))
+
+
+@dataclass(frozen=True)
+class InTheClear:
+    """The server receives every reply as sent and adds them up itself."""
+
+    @property
+    def reveals_inputs(self) -> bool:
+        return True
+
+    def __call__(self, vectors: Mapping[str, Tensor]) -> Summed:
+        return plain_sum(vectors)
+
+
+@dataclass(frozen=True)
+class IdealSecureSum:
+    """Only the sum reaches the server (the simulator's stand-in for secure aggregation:
+    one process holds the replies, the algorithm's server half sees only their sum)."""
+
+    @property
+    def reveals_inputs(self) -> bool:
+        return False
+
+    def __call__(self, vectors: Mapping[str, Tensor]) -> Summed:
+        return plain_sum(vectors)
