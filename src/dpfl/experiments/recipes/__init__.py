@@ -1,10 +1,12 @@
 """The seed papers' experiments, each re-run on the closest data we have.
 
-A recipe module defines `NAME`, `TITLE`, `studies(data_dir, scale)` (the study configs
-to run, as `Study` objects, possibly none when its real data are absent, with `notes`
-saying so) and `compare(runs, store)` (rows: what the paper measured next to ours).
-`reproduce` runs the studies through the ordinary sweep machinery, so a reproduction
-is itself a study directory: resumable, with a results store, `best` and `report`.
+Each recipe module exports one `RECIPE`, a `Recipe` (see `base`): its `name` (the
+command's), `title`, `studies(data_dir, scale)` (the study configs to run, as `Study`
+objects, possibly none when its real data are absent, with `notes` saying so) and
+`compare(runs, store)` (rows: what the paper measured next to ours). `RECIPES` lists
+them by name. `reproduce` runs the studies through the ordinary sweep machinery, so a
+reproduction is itself a study directory: resumable, with a results store, `best` and
+`report`.
 
 Scales: `smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials,
 rounds and grid).
@@ -12,46 +14,32 @@ rounds and grid).
 
 from __future__ import annotations
 
-import importlib
-import statistics
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
-from typing import Literal
 
-from dpfl.experiments.config import Study
+from dpfl.experiments.recipes import astar, dopamine, kerkouche, owkin, puffle
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, mean_std, real_folder
 from dpfl.experiments.runner import STORE, Progress, run_study
 from dpfl.experiments.store import ResultsStore, RunRow
 
-Scale = Literal["smoke", "default", "full"]
+__all__ = [
+    "RECIPES",
+    "Plan",
+    "Recipe",
+    "Reproduction",
+    "Row",
+    "Scale",
+    "mean_std",
+    "real_folder",
+    "recipe",
+    "reproduce",
+]
 
-RECIPES = {
-    "owkin-idash2020": "owkin",
-    "astar-aop": "astar",
-    "kerkouche-fl-sign": "kerkouche",
-    "puffle-mrmtl": "puffle",
-    "dopamine": "dopamine",
+RECIPES: dict[str, Recipe] = {
+    r.name: r
+    for r in (owkin.RECIPE, astar.RECIPE, kerkouche.RECIPE, puffle.RECIPE, dopamine.RECIPE)
 }
-"""Command name -> module in this package."""
-
-
-@dataclass(frozen=True)
-class Row:
-    """One comparison: a setting, the paper's figure, ours, and how the data differ."""
-
-    setting: str
-    paper: str
-    ours: str
-    note: str = ""
-
-
-@dataclass
-class Plan:
-    """What a recipe will run, and what it had to leave out (e.g. absent real data)."""
-
-    studies: list[Study]
-    notes: list[str] = field(default_factory=list)
+"""Command name -> recipe, in the order the docs present them."""
 
 
 @dataclass(frozen=True)
@@ -63,10 +51,11 @@ class Reproduction:
     runs: list[RunRow]
 
 
-def recipe(name: str) -> ModuleType:
+def recipe(name: str) -> Recipe:
+    """The recipe called `name`; a ValueError naming the known ones otherwise."""
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; known: {', '.join(RECIPES)}")
-    return importlib.import_module(f"{__name__}.{RECIPES[name]}")
+    return RECIPES[name]
 
 
 def reproduce(
@@ -79,33 +68,11 @@ def reproduce(
     report: Progress = lambda line: None,
 ) -> Reproduction:
     """Run recipe `name` into `out` (resuming what is there) and compare with the paper."""
-    module = recipe(name)
-    plan: Plan = module.studies(data_dir, scale)
+    chosen = recipe(name)
+    plan = chosen.studies(data_dir, scale)
     runs = (  # all studies' points share the workers
         run_study(plan.studies, out, workers=workers, report=report) if plan.studies else []
     )
     with ResultsStore(Path(out) / STORE) as store:
-        rows: list[Row] = module.compare(runs, store)
-    return Reproduction(name, module.TITLE, rows, plan.notes, runs)
-
-
-def real_folder(data_dir: Path | None, folder: str, what: str, notes: list[str]) -> Path | None:
-    """`data_dir / folder` if it exists; otherwise None, and a note naming what is
-    skipped and where it was looked for."""
-    if data_dir is not None and (data_dir / folder).is_dir():
-        return data_dir / folder
-    place = None if data_dir is None else (data_dir / folder).resolve()
-    where = "no data folder given" if place is None else f"{place} not found"
-    notes.append(f"skipped {what}: {where} (real data, not shipped with dpfl)")
-    return None
-
-
-def mean_std(values: Sequence[float], *, percent: bool = True) -> str:
-    """'93.1 ± 1.2 %' over trials (no ± for one trial)."""
-    scale, unit = (100.0, " %") if percent else (1.0, "")
-    if not values:
-        return "n/a"
-    mean = statistics.fmean(values) * scale
-    if len(values) == 1:
-        return f"{mean:.1f}{unit}"
-    return f"{mean:.1f} ± {statistics.stdev(values) * scale:.1f}{unit}"
+        rows = chosen.compare(runs, store)
+    return Reproduction(name, chosen.title, rows, plan.notes, runs)

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale
 from dpfl.experiments.recipes.genomics_common import (
     GenomicsData,
     compare_rows,
@@ -132,3 +132,6 @@ def _describe(config: dict[str, Any]) -> str:
         f"FedAvg, {config['rounds']} rounds of {algorithm['local_epochs']:g} local epoch, "
         f"B = {algorithm['expected_batch_size']:g}, η = {algorithm['learning_rate']:g}"
     )
+
+
+RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)

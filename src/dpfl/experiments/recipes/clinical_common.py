@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any, TypeVar
 
-from dpfl.experiments.recipes import Scale, mean_std
+from dpfl.experiments.recipes.base import Scale, mean_std
 from dpfl.experiments.store import ResultsStore, RunRow
 
 T = TypeVar("T")

@@ -22,7 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -170,3 +170,6 @@ def _claim_row(
         f"accuracy {_accuracy(store, dopamine)} vs {_accuracy(store, fpdp)}",
         "all three calibrated to the same budget, so ε alone cannot separate them here",
     )
+
+
+RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)

@@ -21,7 +21,7 @@ import numpy as np
 
 from dpfl.experiments.config import DataConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.recipes import Row, Scale, mean_std, real_folder
+from dpfl.experiments.recipes.base import Row, Scale, mean_std, real_folder
 from dpfl.experiments.store import ResultsStore, RunRow
 
 SILOS = 2

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -249,3 +249,6 @@ def _bandwidth_row(where: str, pair: dict[str, RunRow], store: ResultsStore) -> 
         f"{sign / 1e6:.3f} MB vs {standard / 1e6:.3f} MB (1/{ratio:.2f})",
         "signs packed 8 to a byte vs float32; the model is smaller than the paper's",
     )
+
+
+RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale
 from dpfl.experiments.recipes.genomics_common import (
     GenomicsData,
     compare_rows,
@@ -114,3 +114,6 @@ def _describe(config: dict[str, Any]) -> str:
         f"B = {algorithm['expected_batch_size']:g}, C = {algorithm['clip_norm']:g}, "
         f"η = {algorithm['learning_rate']:g}"
     )
+
+
+RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)

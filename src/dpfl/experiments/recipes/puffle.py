@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes import Plan, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -159,3 +159,6 @@ def _best_row(
         "λ* is picked on the test sets, as in the seed; tuning λ itself costs privacy "
         "that nobody accounts for (the seed's own caveat)",
     )
+
+
+RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)

@@ -1,0 +1,81 @@
+"""What every recipe is made of: the `Recipe` itself, the `Plan` it runs, the `Row`s it
+compares, and two helpers the recipes share. Kept apart from the package's `__init__`,
+which imports every recipe to build the registry, so that the recipes can import these
+without a cycle."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from dpfl.experiments.config import Study
+from dpfl.experiments.store import ResultsStore, RunRow
+
+Scale = Literal["smoke", "default", "full"]
+"""`smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials, rounds
+and grid)."""
+
+
+@dataclass(frozen=True)
+class Row:
+    """One comparison: a setting, the paper's figure, ours, and how the data differ."""
+
+    setting: str
+    paper: str
+    ours: str
+    note: str = ""
+
+
+@dataclass
+class Plan:
+    """What a recipe will run, and what it had to leave out (e.g. absent real data)."""
+
+    studies: list[Study]
+    notes: list[str] = field(default_factory=list)
+
+
+Studies = Callable[[Path | None, Scale], Plan]
+"""(folder of the real data or None, scale) -> the studies to run and what is left out."""
+Compare = Callable[[list[RunRow], ResultsStore], list[Row]]
+"""(the runs of the plan's studies, the results store they wrote) -> the table's rows."""
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """A seed paper's experiment, re-run on the closest data we have.
+
+    `studies(data_dir, scale)` plans the study configs (possibly none when the real data
+    are absent, with notes saying so); `compare(runs, store)` reads the finished runs and
+    puts what the paper measured next to ours. Each recipe module exports one `RECIPE`."""
+
+    name: str
+    """The command's name: `dpfl reproduce NAME`."""
+    title: str
+    """The table's title."""
+    studies: Studies
+    compare: Compare
+
+
+def real_folder(data_dir: Path | None, folder: str, what: str, notes: list[str]) -> Path | None:
+    """`data_dir / folder` if it exists; otherwise None, and a note naming what is
+    skipped and where it was looked for."""
+    if data_dir is not None and (data_dir / folder).is_dir():
+        return data_dir / folder
+    place = None if data_dir is None else (data_dir / folder).resolve()
+    where = "no data folder given" if place is None else f"{place} not found"
+    notes.append(f"skipped {what}: {where} (real data, not shipped with dpfl)")
+    return None
+
+
+def mean_std(values: Sequence[float], *, percent: bool = True) -> str:
+    """'93.1 ± 1.2 %' over trials (no ± for one trial)."""
+    scale, unit = (100.0, " %") if percent else (1.0, "")
+    if not values:
+        return "n/a"
+    mean = statistics.fmean(values) * scale
+    if len(values) == 1:
+        return f"{mean:.1f}{unit}"
+    return f"{mean:.1f} ± {statistics.stdev(values) * scale:.1f}{unit}"
