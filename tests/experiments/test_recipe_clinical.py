@@ -1,7 +1,8 @@
 """The clinical recipes (Kerkouche, puffle, Dopamine) at smoke scale, end to end.
 
-Each recipe runs once per module on the shared real data; the tests then read its
-results store: every private run stays within its ε budget by the ledger's own
+Each recipe runs once per test session on the shared real data (the same runs as
+test_recipe_golden.py, which compares their rows with the golden ones); the tests here
+read its results store: every private run stays within its ε budget by the ledger's own
 accountant, FL-SIGN sends 1/32 of FL-STANDARD's upstream bytes, personalised runs are
 scored per silo, and Dopamine's five methods carry the right privacy.
 """
@@ -13,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.experiments.recipes import Reproduction, recipe, reproduce
+from dpfl.experiments.recipes import recipe, reproduce
 from dpfl.experiments.recipes.clinical_common import (
     private,
     setting,
@@ -25,26 +26,22 @@ from dpfl.experiments.recipes.dopamine import METHODS
 from dpfl.experiments.runner import STORE
 from dpfl.experiments.store import ResultsStore, RunRow
 
-Ran = tuple[Reproduction, Path]
-
-
-def _run(name: str, out: Path, data_dir: Path | None) -> Ran:
-    return reproduce(name, out, data_dir=data_dir, scale="smoke"), out
+from .test_recipe_golden import Ran, smoke
 
 
 @pytest.fixture(scope="module")
 def kerkouche(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    return _run("kerkouche-fl-sign", tmp_path_factory.mktemp("kerkouche"), shared_data)
+    return smoke("kerkouche-fl-sign", shared_data, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def puffle(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    return _run("puffle-mrmtl", tmp_path_factory.mktemp("puffle"), shared_data)
+    return smoke("puffle-mrmtl", shared_data, tmp_path_factory)
 
 
 @pytest.fixture(scope="module")
 def dopamine(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    return _run("dopamine", tmp_path_factory.mktemp("dopamine"), shared_data)
+    return smoke("dopamine", shared_data, tmp_path_factory)
 
 
 def _store(out: Path) -> ResultsStore:
@@ -54,7 +51,7 @@ def _store(out: Path) -> ResultsStore:
 @pytest.mark.parametrize("name", ["kerkouche", "puffle", "dopamine"])
 def test_every_run_finishes_within_its_budget(name: str, request: pytest.FixtureRequest) -> None:
     reproduction, out = request.getfixturevalue(name)
-    assert reproduction.runs and reproduction.rows and not reproduction.notes
+    assert reproduction.runs  # the rows and notes: test_recipe_golden.py
     with _store(out) as store:
         for run in reproduction.runs:
             assert run.status == "finished", run.error

@@ -1,6 +1,8 @@
 """The Owkin and A*STAR reproductions at smoke scale: the rows compare the papers'
 settings, every ε read from the store is within its budget, the models learn, real data
-that is absent is skipped with a note, and the genomics builders refuse bad input."""
+that is absent is skipped with a note, and the genomics builders refuse bad input. The
+smoke runs are shared with test_recipe_golden.py, which compares their rows with the
+golden ones."""
 
 from __future__ import annotations
 
@@ -25,19 +27,17 @@ from dpfl.experiments.recipes.genomics_common import majority
 from dpfl.experiments.runner import STORE
 from dpfl.experiments.store import ResultsStore, RunRow
 
+from .test_recipe_golden import smoke
+
 
 @pytest.fixture(scope="module")
 def owkin_smoke(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("owkin")
-    reproduce(owkin.NAME, out, data_dir=shared_data, scale="smoke")
-    return out
+    return smoke(owkin.NAME, shared_data, tmp_path_factory)[1]
 
 
 @pytest.fixture(scope="module")
 def astar_smoke(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("astar")
-    reproduce(astar.NAME, out, data_dir=shared_data, scale="smoke")
-    return out
+    return smoke(astar.NAME, shared_data, tmp_path_factory)[1]
 
 
 def _again(name: str, out: Path, data_dir: Path | None) -> Reproduction:
