@@ -311,6 +311,6 @@ def test_the_progress_status_shows_the_worst_trial_by_the_enforcing_accountant(
         book.record(account(silos[2], 1), events.repeat(step, 3))  # trial 1 spent most
         book.record(account(silos[0], 0), step)
         worst = book.spent(account(silos[2], 1))
-        status = _status(book, silos, 2, [], _fedavg())
+        status = _status(book, [s.info for s in silos], 2, [], _fedavg())
     assert worst.accountant.value == "pld"
     assert status.startswith(f"max ε {worst.epsilon:.3f} (PLD)")

@@ -3,7 +3,7 @@ resumption, budgets, client sampling, traffic and interruption."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +15,8 @@ from sklearn.datasets import load_breast_cancer
 from dpfl.data import partition
 from dpfl.engines import simulation
 from dpfl.engines.simulation import SimulationResult, account, simulate
-from dpfl.federation.algorithms import Cyclic, FedAvg, RoundContext, State
-from dpfl.federation.silo import Silo
+from dpfl.federation.algorithms import Cyclic, FedAvg, Instruction, State
+from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
@@ -200,10 +200,17 @@ def test_traffic_is_one_float32_model_each_way_per_participation() -> None:
 
 @dataclass(frozen=True)
 class _StopsInRoundTwo(FedAvg):
-    def run_round(self, state: State, silos: list[Silo], context: RoundContext) -> State:  # type: ignore[override]
-        if context.round == 2:
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        step: int = 0,
+    ) -> dict[str, Instruction]:
+        if round == 2:
             raise KeyboardInterrupt
-        return super().run_round(state, silos, context)
+        return super().configure(state, round, silos, rng, step)
 
 
 def test_ctrl_c_stops_cleanly_with_the_ledger_intact(tmp_path: Path) -> None:

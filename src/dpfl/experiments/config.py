@@ -163,8 +163,8 @@ class AlgorithmConfig(_Strict):
     clients_per_round: int | None = Field(None, ge=1)
     """fedavg, sign: exactly this many silos, drawn at random, take part in each round."""
     weighting: Literal["size", "uniform"] | None = None
-    """fedavg, sign: mean of the updates weighted by silo size or uniform (Kerkouche's
-    1/|K|); default size for fedavg, uniform for sign."""
+    """fedavg, mrmtl, ditto, finetune: mean of the models weighted by silo size (the
+    default) or uniform (Kerkouche's 1/|K|); sign's votes are always uniform."""
     steps_per_visit: int = Field(10, ge=1)
     """cyclic: DP-SGD steps at each silo per visit (Owkin's E)."""
     server_learning_rate: float = Field(0.005, gt=0)
@@ -242,20 +242,22 @@ class StudyConfig(_Strict):
 
     @model_validator(mode="after")
     def _fits_the_algorithm(self) -> StudyConfig:
-        name = self.algorithm.name
-        if name == "aop" and not self.privacy.private:
+        from dpfl.federation.algorithms import BY_NAME  # imports torch: only to validate
+
+        name, kind = self.algorithm.name, BY_NAME[self.algorithm.name]
+        if kind.sets_own_noise and not self.privacy.private:
             raise ValueError(
-                "aop has no non-private form; the non-private reference is fedavg or "
+                f"{name} has no non-private form; the non-private reference is fedavg or "
                 "centralized with privacy.private = false"
             )
-        if name == "aop" and self.privacy.epsilon is None:
-            raise ValueError("aop releases with output perturbation: give privacy.epsilon")
-        if name == "aop" and self.privacy.noise_multiplier is not None:
-            raise ValueError("aop calibrates its own noise to privacy.epsilon")
-        if name == "fedsgd_secure" and self.privacy.private and self.privacy.epsilon is None:
-            raise ValueError("fedsgd_secure stops at its budget: give privacy.epsilon")
-        if self.model.kind != "logistic_regression" and name == "aop":
-            raise ValueError("aop needs a convex model: model.kind = 'logistic_regression'")
+        if kind.sets_own_noise and self.privacy.epsilon is None:
+            raise ValueError(f"{name} sets its noise from the budget: give privacy.epsilon")
+        if kind.sets_own_noise and self.privacy.noise_multiplier is not None:
+            raise ValueError(f"{name} calibrates its own noise to privacy.epsilon")
+        if kind.stops_at_budget and self.privacy.private and self.privacy.epsilon is None:
+            raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
+        if kind.needs_linear_model and self.model.kind != "logistic_regression":
+            raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
         return self
 
     def key(self) -> str:

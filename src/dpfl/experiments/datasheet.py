@@ -21,48 +21,7 @@ if TYPE_CHECKING:  # the report reads datasheets without importing torch
     from dpfl.engines.simulation import SimulationResult
     from dpfl.experiments.config import StudyConfig
     from dpfl.experiments.store import RunRow
-
-THREAT_MODELS = {
-    "fedavg": (
-        "The server and every other hospital see each participating hospital's model "
-        "update after its local DP-SGD; the guarantee holds against all of them together "
-        "(honest-but-curious or colluding). With client sampling, who took part is public."
-    ),
-    "sign": (
-        "As FL-STANDARD-DP: the server sees each hospital's sign vector, computed from a "
-        "DP-SGD update, so it is covered by that hospital's DP-SGD guarantee."
-    ),
-    "cyclic": (
-        "Each hospital passes its model to the next in turn; the next hospital (and "
-        "anyone who sees the model) learns only what E DP-SGD steps release. Steps at "
-        "other hospitals are post-processing for this one."
-    ),
-    "fedsgd_secure": (
-        "Dopamine: the server sees only the secure sum of the hospitals' noisy gradients, "
-        "which carries noise σ in all (the server view, bound by the budget). Another "
-        "hospital that subtracts its own share still faces noise σ√((K−1)/K): the "
-        "'hospitals' view. Secure aggregation itself is simulated in the clear here."
-    ),
-    "aop": (
-        "A*STAR output perturbation: each hospital releases a noisy minimiser per epoch; "
-        "the server and the other hospitals see those releases. Basic composition over "
-        "the epochs."
-    ),
-    "mrmtl": (
-        "The server sees each hospital's DP-SGD-trained model; the personalised models "
-        "stay at their hospitals but are covered by the same steps (silo-level DP)."
-    ),
-    "ditto": (
-        "As MR-MTL; the personal model's extra local steps are charged too, since its "
-        "outputs (predictions) may be released."
-    ),
-    "finetune": "The server sees the federated phase's updates; fine-tuning steps are charged.",
-    "local": "Nothing leaves a hospital during training; the released model is DP-SGD-trained.",
-    "centralized": (
-        "The pooled reference: a trusted curator holds all records and releases a "
-        "DP-SGD-trained model (CDP), or a non-private one (C)."
-    ),
-}
+    from dpfl.federation.algorithms import Algorithm
 
 ASSUMPTIONS = [
     "Each patient contributes one record to one hospital (record-level DP; a patient "
@@ -92,21 +51,24 @@ def research_noise(run: RunRow) -> bool:
     return bool(run.datasheet.get("research_noise"))
 
 
-def datasheet(config: StudyConfig, result: SimulationResult, book: Ledger) -> dict[str, Any]:
-    """The datasheet of a finished run. Each silo's charges are listed over all its
-    trials, which differ under client sampling; no trial stands for the others."""
+def datasheet(
+    config: StudyConfig, kind: type[Algorithm], result: SimulationResult, book: Ledger
+) -> dict[str, Any]:
+    """The datasheet of a finished run of algorithm `kind`. Each silo's charges are
+    listed over all its trials, which differ under client sampling; no trial stands for
+    the others."""
     algorithm = config.algorithm
     private = config.privacy.private
     sheet: dict[str, Any] = {
         "unit": "one patient record: neighbouring datasets differ by adding or removing it"
         if private
         else "none: the non-private reference protects no one",
-        "threat_model": THREAT_MODELS[algorithm.name],
+        "threat_model": kind.threat_model,
         "assumptions": ASSUMPTIONS,
-        "mechanism": _mechanism(config),
+        "mechanism": kind.mechanism if private else "none: the non-private reference (ε = ∞)",
         "accountant": config.privacy.accountant,
         "noise_multiplier": result.noise_multiplier if private else None,
-        "clip_norm": algorithm.clip_norm if private and algorithm.name != "aop" else None,
+        "clip_norm": algorithm.clip_norm if private and not kind.sets_own_noise else None,
         "research_noise": private and config.research_noise,
         "evaluation": _evaluation(config, result),
         "silos": {},
@@ -154,14 +116,6 @@ def _evaluation(config: StudyConfig, result: SimulationResult) -> str:
         f"(eval_every = {config.eval_every}), without noise: they are outside ε, which "
         'protects the training records only. eval_every = "end" releases them once.'
     )
-
-
-def _mechanism(config: StudyConfig) -> str:
-    if not config.privacy.private:
-        return "none: the non-private reference (ε = ∞)"
-    if config.algorithm.name == "aop":
-        return "approximate output perturbation (Gaussian), basic composition over epochs"
-    return "DP-SGD: per-example clipping to C, Gaussian noise σC on Poisson-sampled batches"
 
 
 def _sample_rates(node: dpe.DpEvent) -> set[float]:

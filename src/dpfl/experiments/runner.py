@@ -347,7 +347,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
     privacy = config.privacy
-    fixed_noise = privacy.noise_multiplier is not None or config.algorithm.name == "aop"
+    fixed_noise = privacy.noise_multiplier is not None or algorithm.sets_own_noise
     with Ledger(ledger, accountant=privacy.accountant) as book:
         book.claim(key)  # readers refuse this ledger for any other run
         return simulate(
@@ -377,18 +377,6 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
     torch.manual_seed(config.seed)
     model = _model(config, silos[0], classes, outputs)
     loss = _loss(spec.loss or ("bce" if outputs == 1 else "cross_entropy"), spec.positive_weight)
-    if spec.name == "aop":
-        if not isinstance(model, torch.nn.Linear):
-            raise ValueError("aop needs model.kind = 'logistic_regression'")
-        assert privacy.epsilon is not None  # checked by StudyConfig
-        aop = AOPConfig(
-            privacy.epsilon,
-            privacy.delta,
-            spec.regularization,
-            spec.gradient_tolerance,
-            spec.feature_norm_bound,
-        )
-        return algorithms.AOP(model=model, loss=loss, config=aop, epochs=config.rounds)
     dpsgd = (
         DPSGDConfig(
             spec.clip_norm, privacy.noise_multiplier or 1.0, spec.learning_rate, spec.momentum
@@ -403,22 +391,25 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
         "expected_batch_size": spec.expected_batch_size,
     }
     local: dict[str, Any] = {"local_epochs": spec.local_epochs}
+    weighted: dict[str, Any] = {} if spec.weighting is None else {"weighting": spec.weighting}
     sampled: dict[str, Any] = {
         "client_rate": spec.client_rate,
         "clients_per_round": spec.clients_per_round,
-        **({} if spec.weighting is None else {"weighting": spec.weighting}),
     }
+    if spec.name == "sign" and spec.weighting == "size":
+        raise ValueError("sign's votes are not weighted by silo size (Kerkouche §3.1)")
     makers: dict[str, Callable[[], algorithms.Algorithm]] = {
-        "fedavg": lambda: algorithms.FedAvg(**common, **local, **sampled),
+        "aop": lambda: _aop(config, model, loss),
+        "fedavg": lambda: algorithms.FedAvg(**common, **local, **sampled, **weighted),
         "sign": lambda: algorithms.Sign(
             **common, **local, **sampled, server_learning_rate=spec.server_learning_rate
         ),
         "cyclic": lambda: algorithms.Cyclic(**common, steps_per_visit=spec.steps_per_visit),
         "fedsgd_secure": lambda: algorithms.FedSGDSecure(**common),
-        "mrmtl": lambda: algorithms.MRMTL(**common, **local, strength=spec.strength),
-        "ditto": lambda: algorithms.Ditto(**common, **local, strength=spec.strength),
+        "mrmtl": lambda: algorithms.MRMTL(**common, **local, **weighted, strength=spec.strength),
+        "ditto": lambda: algorithms.Ditto(**common, **local, **weighted, strength=spec.strength),
         "finetune": lambda: algorithms.Finetune(
-            **common, **local, federated_rounds=spec.federated_rounds
+            **common, **local, **weighted, federated_rounds=spec.federated_rounds
         ),
         "local": lambda: algorithms.Local(**common, **local),
         "centralized": lambda: algorithms.Centralized(
@@ -426,6 +417,21 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
         ),
     }
     return makers[spec.name]()
+
+
+def _aop(config: StudyConfig, model: torch.nn.Module, loss: losses.Loss) -> algorithms.AOP:
+    spec, privacy = config.algorithm, config.privacy
+    if not isinstance(model, torch.nn.Linear):
+        raise ValueError("aop needs model.kind = 'logistic_regression'")
+    assert privacy.epsilon is not None  # checked by StudyConfig
+    aop = AOPConfig(
+        privacy.epsilon,
+        privacy.delta,
+        spec.regularization,
+        spec.gradient_tolerance,
+        spec.feature_norm_bound,
+    )
+    return algorithms.AOP(model=model, loss=loss, config=aop, epochs=config.rounds)
 
 
 def _model(config: StudyConfig, silo: Silo, classes: int, outputs: int) -> torch.nn.Module:
@@ -479,7 +485,7 @@ def _results(
                         privacy.append(
                             (trial, r, silo, view, accountant.value, delta, spent.epsilon)
                         )
-        sheet = datasheet(config, result, book)
+        sheet = datasheet(config, algorithms.BY_NAME[config.algorithm.name], result, book)
     return RunResults(
         rounds_completed=result.rounds_completed,
         noise_multiplier=result.noise_multiplier if config.privacy.private else None,

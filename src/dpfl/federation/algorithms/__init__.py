@@ -21,8 +21,26 @@ from dpfl.federation.algorithms.local import Local
 from dpfl.federation.algorithms.mrmtl import MRMTL
 from dpfl.federation.algorithms.sign import Sign
 
+BY_NAME: dict[str, type[Algorithm]] = {
+    kind.name: kind
+    for kind in (
+        FedAvg,
+        Sign,
+        Cyclic,
+        FedSGDSecure,
+        AOP,
+        MRMTL,
+        Ditto,
+        Finetune,
+        Local,
+        Centralized,
+    )
+}
+"""Every algorithm by the name a study file gives it."""
+
 __all__ = [
     "AOP",
+    "BY_NAME",
     "MRMTL",
     "Algorithm",
     "Centralized",

@@ -61,6 +61,7 @@ class AOP(Algorithm):
         "approximate output perturbation (Gaussian), basic composition over epochs"
     )
     sets_own_noise: ClassVar[bool] = True
+    needs_linear_model: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.epochs < 1:

@@ -135,7 +135,10 @@ class Algorithm(ABC):
     needs_secure_sum: ClassVar[bool] = False
     """True: the accounting assumes the server sees only the sum of all silos' replies."""
     sets_own_noise: ClassVar[bool] = False
-    """True: the noise follows from the budget inside the mechanism (no σ to calibrate)."""
+    """True: the noise follows from the ε budget inside the mechanism: there is no σ to
+    set or calibrate, and no non-private form."""
+    needs_linear_model: ClassVar[bool] = False
+    """True: the mechanism's guarantee holds for a linear (convex) model only."""
     model: nn.Module
 
     @property
