@@ -27,6 +27,7 @@ from dpfl.experiments import recipes
 from dpfl.experiments.recipes import RECIPES, Recipe, Reproduction, recipe, reproduce
 
 GOLDEN = Path(__file__).parent / "golden" / "recipes.json"
+REGENERATE = "DPFL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/experiments/test_recipe_golden.py"
 DATA = "<shared data>"
 """Stands for the shared data folder in the golden notes (they name absent folders)."""
 
@@ -57,8 +58,11 @@ def test_recipe_rows_match_the_golden_rows(
     name: str, shared_data: Path, tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     reproduction, _ = smoke(name, shared_data, tmp_path_factory)
+    assert reproduction.runs, reproduction.notes
+    for run in reproduction.runs:  # never write down a failed run's rows
+        assert run.status == "finished", (run.study, run.error)
     table = _table(reproduction, shared_data)
-    golden = json.loads(GOLDEN.read_text()) if GOLDEN.exists() else {}
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8")) if GOLDEN.exists() else {}
     if os.environ.get("DPFL_UPDATE_GOLDEN") == "1":
         golden = {known: rows for known, rows in golden.items() if known in RECIPES}
         golden[name] = table
@@ -67,15 +71,15 @@ def test_recipe_rows_match_the_golden_rows(
         GOLDEN.write_text(text + "\n", encoding="utf-8")
     assert name in golden, f"no golden rows for {name}: set DPFL_UPDATE_GOLDEN=1 once"
     expected = golden[name]
-    assert reproduction.runs and all(run.status == "finished" for run in reproduction.runs)
-    assert table["notes"] == expected["notes"]
-    assert len(table["rows"]) == len(expected["rows"]), [row.setting for row in reproduction.rows]
+    moved = f"{name}'s table moved; only if that is meant: {REGENERATE}"
+    assert table["notes"] == expected["notes"], moved
+    assert len(table["rows"]) == len(expected["rows"]), moved
     for got, want in zip(table["rows"], expected["rows"], strict=True):
-        assert got == want
+        assert got == want, moved
 
 
 def test_the_golden_file_holds_exactly_the_recipes() -> None:
-    assert GOLDEN.exists(), f"{GOLDEN} is missing: set DPFL_UPDATE_GOLDEN=1 once"
+    assert GOLDEN.exists(), f"{GOLDEN} is missing: {REGENERATE}"
     assert sorted(json.loads(GOLDEN.read_text(encoding="utf-8"))) == sorted(RECIPES)
 
 
