@@ -17,9 +17,10 @@ import importlib
 import json
 import os
 import pkgutil
+import re
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import Any, get_type_hints
 
 import pytest
 
@@ -108,3 +109,13 @@ def test_an_unknown_recipe_is_refused_naming_the_known_ones() -> None:
     assert recipe("dopamine") is RECIPES["dopamine"]
     with pytest.raises(ValueError, match="unknown recipe 'owkin'; known: owkin-idash2020, astar"):
         recipe("owkin")
+
+
+def test_dpfl_reproduce_names_every_recipe_in_its_help() -> None:
+    """The command lists the names itself (importing the recipes would slow every `dpfl`
+    command's start); this keeps that list and `RECIPES` the same."""
+    from dpfl.cli import study
+
+    name = get_type_hints(study.reproduce, include_extras=True)["name"]
+    shown = re.split(r", | or ", name.__metadata__[0].help.rstrip("."))
+    assert shown == list(RECIPES)
