@@ -25,9 +25,9 @@ from playwright.sync_api import sync_playwright
 from typer.testing import CliRunner
 
 from dpfl.cli.report import report
-from dpfl.experiments import report as report_module
 from dpfl.experiments.datasheet import RESEARCH_NOISE
 from dpfl.experiments.report import ReportError, write_report
+from dpfl.experiments.report import page as page_module
 from dpfl.experiments.store import ResultsStore, RunResults, StoreError
 
 CHROMIUM = Path("/usr/bin/chromium")
@@ -411,13 +411,13 @@ def test_privacy_utility_draws_one_line_per_value_of_another_axis(
         for sigma in (0.8, 1.6, 3.2)
     ]
     drawn: dict[str, Any] = {}
-    draw = report_module._figure_html
+    draw = page_module.figure_html
 
     def keep(figure: Any, caption: str, absent: str = "") -> str:
         drawn.setdefault(caption.split(" ")[0], figure)
         return draw(figure, caption, absent)
 
-    monkeypatch.setattr(report_module, "_figure_html", keep)
+    monkeypatch.setattr(page_module, "figure_html", keep)
     write_report(build_study(tmp_path, plans, failed=False))
     (ax,) = drawn["Final"].axes  # the privacy–utility figure's caption starts so
     handles, labels = ax.get_legend_handles_labels()
@@ -534,7 +534,7 @@ def test_page_renders_in_chromium_without_errors(page: Path) -> None:
 
 def test_datasheets_written_before_per_trial_counts_and_public_sizes_still_render() -> None:
     from dpfl.experiments.datasheet import span
-    from dpfl.experiments.report import _public_size
+    from dpfl.experiments.report.page import _public_size
 
     assert span(5) == "5" and span([4, 5]) == "4–5 (by trial)"
     assert _public_size({"size": 7}) == "7"

@@ -10,12 +10,11 @@ accepted on its own δ. Non-private runs never qualify.
 from __future__ import annotations
 
 import math
-import statistics
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfl.experiments.runner import STORE
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.queries import open_results, read_metrics
+from dpfl.experiments.store import RunRow
 
 CAVEAT = (
     "Choosing among configurations by their results on private data leaks information "
@@ -49,22 +48,27 @@ def candidates(
     or silo that no finished run has is refused with the names there are."""
     if not (epsilon > 0 and 0 < delta < 1):
         raise ValueError(f"need ε > 0 and 0 < δ < 1, got ε={epsilon}, δ={delta}")
-    with ResultsStore(Path(directory) / STORE, create=False) as store:
-        found = []
+    with open_results(directory) as store:
+        found: list[Candidate] = []
+        names: set[str] = set()
+        silos: set[str] = set()
         for run in store.runs(status="finished"):
-            values = store.final_metric(run, metric, validation_silo)
+            metrics = read_metrics(store, run)
+            score = metrics.score(metric, validation_silo)
             spent = store.epsilon_by_silo(run, delta=delta).max
             found.append(
                 Candidate(
                     run,
-                    statistics.fmean(values) if values else math.nan,
-                    statistics.stdev(values) if len(values) > 1 else 0.0,
+                    score.mean,
+                    score.std if len(score.values) > 1 else 0.0,
                     spent,
-                    spent <= epsilon and bool(values),
+                    spent <= epsilon and score.defined,
                 )
             )
-        if found and all(math.isnan(c.mean) for c in found):
-            _require_known(store, [c.run for c in found], metric, validation_silo)
+            names |= metrics.names
+            silos |= metrics.silos
+    if found and all(math.isnan(c.mean) for c in found):
+        _require_known(names, silos, metric, validation_silo)
     lower_is_better = metric == "loss"
     return sorted(
         found,
@@ -75,15 +79,14 @@ def candidates(
     )
 
 
-def _require_known(store: ResultsStore, runs: list[RunRow], metric: str, silo: str | None) -> None:
-    """Refuse a misspelt metric or silo, which would rank every run as undefined; asked
-    only when no run has a value, since it reads every metric row."""
-    rows = [row for run in runs for row in store.rows("metrics", run.id)]
-    metrics = sorted({row["metric"] for row in rows})
-    silos = sorted({row["silo"] for row in rows} - {None})
-    if metric not in metrics:
-        raise ValueError(f"unknown metric {metric!r}; the finished runs have {', '.join(metrics)}")
+def _require_known(names: set[str], silos: set[str], metric: str, silo: str | None) -> None:
+    """Refuse a misspelt metric or silo (`names` and `silos`: those the finished runs
+    have), which would rank every run as undefined."""
+    if metric not in names:
+        listed = ", ".join(sorted(names))
+        raise ValueError(f"unknown metric {metric!r}; the finished runs have {listed}")
     if silo is not None and silo not in silos:
         raise ValueError(
-            f"unknown validation silo {silo!r}; the finished runs' silos are {', '.join(silos)}"
+            f"unknown validation silo {silo!r}; the finished runs' silos are "
+            + ", ".join(sorted(silos))
         )

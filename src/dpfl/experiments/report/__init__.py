@@ -1,0 +1,54 @@
+"""`dpfl report DIR`: one self-contained HTML page about a study, read off its results store.
+
+DIR/report/index.html holds a results table, four figures and a privacy datasheet per
+run. Only finished runs are reported; failed runs are listed with their error. Metrics
+are those of the union of the silos' test sets, and ε is the server's view (the one
+budgets bind), the largest over each silo's trials. Three layers, so that each can
+change alone: the runs are read through `dpfl.experiments.queries` (as `best` and the
+summaries read them), drawn in `figures` and written out in `page`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dpfl.experiments.queries import RESULTS_FILE, epsilon_over_rounds, open_results, summarise
+
+from .page import render
+from .shown import Shown, labels
+
+__all__ = ["REPORT_FOLDER", "RESULTS_FILE", "ReportError", "write_report"]
+
+REPORT_FOLDER = "report"
+
+
+class ReportError(ValueError):
+    """The report cannot be drawn as asked (e.g. no run has the requested metric)."""
+
+
+def write_report(directory: Path, *, metric: str = "accuracy", out: Path | None = None) -> Path:
+    """Write OUT/index.html (figures embedded; OUT defaults to DIR/report) from
+    DIR/results.sqlite, which is only read (a read-only study is reported elsewhere with
+    `out`); return it.
+
+    Raises `StoreError` if DIR holds no results store, and `ReportError` if no finished
+    run has `metric`."""
+    out = directory / REPORT_FOLDER if out is None else out
+    with open_results(directory) as store:
+        runs = store.runs()
+        finished = [r for r in runs if r.status == "finished"]
+        shown = [
+            Shown(summarise(store, run), label, epsilon_over_rounds(store, run))
+            for run, label in zip(finished, labels(finished), strict=True)
+        ]
+    available = {m for s in shown for m in s.summary.metrics.final.get(None, {})}
+    if shown and metric not in available:
+        raise ReportError(
+            f"no finished run has the metric {metric!r}; the store has "
+            + ", ".join(sorted(available))
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    study = runs[0].study if runs else directory.name
+    index = out / "index.html"
+    index.write_text(render(f"dpfl report: {study}", runs, shown, metric), encoding="utf-8")
+    return index

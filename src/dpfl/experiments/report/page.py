@@ -1,0 +1,358 @@
+"""The report's HTML: one self-contained page (figures embedded as PNG data URIs, so it
+is one file to send), its text escaped here and nowhere else."""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+from collections import Counter
+from collections.abc import Iterable
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from dpfl.experiments.config import study_terms
+from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
+from dpfl.experiments.queries import RESULTS_FILE, Spread
+from dpfl.experiments.store import RunRow
+
+from . import figures
+from .shown import Shown, byte_text, metric_name, point
+
+TABLE_METRICS = ("accuracy", "auroc", "balanced_accuracy")
+MAX_EPSILON_PANELS = 12
+_DPI = 110
+
+
+class _Html(str):
+    """Markup built here from escaped parts: table cells of this type are not escaped again."""
+
+
+def render(title: str, runs: list[RunRow], shown: list[Shown], metric: str) -> str:
+    """The whole page: overview, results table, figures and datasheets of the finished
+    runs `shown`, and the failed ones among `runs`."""
+    body = [_overview(runs, shown)]
+    if shown:
+        body += [
+            _results_table(shown, metric),
+            _figures(shown, metric),
+            "<h2 id='datasheets'>Privacy datasheets</h2>",
+            *(_datasheet(s) for s in shown),
+        ]
+    body.append(_failed_runs([r for r in runs if r.status == "failed"]))
+    return _document(title, "\n".join(body))
+
+
+def _figures(shown: list[Shown], metric: str) -> str:
+    """The four figures, embedded in the page, with their headings and captions."""
+    name = metric_name(metric)
+    accounted = [s for s in shown if s.epsilon_rounds]
+    panels = accounted[:MAX_EPSILON_PANELS]
+    capped = (
+        f" Showing the first {len(panels)} of {len(accounted)} private runs."
+        if len(accounted) > len(panels)
+        else ""
+    )
+    colors = figures.algorithm_colors(shown)
+    return "\n".join(
+        [
+            "<h2 id='privacy-utility'>Privacy–utility</h2>",
+            figure_html(
+                figures.privacy_utility(shown, metric, colors),
+                f"Final {name} on the union of the silos' test sets (mean ± sample std over "
+                "trials) against ε: the largest final ε over silos and trials in the "
+                "server's view, at each run's own accountant and the silo's δ. One line per "
+                "algorithm and value of the grid's other axes. Non-private runs (ε = ∞) are "
+                "dashed horizontal lines.",
+                "No private run: there is no privacy–utility trade-off to plot.",
+            ),
+            "<h2 id='learning-curves'>Learning curves</h2>",
+            figure_html(
+                figures.learning_curves(shown, metric, colors),
+                f"{name.capitalize()} on the union of the silos' test sets at each evaluated "
+                "round: mean over trials, band ± 1 sample std (no band with a single trial).",
+            ),
+            "<h2 id='epsilon-rounds'>Privacy spent over rounds</h2>",
+            figure_html(
+                figures.epsilon_over_rounds(panels),
+                "ε per silo after each round in the server's view (the largest over trials, "
+                f"each run's own accountant); dotted lines are the silos' budgets.{capped}",
+                "No private run: no privacy was accounted.",
+            ),
+            "<h2 id='communication'>Communication</h2>",
+            figure_html(
+                figures.communication(shown),
+                "Bytes sent per client over all rounds, mean over silos, trials and the "
+                "algorithm's runs.",
+                "No communication was recorded.",
+            ),
+        ]
+    )
+
+
+def figure_html(figure: Figure | None, caption: str, absent: str = "") -> str:
+    """The figure as a PNG data URI in a <figure>, or a sentence saying why there is none."""
+    if figure is None:
+        return f"<p>{_e(absent)}</p>"
+    png = io.BytesIO()
+    figure.savefig(png, format="png", dpi=_DPI)
+    source = "data:image/png;base64," + base64.b64encode(png.getvalue()).decode("ascii")
+    return (
+        f'<figure><img src="{source}" alt="{_e(caption)}">'
+        f"<figcaption>{_e(caption)}</figcaption></figure>"
+    )
+
+
+def _overview(runs: list[RunRow], shown: list[Shown]) -> str:
+    counts = Counter(r.status for r in runs)
+    if not shown:
+        lead = f"No finished runs in {RESULTS_FILE}: nothing to report yet."
+    else:
+        lead = (
+            f"{len(shown)} finished run(s) from {RESULTS_FILE}. Metrics are on the union "
+            "of the silos' test sets after each run's last round (mean ± sample std over "
+            "trials); ε is the server's view, the one budgets bind, and for each silo "
+            "the largest over its trials."
+        )
+    others = f" Failed: {counts['failed']}. Still running (not shown): {counts['running']}."
+    return f"<p>{_e(lead + others)}</p>"
+
+
+def _results_table(shown: list[Shown], metric: str) -> str:
+    metrics = list(dict.fromkeys([metric, *TABLE_METRICS]))
+    header = [
+        "run",
+        "algorithm",
+        "grid point",
+        "trials",
+        "rounds",
+        "σ",
+        "max ε (enforced)",
+        "max ε (other accountant)",
+        *(metric_name(m) for m in metrics),
+        "bytes up per client",
+    ]
+    rows = [
+        [
+            _Html(f'<a href="#run-{_e(s.run.id)}">{_e(s.run.id[:8])}</a>'),
+            s.run.algorithm,
+            point(s.run) or "—",
+            s.run.trials,
+            _rounds_text(s.run),
+            _number(s.run.noise_multiplier) if s.summary.private else "—",
+            _epsilon_text(s, s.summary.accountant, mark=True),
+            _epsilon_text(s, s.summary.other_accountant),
+            *(_spread_text(s.summary.metrics.score(m)) for m in metrics),
+            byte_text(s.summary.traffic.per_client("up")),
+        ]
+        for s in shown
+    ]
+    caption = (
+        "<p>ε: the largest over silos and trials, by the accountant that enforced the "
+        "budgets; the other accountant's figure is shown for comparison only.</p>"
+    )
+    if any(research_noise(s.run) for s in shown):
+        caption += f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>"
+    return "<h2 id='results'>Results</h2>\n" + _table(header, rows) + caption
+
+
+def _rounds_text(run: RunRow) -> str:
+    text = f"{run.rounds_completed}/{run.rounds}"
+    return text + " (budget spent)" if run.stopped_by_budget else text
+
+
+def _spread_text(spread: Spread) -> str:
+    """Mean ± sample std over trials; no ± for a single trial, a dash if undefined."""
+    if not spread.defined:
+        return "—"
+    std = "" if len(spread.values) < 2 else f"\u00a0±\u00a0{spread.std:.3f}"
+    return f"{spread.mean:.3f}{std}"
+
+
+def _grid_text(grid: dict[str, Any]) -> str:
+    return ", ".join(f"{key}={value}" for key, value in sorted(grid.items()))
+
+
+def _epsilon_text(s: Shown, accountant: str, *, mark: bool = False) -> str:
+    """The run's largest ε by `accountant`, labelled with it; marked if `mark` and the
+    noise was seeded."""
+    if not s.summary.private:
+        return "∞ (non-private)"
+    spent = s.summary.epsilon[accountant]
+    if not spent.by_silo:
+        return "—"
+    seeded = f" {RESEARCH_MARK}" if mark and research_noise(s.run) else ""
+    return f"{spent.max:.3g} ({accountant.upper()}){seeded}"
+
+
+def _datasheet(s: Shown) -> str:
+    """Who is protected, by what mechanism, at what ε per silo, against whom."""
+    sheet = s.run.datasheet
+    summary = s.summary
+    facts = {
+        "run": s.run.id,
+        "grid point": _grid_text(s.run.grid) or None,
+        "unit of privacy": sheet.get("unit"),
+        "mechanism": sheet.get("mechanism"),
+        "accountant (enforces budgets)": summary.accountant.upper() if summary.private else None,
+        "noise multiplier σ": sheet.get("noise_multiplier"),
+        "clip norm C": sheet.get("clip_norm"),
+        "noise": _noise_text(s),
+        "threat model (who sees what)": sheet.get("threat_model"),
+        "released outside ε": sheet.get("evaluation"),
+    }
+    listed = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_number(v))}</dd>" for k, v in facts.items())
+    assumptions = sheet.get("assumptions") or ["none stated"]
+    silos = sheet.get("silos") or {}
+    header = [
+        "silo",
+        "public size",
+        "δ",
+        "q",
+        "rounds charged",
+        f"ε ({summary.accountant.upper()}, enforced)",
+        f"ε ({summary.other_accountant.upper()}, not enforced)",
+        "ε, other observers",
+        "budget ε",
+        "events",
+    ]
+    rows = [
+        [
+            name,
+            _public_size(silo),
+            _number(silo.get("delta"), ".2g"),
+            ", ".join(format(q, ".4g") for q in silo.get("sample_rates") or []) or "—",
+            span(silo["participations"]),
+            _number(summary.epsilon[summary.accountant].by_silo.get(name)),
+            _number(summary.epsilon[summary.other_accountant].by_silo.get(name)),
+            _bullets(
+                f"{view}: {spent.by_silo[name]:.3g}"
+                for view, spent in summary.views.items()
+                if name in spent.by_silo
+            ),
+            _number(silo.get("budget_epsilon"), absent="none"),
+            _bullets(silo.get("events") or []),
+        ]
+        for name, silo in sorted(silos.items())
+    ]
+    seeded = f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>" if research_noise(s.run) else ""
+    spent = (
+        f"<p>ε per silo at its δ after the run: the largest over the run's {s.run.trials} "
+        "trial(s), each a separate account (under client sampling they spend differently); "
+        "by the accountant that enforced the budgets and, for comparison only, by the "
+        "other; and against observers other than the server (at the run's accountant; "
+        "recorded, never enforced). q: Poisson sampling rate; rounds charged: per trial "
+        f"where trials differ; the events give the steps per round.</p>{seeded}"
+        f"{_table(header, rows)}"
+        if rows
+        else "<p>ε = ∞ (non-private): no record is protected by differential privacy.</p>"
+    )
+    return (
+        f"<section class='datasheet' id='run-{_e(s.run.id)}'><h3>{_e(s.label)}</h3>"
+        f"<dl>{listed}<dt>assumptions</dt><dd>{_bullets(assumptions)}</dd></dl>{spent}</section>"
+    )
+
+
+def _noise_text(s: Shown) -> str | None:
+    """Whether the noise may be released: seeded (research) or from the CSPRNG."""
+    if research_noise(s.run):
+        return f"{RESEARCH_MARK} {RESEARCH_NOISE}"
+    if s.summary.private and s.run.datasheet.get("research_noise") is False:
+        return "drawn from the operating system's CSPRNG"
+    return None  # non-private, or a datasheet that predates the field
+
+
+def _failed_runs(runs: list[RunRow]) -> str:
+    if not runs:
+        return ""
+    rows = [
+        [
+            r.id[:8],
+            r.algorithm,
+            point(r) or "—",
+            _Html(f"<pre>{_e(study_terms(r.error or ''))}</pre>"),
+        ]
+        for r in runs
+    ]
+    return "<h2 id='failed'>Failed runs</h2>\n" + _table(
+        ["run", "algorithm", "grid point", "error"], rows
+    )
+
+
+def _table(header: list[str], rows: list[list[Any]]) -> str:
+    """An HTML table; cells are escaped unless they are `_Html`."""
+
+    def cell(value: Any) -> str:
+        return value if isinstance(value, _Html) else _e(value)
+
+    head = "".join(f"<th>{_e(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    return (
+        f"<div class='scroll'><table><thead><tr>{head}</tr></thead>"
+        f"<tbody>{body}</tbody></table></div>"
+    )
+
+
+def _public_size(silo: dict[str, Any]) -> str:
+    """The size that shaped the mechanism, and where it came from (a datasheet written
+    before public sizes has only `size`)."""
+    size = silo.get("public_size", silo.get("size"))
+    source = silo.get("public_size_source")
+    return "—" if size is None else f"{size} ({source})" if source else str(size)
+
+
+def _bullets(items: Iterable[Any]) -> _Html:
+    """A list, or a dash for none."""
+    listed = "".join(f"<li>{_e(item)}</li>" for item in items)
+    return _Html(f"<ul>{listed}</ul>" if listed else "—")
+
+
+def _document(title: str, body: str) -> str:
+    return f"""<!DOCTYPE html>
+<html lang="en">
+<head>
+<meta charset="utf-8">
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<title>{_e(title)}</title>
+<link rel="icon" href="data:,">
+<style>{_CSS}</style>
+</head>
+<body>
+<h1>{_e(title)}</h1>
+{body}
+</body>
+</html>
+"""
+
+
+_CSS = """
+body { font-family: system-ui, sans-serif; max-width: 72rem; margin: 2rem auto;
+       padding: 0 1rem; color: #222; line-height: 1.4; }
+table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
+th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left;
+         vertical-align: top; }
+th { background: #f2f2f2; }
+td:first-child { white-space: nowrap; }
+.scroll { overflow-x: auto; }
+td ul, dd ul { margin: 0; padding-left: 1.1rem; }
+pre { margin: 0; white-space: pre-wrap; }
+figure { margin: 0 0 1.5rem; }
+img { max-width: 100%; height: auto; }
+figcaption { font-size: 0.9rem; color: #555; }
+.datasheet { border-top: 1px solid #ddd; padding-top: 0.5rem; }
+dl { display: grid; grid-template-columns: max-content auto; gap: 0.2rem 1rem; }
+dt { font-weight: 600; }
+dd { margin: 0; }
+"""
+
+
+def _e(value: object) -> str:
+    return html.escape(str(value))
+
+
+def _number(value: Any, spec: str = ".3g", absent: str = "—") -> str:
+    """A float in `spec`; other values (counts, text) as they are; None as `absent`."""
+    if value is None:
+        return absent
+    return format(value, spec) if isinstance(value, float) else str(value)
