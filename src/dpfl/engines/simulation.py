@@ -40,7 +40,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Literal, TypeVar
 
 import numpy as np
 import torch
@@ -192,7 +192,7 @@ def simulate(
     epsilon_budget: float | None = None,
     delta: float = 1e-5,
     budgets: Mapping[str, tuple[float, float]] | None = None,
-    calibrate: bool = False,
+    calibrate: bool | Literal["common", "per-silo"] = False,
     ledger: Ledger | str | Path | None = None,
     research_noise: bool = True,
     progress: bool = True,
@@ -208,9 +208,11 @@ def simulate(
     uses seeded noise (reproducible, for research); False draws from the CSPRNG. A silo
     without a declared public size gets a DP count with Gaussian noise of std
     `size_noise` records (sensitivity 1), charged first (a non-private run uses the true
-    count: it protects no one). `secure_sum`: how the server learns the sum of the
-    replies; by default in the clear, or the ideal secure sum for an algorithm that
-    needs one."""
+    count: it protects no one). `calibrate`: True or "common" gives every silo the σ of
+    the most constrained one; "per-silo" gives each silo the least σ for its own budget
+    (for algorithms whose silos' noise is their own). `secure_sum`: how the server
+    learns the sum of the replies; by default in the clear, or the ideal secure sum for
+    an algorithm that needs one."""
     _check_run(silos, rounds, trials, eval_every)
     summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
     targets: Budgets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
@@ -226,10 +228,16 @@ def simulate(
         silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
     infos = [s.info for s in silos]
     if calibrate:
+        if calibrate not in (True, "common", "per-silo"):
+            raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
         if not algorithm.private:
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
         sigmas = calibrated_sigma(algorithm, infos, rounds, targets, book.accountant, counts)
-        algorithm = algorithm.with_noise(max(sigmas.values()))
+        algorithm = (
+            algorithm.with_silo_noise(sigmas)
+            if calibrate == "per-silo"
+            else algorithm.with_noise(max(sigmas.values()))
+        )
     start, run, history = 0, _initial(algorithm, infos, trials), []
     messages: list[dict[str, Any]] = []
     fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
@@ -374,6 +382,7 @@ def simulate(
             "public_sizes": {s.name: s.public_size for s in silos},
             "released_sizes": sorted(counts),
             "secure_sum": type(summing).__name__,
+            "noise_multipliers": {s.name: algorithm.noise_of(s.name) for s in silos},
         },
     )
 

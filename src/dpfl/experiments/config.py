@@ -190,8 +190,8 @@ class SiloBudget(_Strict):
 
 class PrivacyConfig(_Strict):
     """Per-silo record-level budget. With `epsilon` and no `noise_multiplier` the noise
-    is calibrated to the tightest silo; with `noise_multiplier` σ is fixed and `epsilon`,
-    if given, is enforced. `private = false` runs the non-private reference: plain SGD
+    is calibrated to the budgets (`calibration`); with `noise_multiplier` σ is fixed and
+    `epsilon`, if given, is enforced. `private = false` runs the non-private reference: plain SGD
     on the same batches, without clipping or noise."""
 
     private: bool = True
@@ -201,6 +201,9 @@ class PrivacyConfig(_Strict):
     accountant: Literal["pld", "rdp"] = "pld"
     silos: dict[str, SiloBudget] = Field(default_factory=dict)
     """Budgets of named silos that differ from (epsilon, delta)."""
+    calibration: Literal["common", "per-silo"] = "common"
+    """common: every silo gets the σ of the most constrained one; per-silo: each silo the
+    least σ for its own (ε, δ), so no silo ends far below its budget."""
 
     @model_validator(mode="after")
     def _private_needs_noise_or_budget(self) -> PrivacyConfig:
@@ -210,6 +213,8 @@ class PrivacyConfig(_Strict):
             )
         if not self.private and (self.noise_multiplier is not None or self.silos):
             raise ValueError("a non-private run takes no noise_multiplier or silo budgets")
+        if self.calibration == "per-silo" and self.noise_multiplier is not None:
+            raise ValueError("per-silo calibration sets each silo's σ: give no noise_multiplier")
         return self
 
 
@@ -256,6 +261,8 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name} calibrates its own noise to privacy.epsilon")
         if kind.stops_at_budget and self.privacy.private and self.privacy.epsilon is None:
             raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
+        if self.privacy.calibration == "per-silo" and not kind.silo_noise_allowed:
+            raise ValueError(f"{name}'s silos cannot have noise multipliers of their own")
         if kind.needs_linear_model and self.model.kind != "logistic_regression":
             raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
         return self

@@ -87,6 +87,7 @@ def datasheet(
             "public_size_source": "DP count released through the ledger (charged)"
             if silo in released
             else "declared by the study",
+            "noise_multiplier": result.metadata.get("noise_multipliers", {}).get(silo),
             "budget_epsilon": None if budget.epsilon == float("inf") else budget.epsilon,
             "delta": budget.delta,
             "sample_rates": sorted(

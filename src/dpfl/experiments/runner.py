@@ -359,7 +359,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             epsilon_budget=privacy.epsilon if privacy.private else None,
             delta=privacy.delta,
             budgets={name: (b.epsilon, b.delta) for name, b in privacy.silos.items()},
-            calibrate=privacy.private and not fixed_noise,
+            calibrate=privacy.calibration if privacy.private and not fixed_noise else False,
             ledger=book,
             research_noise=config.research_noise,
             progress=False,

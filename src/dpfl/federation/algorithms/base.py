@@ -134,6 +134,9 @@ class Algorithm(ABC):
     cannot be deployed, and every silo is charged the curator's event."""
     needs_secure_sum: ClassVar[bool] = False
     """True: the accounting assumes the server sees only the sum of all silos' replies."""
+    silo_noise_allowed: ClassVar[bool] = False
+    """True: each silo may train with its own σ (`with_silo_noise`), as its noise touches
+    only its own records' guarantee."""
     sets_own_noise: ClassVar[bool] = False
     """True: the noise follows from the ε budget inside the mechanism: there is no σ to
     set or calibrate, and no non-private form."""
@@ -154,6 +157,14 @@ class Algorithm(ABC):
     def with_noise(self, noise_multiplier: float) -> Self:
         """The same algorithm with another σ, for calibration to a budget."""
         raise ValueError(f"{self.name} has no noise multiplier to calibrate")
+
+    def with_silo_noise(self, noise_multipliers: Mapping[str, float]) -> Self:
+        """The same algorithm with σ_k for silo k (per-silo calibration)."""
+        raise ValueError(f"{self.name}'s silos cannot have noise multipliers of their own")
+
+    def noise_of(self, silo: str) -> float | None:
+        """σ of one silo's noise, where there is one."""
+        return self.noise_multiplier
 
     @abstractmethod
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
@@ -255,10 +266,18 @@ class DPSGDAlgorithm(Algorithm):
     loss: Loss
     dpsgd: DPSGDConfig
     expected_batch_size: float = 16.0
+    silo_noise: tuple[tuple[str, float], ...] = ()
+    """(silo, σ_k) pairs that override `dpsgd.noise_multiplier` for those silos."""
+
+    silo_noise_allowed: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         if self.expected_batch_size <= 0:
             raise ValueError(f"expected batch size must be > 0, got {self.expected_batch_size}")
+        if self.silo_noise and not self.silo_noise_allowed:
+            raise ValueError(f"{self.name}'s silos cannot have noise multipliers of their own")
+        if any(not sigma > 0 for _, sigma in self.silo_noise):
+            raise ValueError(f"every silo's noise multiplier must be > 0, got {self.silo_noise}")
 
     @property
     def private(self) -> bool:
@@ -286,8 +305,29 @@ class DPSGDAlgorithm(Algorithm):
 
     def with_noise(self, noise_multiplier: float) -> Self:
         return dataclasses.replace(
-            self, dpsgd=dataclasses.replace(self.dpsgd, noise_multiplier=noise_multiplier)
+            self,
+            dpsgd=dataclasses.replace(self.dpsgd, noise_multiplier=noise_multiplier),
+            silo_noise=(),
         )
+
+    def with_silo_noise(self, noise_multipliers: Mapping[str, float]) -> Self:
+        """σ_k for silo k; `noise_multiplier` becomes the largest (any other silo's σ)."""
+        if not self.silo_noise_allowed:
+            raise ValueError(f"{self.name}'s silos cannot have noise multipliers of their own")
+        return dataclasses.replace(
+            self.with_noise(max(noise_multipliers.values())),
+            silo_noise=tuple(sorted(noise_multipliers.items())),
+        )
+
+    def noise_of(self, silo: str) -> float:
+        return dict(self.silo_noise).get(silo, self.dpsgd.noise_multiplier)
+
+    def config_of(self, silo: str) -> DPSGDConfig:
+        """The DP-SGD configuration of one silo's local training (its own σ)."""
+        sigma = self.noise_of(silo)
+        if sigma == self.dpsgd.noise_multiplier:
+            return self.dpsgd
+        return dataclasses.replace(self.dpsgd, noise_multiplier=sigma)
 
     @abstractmethod
     def local_steps(self, silo: SiloInfo) -> int:
@@ -300,7 +340,7 @@ class DPSGDAlgorithm(Algorithm):
     def training_event(self, silo: SiloInfo) -> events.PrivacyEvent:
         """One `train` of the silo: `local_steps` Poisson DP-SGD steps."""
         return events.poisson_gaussian(
-            self.sample_rate(silo), self.dpsgd.noise_multiplier, steps=self.local_steps(silo)
+            self.sample_rate(silo), self.noise_of(silo.name), steps=self.local_steps(silo)
         )
 
     def train(
@@ -316,15 +356,16 @@ class DPSGDAlgorithm(Algorithm):
         noisy gradient is pulled towards the job's anchor with `strength` λ (MR-MTL,
         Ditto). Each job's declared event is charged to its hospital before its result
         exists, unless `charge_events=False` for an algorithm that charges another event
-        itself (Dopamine's share of noise)."""
-        trainer = DPSGD(self.model, self.loss, config or self.dpsgd)
-        proximal = None if jobs[0].anchor is None else ProximalDPSGD(trainer, strength)
+        itself (Dopamine's share of noise). `config` replaces every silo's own."""
         results: list[LocalResult | None] = [None] * len(jobs)
-        groups: dict[tuple[int, bool], list[int]] = defaultdict(list)
+        groups: dict[tuple[int, bool, DPSGDConfig], list[int]] = defaultdict(list)
         for i, job in enumerate(jobs):
             silo = job.member.silo
-            groups[self.local_steps(silo.info), silo.x.is_sparse].append(i)
-        for (steps, sparse), indices in groups.items():
+            own = config or self.config_of(silo.name)
+            groups[self.local_steps(silo.info), silo.x.is_sparse, own].append(i)
+        for (steps, sparse, own), indices in groups.items():
+            trainer = DPSGD(self.model, self.loss, own)
+            proximal = None if jobs[0].anchor is None else ProximalDPSGD(trainer, strength)
             for batch in [[i] for i in indices] if sparse else [indices]:
                 chosen = [jobs[i] for i in batch]
                 silos = [job.member.silo for job in chosen]

@@ -69,6 +69,7 @@ class Centralized(DPSGDAlgorithm):
         "DP-SGD-trained model (CDP), or a non-private one (C)."
     )
     pools_data: ClassVar[bool] = True
+    silo_noise_allowed: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -60,6 +60,7 @@ class FedSGDSecure(DPSGDAlgorithm):
     )
     stops_at_budget: ClassVar[bool] = True
     needs_secure_sum: ClassVar[bool] = True
+    silo_noise_allowed: ClassVar[bool] = False
 
     def local_steps(self, silo: SiloInfo) -> int:
         return 1

@@ -1,0 +1,68 @@
+"""Per-silo calibration: each silo gets the least σ for its own (ε_k, δ_k), so none ends
+far below its budget (with common calibration every silo gets the tightest silo's σ)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+import torch
+
+from dpfl.engines.simulation import simulate
+from dpfl.federation.algorithms import FedAvg, FedSGDSecure
+from dpfl.federation.silo import Silo
+from dpfl.local.dpsgd import DPSGDConfig
+from dpfl.local.losses import bce
+from dpfl.models import logistic_regression
+
+CONFIG = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
+BUDGETS = {"h0": (0.5, 1e-5), "h1": (2.0, 1e-5), "h2": (4.0, 1e-4)}
+
+
+def _fedavg() -> FedAvg:
+    torch.manual_seed(0)
+    return FedAvg(model=logistic_regression(30), loss=bce, dpsgd=CONFIG, local_epochs=0.5)
+
+
+def test_each_silo_spends_its_own_budget(
+    breast_cancer_silos: Callable[[int], list[Silo]],
+) -> None:
+    silos = breast_cancer_silos(3)
+    common, own = (
+        simulate(_fedavg(), silos, rounds=3, budgets=BUDGETS, calibrate=mode, progress=False)
+        for mode in ("common", "per-silo")
+    )
+    sigmas = own.metadata["noise_multipliers"]
+    assert sigmas["h0"] > sigmas["h1"] > sigmas["h2"]  # looser budget, less noise
+    assert set(common.metadata["noise_multipliers"].values()) == {sigmas["h0"]}
+    assert own.noise_multiplier == sigmas["h0"]
+    for name, (eps, _) in BUDGETS.items():
+        spent = own.epsilon[0][name].epsilon
+        assert 0.97 * eps <= spent <= eps  # each silo close to, never above, its budget
+        assert common.epsilon[0][name].epsilon <= spent
+    assert common.epsilon[0]["h2"].epsilon < 0.5 * BUDGETS["h2"][0]  # what per-silo fixes
+
+
+def test_per_silo_noise_is_refused_where_the_noise_is_shared(
+    breast_cancer_silos: Callable[[int], list[Silo]],
+) -> None:
+    torch.manual_seed(0)
+    dopamine = FedSGDSecure(model=logistic_regression(30), loss=bce, dpsgd=CONFIG)
+    with pytest.raises(ValueError, match="cannot have noise multipliers of their own"):
+        simulate(
+            dopamine,
+            breast_cancer_silos(3),
+            rounds=2,
+            budgets=BUDGETS,
+            calibrate="per-silo",
+            progress=False,
+        )
+    with pytest.raises(ValueError, match="'common' or 'per-silo'"):
+        simulate(
+            _fedavg(),
+            breast_cancer_silos(3),
+            rounds=1,
+            budgets=BUDGETS,
+            calibrate="x",  # type: ignore[arg-type]
+            progress=False,
+        )
