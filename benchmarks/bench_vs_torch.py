@@ -1,0 +1,400 @@
+"""dpfl's simulator vs a hand-written torch loop doing the same steps: 4-site heart disease.
+
+    .venv/bin/python benchmarks/bench_vs_torch.py [--json] [--threads N] [--repeats N]
+        [--rounds N] [--data DIR]
+
+Logs go to stderr; with `--json` stdout carries exactly one JSON object, otherwise a table.
+Measured side by side in one process, on one torch thread count (set on purpose: tiny
+ops on a loaded 2-core machine drown in OpenMP waits with torch's default), interleaved
+so that a busy machine slows every runner alike; each time is the median over repeats.
+
+The workload (issue 12): the UCI heart-disease data of four hospitals (Cleveland,
+Hungary, Switzerland, VA Long Beach; `--data`, default /work/shared/data/uci_heart_disease)
+read by `dpfl.data.tabular.heart_disease` and prepared as a study file's
+`heart_disease` dataset is (declared category codes one-hot, declared clinical ranges
+scaled to [0, 1], missing values zero), the natural 4-site split, each site's records
+split 80/20 train/test (stratified, seed 0; `silos_from_dataset`, which declares the
+train sizes 242, 235, 98, 160 public). Logistic regression `nn.Linear(22, 1)` (PyTorch's
+default init under seed 0) with BCE-with-logits. FedAvg, `--rounds` rounds (default
+100): every round each site runs one epoch of Poisson DP-SGD (q = 16 / public size,
+round(1/q) steps: 15, 15, 6, 10; clip C = 1, noise std σC = 1 on the clipped sum, which
+is divided by the expected batch q·n = 16; learning rate 0.5, plain SGD), then the
+size-weighted mean of the site models. Without DP (σ = 0, `DPSGDConfig.non_private`):
+the same batches and steps, C = ∞ (nothing clipped), no noise.
+
+Runners (one trial each, on the same silos and initial model):
+
+- `dpfl`: `dpfl.engines.simulation.simulate(FedAvg(...), silos, trials=1, seed=0,
+  research_noise=True, progress=False, eval_every=rounds)`: seeded noise, metrics once
+  after the last round, a privacy ledger (a temporary SQLite file) written every round
+  and the whole plan checked against the budget (ε = ∞ here) before round 0. Timed is
+  the `simulate` call. Before each DP call dpfl's per-process memos (`functools` caches
+  of ε values and privacy-loss distributions) are emptied, so its privacy accounting is
+  paid as by a fresh process; `dpfl_dp_warm_s` repeats the call with them filled.
+- `hand`: a per-site Python loop in this process, as one writes it with torch alone:
+  Poisson mask, per-example gradients with `torch.func.vmap(grad(loss ∘ functional_call))`,
+  per-example clipping to C, Gaussian noise, divide by q·n, SGD step; after every round
+  the size-weighted mean; accuracy on the union of the test sets at the end. No ledger,
+  no accounting. Without DP it runs the same per-example code with C = ∞ and no noise.
+  It draws batches and noise from the streams dpfl's simulator derives from (seed,
+  trial, site, round) (numpy's `default_rng` for the mask, a seeded `torch.Generator`
+  for the noise), so both runners take the same steps: their final models differ by
+  float rounding only (`*_max_abs_param_diff`; ~1e-6; a large value means the two
+  stopped drawing alike, e.g. the engine changed how it derives its streams).
+- `hand_autograd` (σ = 0 only): the loop a non-private user writes: the summed batch
+  loss's gradient by plain autograd, no per-example gradients.
+
+Figures, keys of the JSON object (seconds of wall time, `time.perf_counter`):
+
+- `threads`, `repeats`, `rounds`, `silo_sizes`, `steps_per_round`, `cpus`.
+- `dpfl_dp_s`, `hand_dp_s`: median seconds of one run with DP; `dpfl_dp_warm_s`: dpfl
+  again with its ε memos filled (training and bookkeeping only).
+- `dpfl_nodp_s`, `hand_nodp_s`, `hand_autograd_nodp_s`: the same without DP.
+- `dpfl_over_hand_dp_ratio` = dpfl_dp_s / hand_dp_s (issue 12's goal: ≤ 1.5);
+  `dpfl_over_hand_dp_warm_ratio` likewise for the warm figure;
+  `dpfl_over_hand_nodp_ratio` = dpfl_nodp_s / hand_nodp_s (goal ≤ 1.5);
+  `dpfl_over_hand_autograd_nodp_ratio` = dpfl_nodp_s / hand_autograd_nodp_s.
+- `*_cpu_s` and `*_cpu_ratio`: the same from this process's CPU time
+  (`time.process_time`), which other processes on a shared machine disturb less; the
+  gap to the wall figure is waiting (dpfl's ledger commits each round to disk).
+- `dpfl_dp_accuracy`, `hand_dp_accuracy`, `dpfl_nodp_accuracy`, `hand_nodp_accuracy`:
+  accuracy of the final model on the union of the four test sets (185 records).
+- `dp_max_abs_param_diff`, `nodp_max_abs_param_diff`: the largest difference between
+  dpfl's and the hand loop's final parameters.
+- `warmup_s`: a 1-round run of every runner before the repeats (torch.func set-up, lazy
+  imports), not counted.
+
+A run takes about a minute on 2 CPUs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, grad, vmap
+
+log = logging.getLogger("bench_vs_torch")
+
+DATA = Path("/work/shared/data/uci_heart_disease")
+TEST_FRACTION = 0.2
+SPLIT_SEED = 0
+RUN_SEED = 0
+EXPECTED_BATCH = 16
+CLIP_NORM = 1.0
+NOISE_MULTIPLIER = 1.0
+LEARNING_RATE = 0.5
+
+Params = dict[str, Tensor]
+
+
+@dataclass(frozen=True)
+class Workload:
+    silos: list[Any]  # dpfl Silo objects (train and test tensors, declared public sizes)
+    rounds: int
+
+    @property
+    def n_features(self) -> int:
+        return int(self.silos[0].x.shape[1])
+
+
+def load_workload(data_dir: Path, rounds: int) -> Workload:
+    from dpfl.data import partition, preprocess, tabular
+    from dpfl.federation.silo import silos_from_dataset
+
+    data = tabular.heart_disease(data_dir)
+    data = preprocess.one_hot(data, tabular.HEART_CATEGORIES)
+    data = preprocess.zero_impute(preprocess.scale_to_ranges(data, tabular.HEART_RANGES))
+    assert data.site_ids is not None and data.site_names  # the four hospitals
+    parts = list(partition.natural(data.site_ids, 4))
+    names = [name.lower().replace(" ", "-") for name in data.site_names]
+    silos = silos_from_dataset(
+        data, parts, test_fraction=TEST_FRACTION, seed=SPLIT_SEED, names=names
+    )
+    return Workload(silos, rounds)
+
+
+def sample_rate(public_size: int) -> float:
+    return EXPECTED_BATCH / public_size
+
+
+def steps_per_round(public_size: int) -> int:
+    return max(1, round(1 / sample_rate(public_size)))
+
+
+def initial_model(n_features: int) -> nn.Linear:
+    torch.manual_seed(0)
+    return nn.Linear(n_features, 1)
+
+
+def union_accuracy(params: Params, silos: list[Any]) -> float:
+    x = torch.cat([s.x_test for s in silos])
+    y = torch.cat([s.y_test for s in silos])
+    with torch.no_grad():
+        logits = x @ params["weight"].reshape(-1) + params["bias"].reshape(())
+    return float(((logits > 0).long() == y).double().mean())
+
+
+# ---------------------------------------------------------------------------------------
+# The hand-written loop
+# ---------------------------------------------------------------------------------------
+
+
+def _streams(site: int, round_: int) -> tuple[np.random.Generator, torch.Generator]:
+    """The batch and noise streams of (trial 0, site, round), derived as dpfl's simulator
+    derives them (`engines.simulation._Streams`: key [seed, trial, site + 1, round, call])."""
+    key = [RUN_SEED, 0, site + 1, round_, 0]
+    batches = np.random.default_rng([*key, 0])
+    noise_seed = int(np.random.SeedSequence([*key, 1]).generate_state(1)[0])
+    return batches, torch.Generator().manual_seed(noise_seed)
+
+
+def hand_run(work: Workload, private: bool) -> tuple[Params, float]:
+    """FedAvg with local DP-SGD (or, σ = 0, the same steps unclipped and noiseless)."""
+    model = initial_model(work.n_features)
+    clip = CLIP_NORM if private else math.inf
+    std = NOISE_MULTIPLIER * CLIP_NORM if private else 0.0
+
+    def example_loss(p: Params, xi: Tensor, yi: Tensor) -> Tensor:
+        logit = functional_call(model, p, (xi.unsqueeze(0),)).reshape(())
+        return nn.functional.binary_cross_entropy_with_logits(logit, yi)
+
+    per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
+    sites = [(s.x, s.y.float(), s.declared_size) for s in work.silos]
+    weights = torch.tensor([float(n) for _, _, n in sites]) / sum(n for _, _, n in sites)
+    glob = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for round_ in range(work.rounds):
+        trained = []
+        for k, (x, y, public) in enumerate(sites):
+            batches, noise = _streams(k, round_)
+            q = sample_rate(public)
+            params = dict(glob)
+            for _ in range(steps_per_round(public)):
+                idx = torch.from_numpy(np.flatnonzero(batches.random(len(y)) < q))
+                if len(idx):
+                    grads = per_example(params, x[idx], y[idx])
+                    norms = torch.sqrt(sum(g.flatten(1).square().sum(1) for g in grads.values()))
+                    factor = (clip / (norms + 1e-12)).clamp(max=1.0)
+                    sums = {n: torch.einsum("b,b...->...", factor, g) for n, g in grads.items()}
+                else:
+                    sums = {n: torch.zeros_like(p) for n, p in params.items()}
+                if private:
+                    sums = {
+                        n: s + torch.randn(s.shape, generator=noise) * std for n, s in sums.items()
+                    }
+                params = {n: p - LEARNING_RATE * sums[n] / (q * public) for n, p in params.items()}
+            trained.append(params)
+        glob = {n: sum(w * t[n] for w, t in zip(weights, trained, strict=True)) for n in glob}
+    return glob, union_accuracy(glob, work.silos)
+
+
+def hand_autograd_run(work: Workload) -> tuple[Params, float]:
+    """σ = 0 as a non-private user writes it: the gradient of the summed batch loss."""
+    model = initial_model(work.n_features)
+    sites = [(s.x, s.y.float(), s.declared_size) for s in work.silos]
+    weights = torch.tensor([float(n) for _, _, n in sites]) / sum(n for _, _, n in sites)
+    glob = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for round_ in range(work.rounds):
+        trained = []
+        for k, (x, y, public) in enumerate(sites):
+            batches, _ = _streams(k, round_)
+            q = sample_rate(public)
+            params = {n: p.clone().requires_grad_() for n, p in glob.items()}
+            for _ in range(steps_per_round(public)):
+                idx = torch.from_numpy(np.flatnonzero(batches.random(len(y)) < q))
+                logits = functional_call(model, params, (x[idx],)).reshape(-1)
+                loss = nn.functional.binary_cross_entropy_with_logits(
+                    logits, y[idx], reduction="sum"
+                )
+                grads = torch.autograd.grad(loss, list(params.values()))
+                with torch.no_grad():
+                    for p, g in zip(params.values(), grads, strict=True):
+                        p.sub_(g, alpha=LEARNING_RATE / (q * public))
+            trained.append({n: p.detach() for n, p in params.items()})
+        glob = {n: sum(w * t[n] for w, t in zip(weights, trained, strict=True)) for n in glob}
+    return glob, union_accuracy(glob, work.silos)
+
+
+# ---------------------------------------------------------------------------------------
+# dpfl
+# ---------------------------------------------------------------------------------------
+
+
+def clear_dpfl_caches() -> list[str]:
+    """Empty the memos dpfl keeps per process (its modules' `functools` caches: ε values,
+    privacy-loss distributions), as in benchmarks/bench_vs_flower.py."""
+    cleared = []
+    for name, module in list(sys.modules.items()):
+        if name != "dpfl" and not name.startswith("dpfl."):
+            continue
+        for attr, value in list(vars(module).items()):
+            if callable(getattr(value, "cache_clear", None)) and hasattr(value, "cache_info"):
+                if getattr(value, "__module__", None) != name:
+                    continue
+                value.cache_clear()
+                cleared.append(f"{name}.{attr}")
+    return sorted(cleared)
+
+
+def dpfl_run(work: Workload, private: bool) -> tuple[Params, float]:
+    from dpfl.engines.simulation import simulate
+    from dpfl.federation.algorithms.fedavg import FedAvg
+    from dpfl.local.dpsgd import DPSGDConfig
+    from dpfl.local.losses import bce
+
+    config = (
+        DPSGDConfig(CLIP_NORM, NOISE_MULTIPLIER, LEARNING_RATE)
+        if private
+        else DPSGDConfig.non_private(LEARNING_RATE)
+    )
+    algorithm = FedAvg(
+        model=initial_model(work.n_features),
+        loss=bce,
+        dpsgd=config,
+        expected_batch_size=EXPECTED_BATCH,
+        local_epochs=1,
+    )
+    with tempfile.TemporaryDirectory(prefix="bench-vs-torch-") as tmp:
+        result = simulate(
+            algorithm,
+            work.silos,
+            rounds=work.rounds,
+            trials=1,
+            seed=RUN_SEED,
+            research_noise=True,
+            progress=False,
+            ledger=Path(tmp) / "ledger.sqlite",
+            eval_every=work.rounds,
+        )
+    params = {k: v[0] for k, v in result.params.items()}
+    return params, result.final_metrics()["accuracy"]
+
+
+# ---------------------------------------------------------------------------------------
+
+
+Runner = Callable[[Workload], tuple[Params, float]]
+
+
+def _runners() -> dict[str, tuple[Runner, bool]]:
+    """name -> (runner, empty dpfl's memos first)."""
+    return {
+        "dpfl_dp": (lambda w: dpfl_run(w, private=True), True),
+        "dpfl_dp_warm": (lambda w: dpfl_run(w, private=True), False),
+        "hand_dp": (lambda w: hand_run(w, private=True), False),
+        "dpfl_nodp": (lambda w: dpfl_run(w, private=False), True),
+        "hand_nodp": (lambda w: hand_run(w, private=False), False),
+        "hand_autograd_nodp": (hand_autograd_run, False),
+    }
+
+
+def _max_diff(a: Params, b: Params) -> float:
+    return max(float((a[k] - b[k]).abs().max()) for k in a)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch intra-op threads for every runner (1: tiny ops are not drowned in\n"
+        "OpenMP waits; torch's default is one per core)",
+    )
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--data", type=Path, default=DATA, help="the UCI heart-disease folder")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting's RDP notes
+    warnings.filterwarnings("ignore")
+
+    work = load_workload(args.data, args.rounds)
+    sizes = [s.declared_size for s in work.silos]
+    figures: dict[str, Any] = {
+        "threads": torch.get_num_threads(),
+        "repeats": args.repeats,
+        "rounds": args.rounds,
+        "silo_sizes": sizes,
+        "steps_per_round": [steps_per_round(n) for n in sizes],
+        "cpus": os.cpu_count(),
+    }
+    runners = _runners()
+    one_round = Workload(work.silos, 1)
+    start = time.perf_counter()
+    for run, _ in runners.values():
+        run(one_round)
+    figures["warmup_s"] = time.perf_counter() - start
+
+    seconds: dict[str, list[float]] = {name: [] for name in runners}
+    cpu: dict[str, list[float]] = {name: [] for name in runners}
+    outputs: dict[str, tuple[Params, float]] = {}
+    for repeat in range(args.repeats):
+        for name, (run, cold) in runners.items():
+            if cold:
+                clear_dpfl_caches()
+            began, began_cpu = time.perf_counter(), time.process_time()
+            out = run(work)
+            seconds[name].append(time.perf_counter() - began)
+            cpu[name].append(time.process_time() - began_cpu)
+            if name in outputs and _max_diff(outputs[name][0], out[0]) != 0:
+                raise RuntimeError(f"{name} gave a different model on repeat {repeat}")
+            outputs[name] = out
+        log.info(
+            "repeat %d: %s",
+            repeat,
+            ", ".join(f"{name} {s[-1]:.3f} s" for name, s in seconds.items()),
+        )
+    for name in runners:
+        figures[f"{name}_s"] = statistics.median(seconds[name])
+    for name in runners:
+        figures[f"{name}_cpu_s"] = statistics.median(cpu[name])
+    for cpu_key in ("", "_cpu"):
+        for ratio, (num, den) in {
+            "dpfl_over_hand_dp": ("dpfl_dp", "hand_dp"),
+            "dpfl_over_hand_dp_warm": ("dpfl_dp_warm", "hand_dp"),
+            "dpfl_over_hand_nodp": ("dpfl_nodp", "hand_nodp"),
+            "dpfl_over_hand_autograd_nodp": ("dpfl_nodp", "hand_autograd_nodp"),
+        }.items():
+            figures[f"{ratio}{cpu_key}_ratio"] = (
+                figures[f"{num}{cpu_key}_s"] / figures[f"{den}{cpu_key}_s"]
+            )
+    for name in ("dpfl_dp", "hand_dp", "dpfl_nodp", "hand_nodp"):
+        figures[f"{name}_accuracy"] = outputs[name][1]
+    figures["dp_max_abs_param_diff"] = _max_diff(outputs["dpfl_dp"][0], outputs["hand_dp"][0])
+    figures["nodp_max_abs_param_diff"] = _max_diff(outputs["dpfl_nodp"][0], outputs["hand_nodp"][0])
+
+    if args.json:
+        print(json.dumps(figures))
+    else:
+        width = max(len(k) for k in figures)
+        for key, value in figures.items():
+            shown = f"{value:.3g}" if isinstance(value, float) else value
+            print(f"{key:<{width}}  {shown}")
+
+
+if __name__ == "__main__":
+    main()
