@@ -263,3 +263,115 @@ def test_a_model_that_mixes_examples_is_refused_on_its_first_batch(stacked: bool
             )
         else:
             clipped(params, x, y, mask, 1.0)
+
+
+def _stacked_batch(
+    dtype: torch.dtype, features: int, classes: int, members: int = 3, width: int = 11
+) -> tuple[Tensor, Tensor, Tensor]:
+    g = torch.Generator().manual_seed(members * width + classes)
+    x = torch.randn(members, width, features, generator=g, dtype=dtype) * 2
+    y = torch.randint(0, classes, (members, width), generator=g)
+    mask = (torch.rand(members, width, generator=g) < 0.8).to(dtype)
+    return x, y, mask
+
+
+def _vmap_route(
+    clipped: ClippedGradientSum, params: dict[str, Tensor], *batch: Tensor, clip: float
+) -> tuple[dict[str, Tensor], Tensor]:
+    mapped = vmap(partial(clipped, under_vmap=True), in_dims=(0, 0, 0, 0, None))
+    result: tuple[dict[str, Tensor], Tensor] = mapped(params, *batch, clip)
+    return result
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "kind", ["bce", "bce_no_bias", "cross_entropy", "focal", "weighted_bce", "bce_huge_c"]
+)
+def test_stacked_logistic_regression_gives_the_bits_of_vmap(
+    kind: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The direct route for a lone nn.Linear is a speed-up only: every member's sum and norms
+    are those of `vmap` over the per-member call, bit for bit (golden runs depend on it)."""
+    import dpfl.local.clipping as clipping
+
+    monkeypatch.setattr(clipping, "_DIRECT_AGREES", {})
+    torch.manual_seed(0)
+    classes = 4 if kind == "cross_entropy" else 2
+    model = (
+        nn.Linear(9, 1, bias=False) if kind == "bce_no_bias" else logistic_regression(9, classes)
+    ).to(dtype)
+    loss = {"cross_entropy": cross_entropy, "focal": focal(), "weighted_bce": weighted_bce(3.0)}
+    clipped = ClippedGradientSum(model, loss.get(kind, bce))
+    params = {k: v + torch.randn_like(v) for k, v in stack([parameters_of(model)] * 3).items()}
+    clip = 1e9 if kind == "bce_huge_c" else 0.5
+    for width in (1, 7, 40):
+        batch = _stacked_batch(dtype, 9, classes, width=width)
+        sums, norms = clipped.stacked(params, *batch, clip)
+        expected, expected_norms = _vmap_route(clipped, params, *batch, clip=clip)
+        assert torch.equal(norms, expected_norms)
+        assert sums.keys() == expected.keys()
+        for name in sums:
+            assert torch.equal(sums[name], expected[name]), name
+    assert list(clipping._DIRECT_AGREES.values()) == [True]  # taken, not fallen back from
+
+
+def test_the_direct_route_is_taken_only_for_a_plain_linear_model_it_was_checked_for(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import dpfl.local.clipping as clipping
+
+    monkeypatch.setattr(clipping, "_DIRECT_AGREES", {})
+    direct = []
+    original = ClippedGradientSum._stacked_linear
+
+    def counting(self: ClippedGradientSum, *args: object) -> object:
+        direct.append(type(self.model))
+        return original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ClippedGradientSum, "_stacked_linear", counting)
+
+    class Doubled(nn.Linear):  # a subclass may compute something else
+        def forward(self, x: Tensor) -> Tensor:
+            return 2 * super().forward(x)
+
+    batch = _stacked_batch(torch.float64, 5, 2)
+    for model in (logistic_regression(5), Doubled(5, 1), mlp(5, (3,))):
+        model = model.double()
+        clipped = ClippedGradientSum(model, bce)
+        clipped.stacked(stack([parameters_of(model)] * 3), *batch, 1.0)
+    # the plain Linear: its probe (two clip bounds) and then the batch itself
+    assert direct == [nn.Linear] * 3
+
+
+def test_a_direct_route_that_disagrees_with_vmap_on_its_probe_is_not_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Should a torch upgrade change how vmap runs an operation, the probe sees different
+    bits and every stacked call goes through vmap again."""
+    import dpfl.local.clipping as clipping
+
+    monkeypatch.setattr(clipping, "_DIRECT_AGREES", {})
+    original = ClippedGradientSum._stacked_linear
+
+    def off_by_a_bit(self: ClippedGradientSum, *args: object) -> tuple[dict[str, Tensor], Tensor]:
+        sums, norms = original(self, *args)  # type: ignore[arg-type]
+        return {k: torch.nextafter(v, v + 1) for k, v in sums.items()}, norms
+
+    monkeypatch.setattr(ClippedGradientSum, "_stacked_linear", off_by_a_bit)
+    model = logistic_regression(5).double()
+    clipped = ClippedGradientSum(model, bce)
+    params = stack([parameters_of(model)] * 3)
+    batch = _stacked_batch(torch.float64, 5, 2)
+    sums, _ = clipped.stacked(params, *batch, 1.0)
+    expected, _ = _vmap_route(clipped, params, *batch, clip=1.0)
+    assert all(torch.equal(sums[k], expected[k]) for k in sums)
+    assert list(clipping._DIRECT_AGREES.values()) == [False]
+
+
+def test_bce_in_primitive_operations_is_bce() -> None:
+    from dpfl.local.clipping import _bce_primitives
+
+    g = torch.Generator().manual_seed(0)
+    logits = torch.randn(50, 1, generator=g, dtype=torch.float64) * 30
+    target = torch.randint(0, 2, (50,), generator=g)
+    torch.testing.assert_close(_bce_primitives(logits, target), bce(logits, target))

@@ -17,13 +17,11 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
 import torch
 from torch import Tensor, nn
-from torch.func import vmap
 
 from dpfl.data.sampling import BatchSampler
 from dpfl.local.clipping import ClippedGradientSum, Params
@@ -173,7 +171,6 @@ class DPSGD:
             if velocity is None
             else dict(velocity)
         )
-        stacked_sum = vmap(partial(self.clipped_sum, under_vmap=True), in_dims=(0, 0, 0, 0, None))
         pool = _Pool(datasets) if len(datasets) > 1 else None
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
@@ -185,7 +182,9 @@ class DPSGD:
                 sums = {k: v.unsqueeze(0) for k, v in single.items()}
             else:
                 assert pool is not None
-                sums, _ = stacked_sum(params, *pool.batches(indices, dtype), cfg.clip_norm)
+                sums, _ = self.clipped_sum.stacked(
+                    params, *pool.batches(indices, dtype), cfg.clip_norm
+                )
             for name, total in sums.items():
                 g = total.clone()
                 if cfg.private:
