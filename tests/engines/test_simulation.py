@@ -267,7 +267,7 @@ def test_a_run_resumes_in_another_process(tmp_path: Path) -> None:
         "silo = Silo.from_arrays('h0', [[0.0, 1.0]] * 20, [0, 1] * 10)\n"
         "algorithm = FedAvg(model=logistic_regression(2), loss=weighted_bce(float(sys.argv[1])),\n"
         "                   dpsgd=DPSGDConfig(1.0, 1.0, 0.5))\n"
-        "print(_fingerprint(algorithm, [silo], 1, 0, True))\n"
+        'print(_fingerprint(algorithm, [silo], 1, 0, True, "per-trial"))\n'
     )
 
     def fingerprint(weight: str) -> str:
@@ -312,3 +312,29 @@ def test_messages_are_logged_per_round_and_add_up_to_the_totals() -> None:
         assert all(row["down"] == row["up"] == 124 for row in rows)
     total_up = sum(t["up"] for t in result.traffic.values())
     assert total_up == sum(row["up"] for row in result.messages) == 4 * 2 * 124
+
+
+def test_trials_start_from_their_own_initialisation_unless_shared() -> None:
+    """Trial 0 starts from the model as given; with "per-trial" every other trial from a
+    fresh initialisation seeded by (seed, trial), so ± sd over trials includes it."""
+    silos = _silos()
+
+    def starts(init: str, seed: int = 0) -> list[torch.Tensor]:
+        result = simulate(
+            _fedavg(),
+            silos,
+            rounds=1,
+            trials=3,
+            seed=seed,
+            init=init,
+            progress=False,  # type: ignore[arg-type]
+        )
+        return [result.params["weight"][r] for r in range(3)]
+
+    own, shared = starts("per-trial"), starts("shared")
+    assert torch.equal(own[0], shared[0])  # trial 0 is the same run either way
+    assert not torch.equal(own[1], shared[1]) and not torch.equal(own[1], own[2])
+    assert all(torch.equal(a, b) for a, b in zip(own, starts("per-trial"), strict=True))
+    assert not torch.equal(own[1], starts("per-trial", seed=1)[1])
+    with pytest.raises(ValueError, match="'per-trial' or 'shared'"):
+        starts("random")

@@ -78,6 +78,7 @@ def _outcome(name: str, silos: list[Silo]) -> dict[str, Any]:
         epsilon_budget=8.0,
         eval_every=3,
         progress=False,
+        init="shared",  # as before the split: every trial from one initial model
     )
     return {
         "models": {

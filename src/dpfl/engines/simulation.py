@@ -28,6 +28,7 @@ What it adds around the halves (the bookkeeping shared with any engine is in
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import hashlib
@@ -45,6 +46,7 @@ from typing import Any, Generic, Literal, TypeVar
 import numpy as np
 import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from torch import nn
 
 from dpfl.engines.accounts import (
     DEFAULT_SIZE_NOISE,
@@ -73,6 +75,7 @@ from dpfl.federation.algorithms.centralized import pool
 from dpfl.federation.messages import Encoding, SecureSum, payload_bytes
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
+from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 from dpfl.privacy import EpsilonReport, Ledger, events
 from dpfl.secure import IdealSecureSum, InTheClear
@@ -80,6 +83,7 @@ from dpfl.secure import IdealSecureSum, InTheClear
 __all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
 
 _T = TypeVar("_T")
+Init = Literal["per-trial", "shared"]
 CHECKPOINT_FORMAT = 2
 """Checkpoints hold per-trial server states and per-hospital local states."""
 
@@ -200,6 +204,7 @@ def simulate(
     eval_every: int = 1,
     size_noise: float = DEFAULT_SIZE_NOISE,
     secure_sum: SecureSum | None = None,
+    init: Init = "per-trial",
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -212,7 +217,10 @@ def simulate(
     the most constrained one; "per-silo" gives each silo the least σ for its own budget
     (for algorithms whose silos' noise is their own). `secure_sum`: how the server
     learns the sum of the replies; by default in the clear, or the ideal secure sum for
-    an algorithm that needs one."""
+    an algorithm that needs one. `init`: "per-trial" starts trial 0 from the model as
+    given and every other trial from a fresh initialisation seeded by (seed, trial);
+    "shared" starts every trial from the model as given (trials then differ only in
+    their batches and noise)."""
     _check_run(silos, rounds, trials, eval_every)
     summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
     targets: Budgets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
@@ -238,9 +246,9 @@ def simulate(
             if calibrate == "per-silo"
             else algorithm.with_noise(max(sigmas.values()))
         )
-    start, run, history = 0, _initial(algorithm, infos, trials), []
+    start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
     messages: list[dict[str, Any]] = []
-    fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise)
+    fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise, init)
     instance, resumed = uuid.uuid4().hex[:16], False
     if checkpoint is not None and Path(checkpoint).exists():
         saved = torch.load(checkpoint, weights_only=False)
@@ -376,6 +384,7 @@ def simulate(
         metadata={
             "seed": seed,
             "research_noise": research_noise,
+            "init": init,
             "rounds": rounds,
             "fingerprint": fingerprint,
             "instance": instance,
@@ -397,9 +406,12 @@ def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int)
         raise ValueError("rounds, trials and eval_every must be ≥ 1")
 
 
-def _initial(algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int) -> _RunState:
+def _initial(
+    algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int, seed: int, init: Init
+) -> _RunState:
     """Every trial's server state and every hospital's local state before round 0."""
-    server = [algorithm.initial_state(silos) for _ in range(trials)]
+    starts = initial_models(algorithm.model, trials, seed, init)
+    server = [algorithm.initial_state(silos, start) for start in starts]
     return _RunState(
         server,
         [
@@ -407,6 +419,34 @@ def _initial(algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int) -> _R
             for state in server
         ],
     )
+
+
+def initial_models(model: nn.Module, trials: int, seed: int, init: Init) -> list[Params]:
+    """Each trial's initial parameters: the model's own in trial 0, and with "per-trial"
+    a fresh initialisation of the same architecture in every other trial, seeded by
+    (seed, trial), so that the spread over trials includes the initialisation's."""
+    if init not in ("per-trial", "shared"):
+        raise ValueError(f"init must be 'per-trial' or 'shared', got {init!r}")
+    first = parameters_of(model)
+    if init == "shared":
+        return [first] * trials
+    return [first] + [_reinitialised(model, seed, r) for r in range(1, trials)]
+
+
+def _reinitialised(model: nn.Module, seed: int, trial: int) -> Params:
+    fresh = copy.deepcopy(model)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(int(np.random.SeedSequence([seed, trial, 3]).generate_state(1)[0]))
+        for module in fresh.modules():
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
+            elif any(True for _ in module.parameters(recurse=False)):
+                raise ValueError(
+                    f"{type(module).__name__} has parameters but no reset_parameters(): "
+                    "trials cannot re-initialise it; use init='shared'"
+                )
+    return parameters_of(fresh)
 
 
 def _index(silos: Sequence[Silo], name: str) -> int:
@@ -497,11 +537,11 @@ def _ledger_path(ledger: str | Path | None) -> Path:
 
 
 def _fingerprint(
-    algorithm: Algorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool
+    algorithm: Algorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool, init: Init
 ) -> str:
     """Identifies a run across processes: what a checkpoint may be resumed into."""
     sizes = [(s.name, s.public_size, s.size) for s in silos]
-    text = _stable((CHECKPOINT_FORMAT, algorithm, sizes, trials, seed, research))
+    text = _stable((CHECKPOINT_FORMAT, algorithm, sizes, trials, seed, research, init))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

@@ -142,6 +142,11 @@ class ModelConfig(_Strict):
     kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
     hidden: list[int] = Field(default_factory=lambda: [200, 200])
     """Hidden widths of the MLP (Kerkouche: 200, 200)."""
+    init: Literal["per-trial", "shared"] = "per-trial"
+    """per-trial: every trial but the first starts from its own initialisation, so the
+    spread over trials includes the initialisation's; shared: all trials start from the
+    study seed's model and differ only in batches and noise. The data split is the
+    study seed's in every trial: vary `seed` as a grid axis to vary it too."""
 
 
 class AlgorithmConfig(_Strict):

@@ -366,6 +366,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             checkpoint=checkpoint,
             eval_every=config.eval_every,
             size_noise=config.data.size_noise,
+            init=config.model.init,
         )
 
 

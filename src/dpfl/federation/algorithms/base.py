@@ -180,9 +180,10 @@ class Algorithm(ABC):
 
     # -- server half -------------------------------------------------------------------
 
-    def initial_state(self, silos: Sequence[SiloInfo]) -> State:
-        """The server's state before round 0: the model's initial parameters."""
-        return {"global": parameters_of(self.model)}
+    def initial_state(self, silos: Sequence[SiloInfo], start: Params | None = None) -> State:
+        """The server's state before round 0, from the initial model `start` (default:
+        the parameters of `model`)."""
+        return {"global": parameters_of(self.model) if start is None else dict(start)}
 
     def steps(self, silos: Sequence[SiloInfo]) -> int:
         """Configure-and-aggregate steps in one round (cyclic training: one per silo)."""

@@ -73,8 +73,8 @@ class FedSGDSecure(DPSGDAlgorithm):
         remaining = self.dpsgd.noise_multiplier * math.sqrt((len(silos) - 1) / len(silos))
         return {"hospitals": events.poisson_gaussian(self.sample_rate(silo), remaining)}
 
-    def initial_state(self, silos: Sequence[SiloInfo]) -> State:
-        return {**super().initial_state(silos), "hospitals": len(silos)}
+    def initial_state(self, silos: Sequence[SiloInfo], start: Params | None = None) -> State:
+        return {**super().initial_state(silos, start), "hospitals": len(silos)}
 
     def configure(
         self,
