@@ -375,3 +375,28 @@ def test_bce_in_primitive_operations_is_bce() -> None:
     logits = torch.randn(50, 1, generator=g, dtype=torch.float64) * 30
     target = torch.randint(0, 2, (50,), generator=g)
     torch.testing.assert_close(_bce_primitives(logits, target), bce(logits, target))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["bce", "bce_no_bias", "cross_entropy", "focal"])
+def test_one_member_of_logistic_regression_gives_the_bits_of_the_layer_rules(
+    kind: str, dtype: torch.dtype
+) -> None:
+    """A lone nn.Linear skips the layer-by-layer bookkeeping, not its operations."""
+    torch.manual_seed(0)
+    classes = 4 if kind == "cross_entropy" else 2
+    model = (
+        nn.Linear(9, 1, bias=False) if kind == "bce_no_bias" else logistic_regression(9, classes)
+    ).to(dtype)
+    loss = {"cross_entropy": cross_entropy, "focal": focal()}.get(kind, bce)
+    clipped = ClippedGradientSum(model, loss)
+    assert clipped._layers is not None
+    params = {k: v + torch.randn_like(v) for k, v in parameters_of(model).items()}
+    x, y, mask = (t[0] for t in _stacked_batch(dtype, 9, classes, members=1, width=23))
+    for clip in (0.5, 1e9):
+        sums, norms = clipped(params, x, y, mask, clip)
+        expected, expected_norms = clipped._layer_by_layer(
+            clipped._layers, params, x, y, mask, clip, False
+        )
+        assert torch.equal(norms, expected_norms)
+        assert all(torch.equal(sums[k], expected[k]) for k in expected)

@@ -97,6 +97,8 @@ class ClippedGradientSum:
         layer-by-layer backward pass then uses `torch.func.grad` instead of the lighter
         `torch.autograd.grad`, which `vmap` does not support."""
         self._check(tuple(x.shape[1:]))
+        if not under_vmap and self._direct_applies(params, x, member_dims=2):
+            return self._single_linear(params, x, y, mask, clip_norm)
         if self._layers is None:
             if x.is_sparse:
                 raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
@@ -141,13 +143,14 @@ class ClippedGradientSum:
             check_per_example(self.model, example_shape)
             checked.add(example_shape)
 
-    def _direct_applies(self, params: Params, x: Tensor) -> bool:
+    def _direct_applies(self, params: Params, x: Tensor, member_dims: int = 3) -> bool:
         """A plain `nn.Linear` (not a subclass, whose forward may differ) on dense
-        (members, batch, features) inputs, with its own parameter names."""
+        (members, batch, features) inputs (`member_dims` 3; 2: one member's (batch,
+        features)), with its own parameter names."""
         return (
             type(self.model) is nn.Linear
             and not x.is_sparse
-            and x.dim() == 3
+            and x.dim() == member_dims
             and set(params) in ({"weight"}, {"weight", "bias"})
         )
 
@@ -195,6 +198,27 @@ class ClippedGradientSum:
         sums = {"weight": torch.matmul(scaled.mT, x)}
         if bias is not None:
             sums["bias"] = scaled.sum(1)
+        return {name: sums[name] for name in params}, norms
+
+    def _single_linear(
+        self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
+    ) -> tuple[Params, Tensor]:
+        """`_layer_by_layer` for a lone dense `nn.Linear` and one member, the same operations
+        without its per-layer bookkeeping: δ by autograd from the loss to z = F.linear(x)."""
+        weight, bias = params["weight"], params.get("bias")
+        a = x.detach()
+        with torch.enable_grad():
+            z = F.linear(x, weight, bias)
+            if not z.requires_grad:
+                z.requires_grad_()
+            (delta,) = torch.autograd.grad(self.loss(z, y).sum(), [z])
+        row_sq = _row_sq(a) + (1.0 if bias is not None else 0.0)
+        norms = (torch.zeros_like(mask) + delta.square().sum(1) * row_sq).sqrt()
+        factor = _clip_factor(norms, mask, clip_norm)
+        scaled = delta * factor.unsqueeze(1)
+        sums = {"weight": scaled.t() @ a}
+        if bias is not None:
+            sums["bias"] = scaled.sum(0)
         return {name: sums[name] for name in params}, norms
 
     def _output_gradients(self, z: Tensor, y: Tensor) -> Tensor:

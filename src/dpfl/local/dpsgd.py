@@ -172,6 +172,10 @@ class DPSGD:
             else dict(velocity)
         )
         pool = _Pool(datasets) if len(datasets) > 1 else None
+        # per parameter: the normalisers shaped to broadcast over it, the shape of its noise
+        scales = {k: scale.reshape(-1, *[1] * (v.dim() - 1)) for k, v in params.items()}
+        shapes = {k: tuple(v.shape[1:]) for k, v in params.items()}
+        std = cfg.noise_multiplier * cfg.clip_norm
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
             if len(datasets) == 1:
@@ -185,17 +189,11 @@ class DPSGD:
                 sums, _ = self.clipped_sum.stacked(
                     params, *pool.batches(indices, dtype), cfg.clip_norm
                 )
-            for name, total in sums.items():
-                g = total.clone()
+            for name, g in sums.items():  # a fresh tensor per step: updated in place
                 if cfg.private:
-                    draws = [
-                        n.normal(
-                            tuple(total.shape[1:]), cfg.noise_multiplier * cfg.clip_norm, dtype
-                        )
-                        for n in noises
-                    ]
+                    draws = [n.normal(shapes[name], std, dtype) for n in noises]
                     g.add_(torch.stack(draws) if len(draws) > 1 else draws[0].unsqueeze(0))
-                g.div_(scale.reshape(-1, *[1] * (total.dim() - 1)))
+                g.div_(scales[name])
                 if cfg.momentum:
                     g.add_(velocity[name], alpha=cfg.momentum)
                 velocity[name] = g
