@@ -38,7 +38,8 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Generic, Literal, TypeVar
@@ -205,6 +206,7 @@ def simulate(
     size_noise: float = DEFAULT_SIZE_NOISE,
     secure_sum: SecureSum | None = None,
     init: Init = "per-trial",
+    threads: int | None = 1,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -220,180 +222,203 @@ def simulate(
     an algorithm that needs one. `init`: "per-trial" starts trial 0 from the model as
     given and every other trial from a fresh initialisation seeded by (seed, trial);
     "shared" starts every trial from the model as given (trials then differ only in
-    their batches and noise)."""
-    _check_run(silos, rounds, trials, eval_every)
-    summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
-    targets: Budgets = {s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos}
-    book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
-    counts: dict[str, events.PrivacyEvent] = {}
-    if algorithm.private:
-        declared = {s.name: s.public_size for s in silos}
-        register_accounts(book, silos, trials, targets)
-        noise_of = functools.partial(_count_noise, research_noise, seed)
-        silos, counts = public_sizes(book, silos, trials, size_noise, noise_of)
-        register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
-    else:  # nothing is protected, so the true counts may shape the reference run
-        silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
-    infos = [s.info for s in silos]
-    if calibrate:
-        if calibrate not in (True, "common", "per-silo"):
-            raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
-        if not algorithm.private:
-            raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-        sigmas = calibrated_sigma(algorithm, infos, rounds, targets, book.accountant, counts)
-        algorithm = (
-            algorithm.with_silo_noise(sigmas)
-            if calibrate == "per-silo"
-            else algorithm.with_noise(max(sigmas.values()))
-        )
-    start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
-    messages: list[dict[str, Any]] = []
-    fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise, init)
-    instance, resumed = uuid.uuid4().hex[:16], False
-    if checkpoint is not None and Path(checkpoint).exists():
-        saved = torch.load(checkpoint, weights_only=False)
-        if saved["fingerprint"] != fingerprint:
-            raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
-        start, run, history, messages = (
-            saved["round"] + 1,
-            saved["state"],
-            saved["history"],
-            saved["messages"],
-        )
-        instance, resumed = saved["instance"], True
-    elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
-        _save(checkpoint, fingerprint, instance, -1, run, history, messages)
-    stopped_by_budget = False
-    if algorithm.private and algorithm.stops_at_budget:
-        affordable = start + affordable_rounds(book, algorithm, infos, rounds - start, targets)
-        if affordable <= start:
-            raise ValueError(
-                f"{algorithm.name}: no further round fits every silo's budget; a round "
-                "costs more than what is left (add noise or raise the budget)"
+    their batches and noise). `threads`: torch's thread count during the run (restored
+    after; None keeps it): one suits the small models of these studies, which on a
+    loaded 2-core machine ran 20× slower with torch's default."""
+    with _torch_threads(threads):
+        _check_run(silos, rounds, trials, eval_every)
+        summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
+        targets: Budgets = {
+            s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos
+        }
+        book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+        counts: dict[str, events.PrivacyEvent] = {}
+        if algorithm.private:
+            declared = {s.name: s.public_size for s in silos}
+            register_accounts(book, silos, trials, targets)
+            noise_of = functools.partial(_count_noise, research_noise, seed)
+            silos, counts = public_sizes(book, silos, trials, size_noise, noise_of)
+            register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
+        else:  # nothing is protected, so the true counts may shape the reference run
+            silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
+        infos = [s.info for s in silos]
+        if calibrate:
+            if calibrate not in (True, "common", "per-silo"):
+                raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
+            if not algorithm.private:
+                raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
+            sigmas = calibrated_sigma(algorithm, infos, rounds, targets, book.accountant, counts)
+            algorithm = (
+                algorithm.with_silo_noise(sigmas)
+                if calibrate == "per-silo"
+                else algorithm.with_noise(max(sigmas.values()))
             )
-        stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-    label = f"{algorithm.name} run {fingerprint[:12]} instance {instance}"
-    paid = prepaid(book, algorithm, infos, trials, start, label) if resumed else Counter[Any]()
-    if algorithm.private:
-        check_plans(book, algorithm, infos, trials, rounds - start, targets, paid)
+        start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
+        messages: list[dict[str, Any]] = []
+        fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise, init)
+        instance, resumed = uuid.uuid4().hex[:16], False
+        if checkpoint is not None and Path(checkpoint).exists():
+            saved = torch.load(checkpoint, weights_only=False)
+            if saved["fingerprint"] != fingerprint:
+                raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
+            start, run, history, messages = (
+                saved["round"] + 1,
+                saved["state"],
+                saved["history"],
+                saved["messages"],
+            )
+            instance, resumed = saved["instance"], True
+        elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
+            _save(checkpoint, fingerprint, instance, -1, run, history, messages)
+        stopped_by_budget = False
+        if algorithm.private and algorithm.stops_at_budget:
+            affordable = start + affordable_rounds(book, algorithm, infos, rounds - start, targets)
+            if affordable <= start:
+                raise ValueError(
+                    f"{algorithm.name}: no further round fits every silo's budget; a round "
+                    "costs more than what is left (add noise or raise the budget)"
+                )
+            stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
+        label = f"{algorithm.name} run {fingerprint[:12]} instance {instance}"
+        paid = prepaid(book, algorithm, infos, trials, start, label) if resumed else Counter[Any]()
+        if algorithm.private:
+            check_plans(book, algorithm, infos, trials, rounds - start, targets, paid)
 
-    def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
-        """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
-        curator, whose every event is charged to every silo)."""
-        named = [
-            (account(silos[k], trial, view), event)
-            for (trial, index), view, event in charges
-            for k in (range(len(silos)) if index < 0 else [index])
-        ]
-        if paid and current == start:  # only the resumed round can have been paid
-            named = unpaid(named, paid, current)
-        if named:
-            book.record_many(named, label=label, round=current)
+        def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+            """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
+            curator, whose every event is charged to every silo)."""
+            named = [
+                (account(silos[k], trial, view), event)
+                for (trial, index), view, event in charges
+                for k in (range(len(silos)) if index < 0 else [index])
+            ]
+            if paid and current == start:  # only the resumed round can have been paid
+                named = unpaid(named, paid, current)
+            if named:
+                book.record_many(named, label=label, round=current)
 
-    interrupted, current, completed, next_status = False, start, start, -math.inf
-    bar = Progress(
-        TextColumn(f"{algorithm.name}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[status]}"),
-        TimeElapsedColumn(),
-        disable=not progress,
-        transient=False,
-    )
-    curator = pool(silos) if algorithm.pools_data else None
-    with bar:
-        task = bar.add_task("rounds", total=rounds, completed=start, status="")
-        try:
-            for current in range(start, rounds):
-                rng = _Streams(seed, current, _rng)
-                noise = _Streams(seed, current, functools.partial(_noise, research_noise))
-                for step in range(algorithm.steps(infos)):
-                    members: list[tuple[int, Member]] = []
-                    for r in range(trials):
-                        orders = algorithm.configure(
-                            run.server[r], current, infos, functools.partial(rng, r, -1), step
-                        )
-                        for name, instruction in orders.items():
-                            k = -1 if curator is not None else _index(silos, name)
-                            ctx = HospitalContext(
-                                current,
-                                functools.partial(rng, r, k),
-                                functools.partial(noise, r, k),
-                                record,
-                                (r, k),
+        interrupted, current, completed, next_status = False, start, start, -math.inf
+        bar = Progress(
+            TextColumn(f"{algorithm.name}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            disable=not progress,
+            transient=False,
+        )
+        curator = pool(silos) if algorithm.pools_data else None
+        with bar:
+            task = bar.add_task("rounds", total=rounds, completed=start, status="")
+            try:
+                for current in range(start, rounds):
+                    rng = _Streams(seed, current, _rng)
+                    noise = _Streams(seed, current, functools.partial(_noise, research_noise))
+                    for step in range(algorithm.steps(infos)):
+                        members: list[tuple[int, Member]] = []
+                        for r in range(trials):
+                            orders = algorithm.configure(
+                                run.server[r], current, infos, functools.partial(rng, r, -1), step
                             )
-                            silo = silos[k] if curator is None else curator
-                            local = run.hospitals[r].get(name, {})
-                            members.append((r, Member(instruction, silo, local, ctx)))
-                    outcomes = algorithm.client_updates([m for _, m in members]) if members else []
-                    replies: list[dict[str, Reply]] = [{} for _ in range(trials)]
-                    for (r, member), (reply, local) in zip(members, outcomes, strict=True):
-                        name = member.silo.name
-                        run.hospitals[r][name] = local
-                        if reply is not None:
-                            replies[r][name] = reply
-                        if curator is None:
-                            messages += _traffic(current, r, member, reply)
-                    for r in range(trials):
-                        run.server[r] = algorithm.aggregate(run.server[r], replies[r], summing)
-                if (current + 1) % eval_every == 0 or current == rounds - 1:
-                    history += evaluate(
-                        algorithm.model, run.models(algorithm, silos), silos, current
-                    )
-                if checkpoint is not None:
-                    _save(checkpoint, fingerprint, instance, current, run, history, messages)
-                if progress and (time.monotonic() >= next_status or current == rounds - 1):
-                    began = time.monotonic()
-                    bar.update(task, status=_status(book, infos, trials, history, algorithm))
-                    # every account's ε can be costly (client sampling: many histories):
-                    # the status takes at most a tenth of the run, and is shown each second
-                    next_status = time.monotonic() + max(1.0, 10 * (time.monotonic() - began))
-                bar.update(task, advance=1)
-                completed = current + 1
-        except KeyboardInterrupt:
-            interrupted = True
-    models = run.models(algorithm, silos)
-    evaluated = [h for h in history if h["round"] == completed - 1]
-    return SimulationResult(
-        algorithm=algorithm.name,
-        noise_multiplier=algorithm.noise_multiplier,
-        trials=trials,
-        rounds_completed=completed,
-        params=_stacked([state["global"] for state in run.server]),
-        silo_models={s.name: _stacked(models[k]) for k, s in enumerate(silos)},
-        history=history,
-        silo_metrics=[
-            h["silos"] for h in evaluated or evaluate(algorithm.model, models, silos, completed - 1)
-        ],
-        accounts=[
-            {
-                s.name: {
-                    None: account(s, r),
-                    **{v: account(s, r, v) for v in algorithm.view_events(s.info, infos)},
+                            for name, instruction in orders.items():
+                                k = -1 if curator is not None else _index(silos, name)
+                                ctx = HospitalContext(
+                                    current,
+                                    functools.partial(rng, r, k),
+                                    functools.partial(noise, r, k),
+                                    record,
+                                    (r, k),
+                                )
+                                silo = silos[k] if curator is None else curator
+                                local = run.hospitals[r].get(name, {})
+                                members.append((r, Member(instruction, silo, local, ctx)))
+                        outcomes = (
+                            algorithm.client_updates([m for _, m in members]) if members else []
+                        )
+                        replies: list[dict[str, Reply]] = [{} for _ in range(trials)]
+                        for (r, member), (reply, local) in zip(members, outcomes, strict=True):
+                            name = member.silo.name
+                            run.hospitals[r][name] = local
+                            if reply is not None:
+                                replies[r][name] = reply
+                            if curator is None:
+                                messages += _traffic(current, r, member, reply)
+                        for r in range(trials):
+                            run.server[r] = algorithm.aggregate(run.server[r], replies[r], summing)
+                    if (current + 1) % eval_every == 0 or current == rounds - 1:
+                        history += evaluate(
+                            algorithm.model, run.models(algorithm, silos), silos, current
+                        )
+                    if checkpoint is not None:
+                        _save(checkpoint, fingerprint, instance, current, run, history, messages)
+                    if progress and (time.monotonic() >= next_status or current == rounds - 1):
+                        began = time.monotonic()
+                        bar.update(task, status=_status(book, infos, trials, history, algorithm))
+                        # every account's ε can be costly (client sampling: many histories):
+                        # the status takes at most a tenth of the run, and is shown each second
+                        next_status = time.monotonic() + max(1.0, 10 * (time.monotonic() - began))
+                    bar.update(task, advance=1)
+                    completed = current + 1
+            except KeyboardInterrupt:
+                interrupted = True
+        models = run.models(algorithm, silos)
+        evaluated = [h for h in history if h["round"] == completed - 1]
+        return SimulationResult(
+            algorithm=algorithm.name,
+            noise_multiplier=algorithm.noise_multiplier,
+            trials=trials,
+            rounds_completed=completed,
+            params=_stacked([state["global"] for state in run.server]),
+            silo_models={s.name: _stacked(models[k]) for k, s in enumerate(silos)},
+            history=history,
+            silo_metrics=[
+                h["silos"]
+                for h in evaluated or evaluate(algorithm.model, models, silos, completed - 1)
+            ],
+            accounts=[
+                {
+                    s.name: {
+                        None: account(s, r),
+                        **{v: account(s, r, v) for v in algorithm.view_events(s.info, infos)},
+                    }
+                    for s in silos
                 }
-                for s in silos
-            }
-            if algorithm.private
-            else {}
-            for r in range(trials)
-        ],
-        messages=messages,
-        ledger_path=book.path,
-        interrupted=interrupted,
-        stopped_by_budget=stopped_by_budget,
-        metadata={
-            "seed": seed,
-            "research_noise": research_noise,
-            "init": init,
-            "rounds": rounds,
-            "fingerprint": fingerprint,
-            "instance": instance,
-            "public_sizes": {s.name: s.public_size for s in silos},
-            "released_sizes": sorted(counts),
-            "secure_sum": type(summing).__name__,
-            "noise_multipliers": {s.name: algorithm.noise_of(s.name) for s in silos},
-        },
-    )
+                if algorithm.private
+                else {}
+                for r in range(trials)
+            ],
+            messages=messages,
+            ledger_path=book.path,
+            interrupted=interrupted,
+            stopped_by_budget=stopped_by_budget,
+            metadata={
+                "seed": seed,
+                "research_noise": research_noise,
+                "init": init,
+                "rounds": rounds,
+                "fingerprint": fingerprint,
+                "instance": instance,
+                "public_sizes": {s.name: s.public_size for s in silos},
+                "released_sizes": sorted(counts),
+                "secure_sum": type(summing).__name__,
+                "noise_multipliers": {s.name: algorithm.noise_of(s.name) for s in silos},
+            },
+        )
+
+
+@contextmanager
+def _torch_threads(threads: int | None) -> Iterator[None]:
+    if threads is None:
+        yield
+        return
+    if threads < 1:
+        raise ValueError(f"threads must be ≥ 1, got {threads}")
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int) -> None:
