@@ -1,5 +1,7 @@
 """Scoring models on the silos' held-out test sets (released without noise: outside ε,
-which protects the training records only)."""
+which protects the training records only): each silo's model on its own test set and the
+union (`evaluate`, every evaluated round), and, when asked, every silo's model on every
+silo's test set (`cross_evaluate`, the FLamby convention)."""
 
 from __future__ import annotations
 
@@ -58,3 +60,51 @@ def evaluate(
         }
         for r in range(len(scored[0][1]))
     ]
+
+
+def shares_one_model(models: SiloModels) -> bool:
+    """Whether, in every trial, every silo uses the very same model (bit for bit): a
+    non-personalised algorithm, whose cross-silo scores are one row per test silo."""
+    return all(
+        all(
+            params.keys() == models[0][r].keys()
+            and all(torch.equal(params[name], models[0][r][name]) for name in params)
+            for params in (silo_models[r] for silo_models in models[1:])
+        )
+        for r in range(len(models[0]))
+    )
+
+
+def cross_evaluate(
+    model: nn.Module, models: SiloModels, silos: Sequence[Silo], round_: int
+) -> list[dict[str, Any]]:
+    """Per trial, every silo's model on every silo's test set (the FLamby convention):
+    one row `{round, trial, model, test, metrics}` per (trial, model silo, test silo).
+
+    Where every silo uses the same model in every trial (a non-personalised algorithm),
+    the rows collapse to one per (trial, test silo) with `model` None, "the shared
+    model": scoring it once per silo would only repeat the same numbers."""
+    tested = [s for s in silos if s.x_test is not None and s.y_test is not None]
+    if not tested or not models:
+        return []
+    shared = shares_one_model(models)
+    owners: list[tuple[str | None, Sequence[Params]]] = (
+        [(None, models[0])] if shared else [(s.name, models[k]) for k, s in enumerate(silos)]
+    )
+    rows = []
+    for owner, per_trial in owners:
+        for r, params in enumerate(per_trial):
+            for test in tested:
+                assert test.x_test is not None and test.y_test is not None
+                rows.append(
+                    {
+                        "round": round_,
+                        "trial": r,
+                        "model": owner,
+                        "test": test.name,
+                        "metrics": classification_metrics(
+                            test.y_test.numpy(), scores(model, params, test.x_test)
+                        ),
+                    }
+                )
+    return rows

@@ -21,7 +21,8 @@ What it adds around the halves (the bookkeeping shared with any engine is in
 * determinism: every generator and noise source is derived from (seed, trial, silo,
   round), so a run repeats bit for bit, trials stacked together equal trials run alone,
   and a run resumed from its checkpoint ends with the same model as an uninterrupted one.
-* metrics each `eval_every` rounds on the union of the silos' test sets and per silo;
+* metrics each `eval_every` rounds on the union of the silos' test sets and per silo
+  (with `cross_silo=True`, also every silo's final model on every silo's test set);
   bytes sent and received per silo and round; a rich progress bar; Ctrl-C stops after
   the current round with the ledger and results intact.
 """
@@ -63,7 +64,7 @@ from dpfl.engines.accounts import (
     unpaid,
     worst_spent,
 )
-from dpfl.engines.evaluation import evaluate
+from dpfl.engines.evaluation import cross_evaluate, evaluate
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
@@ -118,6 +119,10 @@ class SimulationResult:
     stopped_by_budget: bool = False
     """The algorithm stops at its budget (Dopamine) and fewer rounds than asked fitted."""
     metadata: dict[str, Any] = field(default_factory=dict)
+    cross_silo: list[dict[str, Any]] = field(default_factory=list)
+    """With `simulate(cross_silo=True)`, the final models only: one row per trial, model
+    silo and test silo (`model` None: the one model every silo shares), each silo's
+    model scored on every silo's test set; empty unless asked."""
 
     @property
     def traffic(self) -> dict[str, dict[str, int]]:
@@ -207,6 +212,7 @@ def simulate(
     secure_sum: SecureSum | None = None,
     init: Init = "per-trial",
     threads: int | None = 1,
+    cross_silo: bool = False,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -224,7 +230,9 @@ def simulate(
     "shared" starts every trial from the model as given (trials then differ only in
     their batches and noise). `threads`: torch's thread count during the run (restored
     after; None keeps it): one suits the small models of these studies, which on a
-    loaded 2-core machine ran 20× slower with torch's default."""
+    loaded 2-core machine ran 20× slower with torch's default. `cross_silo`: also score
+    the final models (the last completed round's) of every silo on every silo's test set
+    (`SimulationResult.cross_silo`); nothing else changes."""
     with _torch_threads(threads):
         _check_run(silos, rounds, trials, eval_every)
         summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
@@ -388,6 +396,9 @@ def simulate(
                 for r in range(trials)
             ],
             messages=messages,
+            cross_silo=(
+                cross_evaluate(algorithm.model, models, silos, completed - 1) if cross_silo else []
+            ),
             ledger_path=book.path,
             interrupted=interrupted,
             stopped_by_budget=stopped_by_budget,
