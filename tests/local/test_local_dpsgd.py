@@ -243,3 +243,66 @@ def test_secure_and_seeded_noise_are_recorded_in_metadata() -> None:
     assert secure["noise"] == "secure" and secure["secure"] is True and "seed" not in secure
     seeded = run(SeededNoise(42))
     assert seeded["noise"] == "seeded" and seeded["secure"] is False and seeded["seed"] == 42
+
+
+class ThreadsSeen(NoiseSource):
+    """Records torch's intra-op thread count at each noise draw (inside the step loop)."""
+
+    def __init__(self) -> None:
+        self.inner = SeededNoise(0)
+        self.threads: list[int] = []
+
+    def normal(self, shape: tuple[int, ...], std: float, dtype: torch.dtype) -> Tensor:
+        self.threads.append(torch.get_num_threads())
+        return self.inner.normal(shape, std, dtype)
+
+    def metadata(self) -> dict[str, Any]:
+        return self.inner.metadata()
+
+
+@pytest.mark.parametrize(("features", "one_thread"), [(6, True), (5000, False)])
+def test_small_steps_run_on_one_thread_and_torch_setting_is_restored(
+    features: int, one_thread: bool
+) -> None:
+    """Issue 12: tiny steps lose milliseconds to every parallel region on a loaded machine;
+    steps with enough work (here 20 × 5001 parameters) keep torch's setting."""
+    x, y = _data(200, features, 0)
+    model = logistic_regression(features).double()
+    noise = ThreadsSeen()
+    before = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1)).run(
+            parameters_of(model),
+            (x, y),
+            PoissonSampler(200, 0.1, np.random.default_rng(0), public_size=200),
+            3,
+            noise=noise,
+        )
+        assert torch.get_num_threads() == 2
+    finally:
+        torch.set_num_threads(before)
+    assert noise.threads == [1 if one_thread else 2] * 6  # two tensors, three steps
+
+
+def test_a_run_on_one_thread_gives_the_models_of_a_run_on_several() -> None:
+    """For small steps the thread count no longer changes any bit (it did for this float32
+    MLP: some kernel rounds differently on two threads)."""
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(242, 22, generator=g) * 2, torch.randint(0, 2, (242,), generator=g)
+    torch.manual_seed(0)
+    model = mlp(22, (5,))
+
+    def run(threads: int) -> dict[str, Tensor]:
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            sampler = PoissonSampler(242, 16 / 242, np.random.default_rng(0), public_size=242)
+            trainer = DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.5))
+            start = parameters_of(model)
+            return trainer.run(start, (x, y), sampler, 12, noise=SeededNoise(0)).params
+        finally:
+            torch.set_num_threads(before)
+
+    one, two = run(1), run(2)
+    assert all(torch.equal(one[k], two[k]) for k in one)

@@ -14,8 +14,9 @@ caller to record in the silo's ledger.
 
 from __future__ import annotations
 
+import contextlib
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +31,14 @@ from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.privacy import events
 
 __all__ = ["DPSGD", "DPSGDConfig", "LocalResult", "StackedResult", "parameters_of", "stack"]
+
+ONE_THREAD_BELOW = 1 << 16
+"""Steps whose work (members × expected batch × parameters per member) is below this run
+on one intra-op thread, whatever torch's setting, which is restored afterwards. Their
+tensors are far too small for threads to help, and each operation that enters a parallel
+region waits at its barrier for the other threads: milliseconds each on a loaded machine
+(issue 12: a heart-disease FedAvg took 25 s with torch's default threads, 1.1 s with one;
+benchmarks/bench_vs_torch.py --threads 2). 0 leaves torch's setting alone."""
 
 
 @dataclass(frozen=True)
@@ -172,10 +181,51 @@ class DPSGD:
             else dict(velocity)
         )
         pool = _Pool(datasets) if len(datasets) > 1 else None
-        # per parameter: the normalisers shaped to broadcast over it, the shape of its noise
+        # per parameter: the normalisers shaped to broadcast over its stacked members
         scales = {k: scale.reshape(-1, *[1] * (v.dim() - 1)) for k, v in params.items()}
-        shapes = {k: tuple(v.shape[1:]) for k, v in params.items()}
         std = cfg.noise_multiplier * cfg.clip_norm
+        member_size = sum(v[0].numel() for v in params.values())
+        work = len(samplers) * max(s.expected_batch_size for s in samplers) * member_size
+        with _one_thread_if(work < ONE_THREAD_BELOW):
+            self._steps(params, velocity, datasets, samplers, noises, steps, pool, scales, std)
+        metadata = [
+            {
+                "mechanism": "dp-sgd" if cfg.private else "sgd (non-private)",
+                "sampler": type(s).__name__,
+                "expected_batch_size": s.expected_batch_size,
+                "clip_norm": cfg.clip_norm,
+                "noise_multiplier": cfg.noise_multiplier,
+                "learning_rate": cfg.learning_rate,
+                "momentum": cfg.momentum,
+                "steps": steps,
+                "event": described,
+                **n.metadata(),
+            }
+            for s, n, described in zip(
+                samplers,
+                noises,
+                [e.describe() for e in declared] or ["none (non-private)"] * len(samplers),
+                strict=True,
+            )
+        ]
+        return StackedResult(params, velocity, declared, metadata)
+
+    def _steps(
+        self,
+        params: Params,
+        velocity: Params,
+        datasets: Sequence[tuple[Tensor, Tensor]],
+        samplers: Sequence[BatchSampler],
+        noises: Sequence[NoiseSource],
+        steps: int,
+        pool: _Pool | None,
+        scales: Params,
+        std: float,
+    ) -> None:
+        """`steps` DP-SGD steps, updating `params` and `velocity` in place."""
+        cfg = self.config
+        dtype = next(iter(params.values())).dtype
+        shapes = {k: tuple(v.shape[1:]) for k, v in params.items()}  # of each member's noise
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
             if len(datasets) == 1:
@@ -198,27 +248,20 @@ class DPSGD:
                     g.add_(velocity[name], alpha=cfg.momentum)
                 velocity[name] = g
                 params[name].sub_(g, alpha=cfg.learning_rate)
-        metadata = [
-            {
-                "mechanism": "dp-sgd" if cfg.private else "sgd (non-private)",
-                "sampler": type(s).__name__,
-                "expected_batch_size": s.expected_batch_size,
-                "clip_norm": cfg.clip_norm,
-                "noise_multiplier": cfg.noise_multiplier,
-                "learning_rate": cfg.learning_rate,
-                "momentum": cfg.momentum,
-                "steps": steps,
-                "event": described,
-                **n.metadata(),
-            }
-            for s, n, described in zip(
-                samplers,
-                noises,
-                [e.describe() for e in declared] or ["none (non-private)"] * len(samplers),
-                strict=True,
-            )
-        ]
-        return StackedResult(params, velocity, declared, metadata)
+
+
+@contextlib.contextmanager
+def _one_thread_if(small: bool) -> Iterator[None]:
+    """One intra-op thread inside the block when `small` (see `ONE_THREAD_BELOW`)."""
+    before = torch.get_num_threads()
+    if not small or ONE_THREAD_BELOW <= 0 or before == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
 
 
 def _batch(
