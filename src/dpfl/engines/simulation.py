@@ -67,6 +67,7 @@ from dpfl.engines.accounts import (
 from dpfl.engines.evaluation import cross_evaluate, evaluate
 from dpfl.federation.algorithms.base import (
     Algorithm,
+    Charges,
     HospitalContext,
     LocalState,
     Member,
@@ -190,6 +191,51 @@ class _RunState:
             ]
             for s in silos
         ]
+
+    def step(
+        self,
+        algorithm: Algorithm,
+        silos: Sequence[Silo],
+        curator: Silo | None,
+        round_: int,
+        step: int,
+        rng: _Streams[np.random.Generator],
+        noise: _Streams[NoiseSource],
+        ledger: Charges,
+        secure_sum: SecureSum,
+    ) -> list[dict[str, Any]]:
+        """One configure-train-aggregate step of every trial: the server half once per
+        trial, the hospital half once for all (trial, silo) members. Returns the step's
+        message rows (none for a pooled reference: it exchanges no models)."""
+        infos = [s.info for s in silos]
+        members: list[tuple[int, Member]] = []
+        for r, server in enumerate(self.server):
+            orders = algorithm.configure(server, round_, infos, functools.partial(rng, r, -1), step)
+            for name, instruction in orders.items():
+                k = -1 if curator is not None else _index(silos, name)
+                ctx = HospitalContext(
+                    round_,
+                    functools.partial(rng, r, k),
+                    functools.partial(noise, r, k),
+                    ledger,
+                    (r, k),
+                )
+                silo = silos[k] if curator is None else curator
+                local = self.hospitals[r].get(name, {})
+                members.append((r, Member(instruction, silo, local, ctx)))
+        outcomes = algorithm.client_updates([m for _, m in members]) if members else []
+        replies: list[dict[str, Reply]] = [{} for _ in self.server]
+        messages = []
+        for (r, member), (reply, local) in zip(members, outcomes, strict=True):
+            name = member.silo.name
+            self.hospitals[r][name] = local
+            if reply is not None:
+                replies[r][name] = reply
+            if curator is None:
+                messages += _traffic(round_, r, member, reply)
+        for r, server in enumerate(self.server):
+            self.server[r] = algorithm.aggregate(server, replies[r], secure_sum)
+        return messages
 
 
 def simulate(
@@ -323,36 +369,9 @@ def simulate(
                     rng = _Streams(seed, current, _rng)
                     noise = _Streams(seed, current, functools.partial(_noise, research_noise))
                     for step in range(algorithm.steps(infos)):
-                        members: list[tuple[int, Member]] = []
-                        for r in range(trials):
-                            orders = algorithm.configure(
-                                run.server[r], current, infos, functools.partial(rng, r, -1), step
-                            )
-                            for name, instruction in orders.items():
-                                k = -1 if curator is not None else _index(silos, name)
-                                ctx = HospitalContext(
-                                    current,
-                                    functools.partial(rng, r, k),
-                                    functools.partial(noise, r, k),
-                                    record,
-                                    (r, k),
-                                )
-                                silo = silos[k] if curator is None else curator
-                                local = run.hospitals[r].get(name, {})
-                                members.append((r, Member(instruction, silo, local, ctx)))
-                        outcomes = (
-                            algorithm.client_updates([m for _, m in members]) if members else []
+                        messages += run.step(
+                            algorithm, silos, curator, current, step, rng, noise, record, summing
                         )
-                        replies: list[dict[str, Reply]] = [{} for _ in range(trials)]
-                        for (r, member), (reply, local) in zip(members, outcomes, strict=True):
-                            name = member.silo.name
-                            run.hospitals[r][name] = local
-                            if reply is not None:
-                                replies[r][name] = reply
-                            if curator is None:
-                                messages += _traffic(current, r, member, reply)
-                        for r in range(trials):
-                            run.server[r] = algorithm.aggregate(run.server[r], replies[r], summing)
                     if (current + 1) % eval_every == 0 or current == rounds - 1:
                         history += evaluate(
                             algorithm.model, run.models(algorithm, silos), silos, current
