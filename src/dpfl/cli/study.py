@@ -65,6 +65,14 @@ def best(
         str | None,
         typer.Option(help="Rank by this silo's test set (public or held out), not the union."),
     ] = None,
+    pool_seeds: Annotated[
+        bool,
+        typer.Option(
+            "--pool-seeds",
+            help="Runs that differ only in their seed are one candidate (metric over every "
+            "trial of every seed; within the budget only if every seed is).",
+        ),
+    ] = False,
     json: JsonOpt = False,
 ) -> None:
     """The best finished configuration whose every silo is within (ε, δ)."""
@@ -72,7 +80,12 @@ def best(
 
     with reported_errors():
         found = candidates(
-            directory, epsilon=epsilon, delta=delta, metric=metric, validation_silo=validation_silo
+            directory,
+            epsilon=epsilon,
+            delta=delta,
+            metric=metric,
+            validation_silo=validation_silo,
+            pool=pool_seeds,
         )
         chosen = next((c for c in found if c.qualifies), None)
         if json:
@@ -82,11 +95,13 @@ def best(
                     if chosen is None
                     else {
                         "run": chosen.run.id,
+                        "runs": [r.id for r in chosen.runs],
                         "algorithm": chosen.run.algorithm,
-                        "grid": chosen.run.grid,
+                        "grid": _pooled_grid(chosen.run.grid, len(chosen.runs)),
                         "metric": metric,
                         "mean": chosen.mean,
                         "std": chosen.std,
+                        "spread": str(chosen.replicates),
                         "epsilon": chosen.epsilon,
                         "accountant": enforcing_accountant(chosen.run),
                         "research_noise": research_noise(chosen.run),
@@ -103,14 +118,24 @@ def best(
             title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}",
             caption=_research_caption(research_noise(c.run) for c in found),
         )
-        for column in ("run", "algorithm", "grid point", metric, f"ε at δ={delta:g}", "within"):
+        columns = (
+            "run",
+            "algorithm",
+            "grid point",
+            metric,
+            "± over",
+            f"ε at δ={delta:g}",
+            "within",
+        )
+        for column in columns:
             table.add_column(column)
         for c in found:
             table.add_row(
-                c.run.id,
+                c.run.id + (f" +{len(c.runs) - 1}" if len(c.runs) > 1 else ""),
                 c.run.algorithm,
-                _grid(c.run.grid),
+                _grid(_pooled_grid(c.run.grid, len(c.runs))),
                 f"{c.mean:.4f} ± {c.std:.4f}",
+                str(c.replicates),
                 _epsilon(c.epsilon, enforcing_accountant(c.run), research_noise(c.run)),
                 "yes" if c.qualifies else "no",
             )
@@ -118,8 +143,10 @@ def best(
         if chosen is None:
             errors.print(f"[red]no finished run is within ε={epsilon:g}, δ={delta:g}[/red]")
             raise typer.Exit(1)
+        runs = "runs " + ", ".join(r.id for r in chosen.runs) if len(chosen.runs) > 1 else ""
         console.print(
-            f"best: run {chosen.run.id} ({chosen.run.algorithm} {_grid(chosen.run.grid)})"
+            f"best: {runs or 'run ' + chosen.run.id} ({chosen.run.algorithm} "
+            f"{_grid(_pooled_grid(chosen.run.grid, len(chosen.runs)))}; {chosen.replicates})"
         )
         if research_noise(chosen.run):
             console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
@@ -206,10 +233,21 @@ def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> 
     failed = [run for run in runs if run.status == "failed"]
     by_id = {s["id"]: s for s in run_summaries(out)}
     summaries = [by_id[run.id] for run in runs if run.id in by_id]
+    pooled = [s for s in run_summaries(out, pool=True) if len(s["runs"]) > 1]
+    mine = {run.id for run in runs}
+    pooled = [s for s in pooled if mine.issuperset(s["runs"])]
     if json:
-        print_json({"study": study.name, "runs": summaries, "failed": len(failed)})
+        print_json(
+            {"study": study.name, "runs": summaries, "pooled": pooled, "failed": len(failed)}
+        )
     else:
-        console.print(runs_table(summaries, study.points[0][1].metrics))
+        metrics = study.points[0][1].metrics
+        console.print(runs_table(summaries, metrics))
+        if pooled:
+            console.print(runs_table(pooled, metrics, title=POOLED_TITLE))
+        for s in summaries:
+            if s["cross_silo"]:
+                console.print(cross_silo_table(s, metrics[0]))
     for run in failed:
         error = escape(study_terms(run.error or ""))
         errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
@@ -231,22 +269,33 @@ def _resumable(command: list[str]) -> Iterator[None]:
         raise typer.Exit(130) from None
 
 
-def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
-    """One row per run: grid point, σ, largest ε over silos and trials (by the enforcing
-    accountant), metrics, bytes per client."""
+RUNS_TITLE = "runs (means ± sample std over what “± over” says; ε: largest over silos and trials)"
+POOLED_TITLE = (
+    "runs that differ only in their seed, pooled (means ± sample std over every trial of "
+    "every seed; ε: largest over silos, trials and seeds)"
+)
+
+
+def runs_table(
+    summaries: list[dict[str, Any]], metrics: list[str], *, title: str = RUNS_TITLE
+) -> Table:
+    """One row per run (or runs pooled over seeds): grid point, what the ± is over, σ,
+    largest ε over silos and trials (by the enforcing accountant), metrics, bytes per
+    client."""
     table = Table(
-        title="runs (means ± std over trials; ε: largest over silos and trials)",
+        title=title,
         caption=_research_caption(s["research_noise"] for s in summaries),
     )
-    for column in ("run", "algorithm", "grid point", "trials", "σ", "ε", *metrics, "bytes up"):
-        table.add_column(column)
+    for column in ("run", "algorithm", "grid point", "± over", "σ", "ε", *metrics, "bytes up"):
+        table.add_column(column, no_wrap=column in ("run", "± over"))
     for s in summaries:
         eps = s["epsilon"]
+        runs = s.get("runs") or [s["id"]]
         table.add_row(
-            s["id"][:8],
+            s["id"][:8] + (f" +{len(runs) - 1}" if len(runs) > 1 else ""),
             s["algorithm"],
             _grid(s["grid"]),
-            str(s["trials"]),
+            s.get("spread") or f"{s['trials']} trials",
             "—" if s["noise_multiplier"] is None else f"{s['noise_multiplier']:.4g}",
             "∞"
             if eps is None
@@ -255,6 +304,30 @@ def runs_table(summaries: list[dict[str, Any]], metrics: list[str]) -> Table:
             f"{s['bytes_up_per_client']:,.0f}",
         )
     return table
+
+
+def cross_silo_table(summary: dict[str, Any], metric: str) -> Table:
+    """A run's cross-silo scores: a row per model silo, a column per test silo."""
+    rows = summary["cross_silo"]
+    tests = sorted({row["test"] for row in rows})
+    table = Table(
+        title=f"run {summary['id'][:8]}: {metric} of each silo's final model (rows) on each "
+        f"silo's test set (columns), mean ± sample std over {summary['spread']}"
+    )
+    for column in ("model", *tests):
+        table.add_column(column)
+    by_model: dict[str | None, dict[str, Any]] = {}
+    for row in rows:
+        by_model.setdefault(row["model"], {})[row["test"]] = row["metrics"].get(metric)
+    for model, by_test in by_model.items():
+        cells = [_metric(by_test.get(test)) for test in tests]
+        table.add_row("shared (every silo's)" if model is None else model, *cells)
+    return table
+
+
+def _pooled_grid(grid: dict[str, Any], runs: int) -> dict[str, Any]:
+    """The grid point of runs pooled over seeds: without the seed that tells them apart."""
+    return grid if runs < 2 else {k: v for k, v in grid.items() if k != "seed"}
 
 
 def _epsilon(value: float, accountant: str, seeded: bool) -> str:

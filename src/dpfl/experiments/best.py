@@ -5,6 +5,10 @@ ledger gives each account's ε at the target δ directly; if that is ≤ ε, Lem
 mechanism that is (ε₀, δ₀)-DP is (ε, δ)-DP for all ε ≥ ε₀, δ ≥ δ₀) makes the run
 qualify. A run accounted at a larger δ is thus re-read at the smaller one, never
 accepted on its own δ. Non-private runs never qualify.
+
+With `pool_seeds`, runs that differ only in their study seed (the split, the first
+initialisation) are one candidate: its metric over every trial of every seed, its ε
+the largest of any of them, and it qualifies only if every one of them does.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfl.experiments.queries import open_results, read_metrics
+from dpfl.experiments.queries import Replicates, open_results, pool_seeds, summarise
 from dpfl.experiments.store import RunRow
 
 CAVEAT = (
@@ -26,13 +30,19 @@ CAVEAT = (
 
 @dataclass(frozen=True)
 class Candidate:
-    """A finished run with its metric over trials and its largest ε at the target δ."""
+    """A finished run (or runs pooled over seeds) with its metric over its replicates
+    and its largest ε at the target δ."""
 
     run: RunRow
+    """the run, or the first of the runs pooled"""
     mean: float
     std: float
     epsilon: float
     qualifies: bool
+    replicates: Replicates | None = None
+    """what the mean and std are over ("5 trials × 3 seeds")"""
+    runs: tuple[RunRow, ...] = ()
+    """every run pooled (the run alone unless pooled over seeds)"""
 
 
 def candidates(
@@ -42,27 +52,32 @@ def candidates(
     delta: float,
     metric: str = "accuracy",
     validation_silo: str | None = None,
+    pool: bool = False,
 ) -> list[Candidate]:
     """Every finished run, best first among those within (ε, δ); its metric is the final
     one on the union of test sets, or on `validation_silo`'s test set if given. A metric
-    or silo that no finished run has is refused with the names there are."""
+    or silo that no finished run has is refused with the names there are. `pool`: runs
+    that differ only in their seed are one candidate (see the module docstring)."""
     if not (epsilon > 0 and 0 < delta < 1):
         raise ValueError(f"need ε > 0 and 0 < δ < 1, got ε={epsilon}, δ={delta}")
     with open_results(directory) as store:
         found: list[Candidate] = []
         names: set[str] = set()
         silos: set[str] = set()
-        for run in store.runs(status="finished"):
-            metrics = read_metrics(store, run)
+        summaries = [summarise(store, run) for run in store.runs(status="finished")]
+        for group in pool_seeds(summaries, pool=pool):
+            metrics = group.metrics
             score = metrics.score(metric, validation_silo)
-            spent = store.epsilon_by_silo(run, delta=delta).max
+            spent = max(store.epsilon_by_silo(run, delta=delta).max for run in group.runs)
             found.append(
                 Candidate(
-                    run,
+                    group.run,
                     score.mean,
                     score.std if len(score.values) > 1 else 0.0,
                     spent,
                     spent <= epsilon and score.defined,
+                    group.replicates,
+                    group.runs,
                 )
             )
             names |= metrics.names

@@ -238,6 +238,10 @@ class StudyConfig(_Strict):
     """Seeded noise, reproducible (research); false draws it from the OS CSPRNG."""
     metrics: list[Metric] = Field(default_factory=lambda: ["accuracy", "auroc"])  # type: ignore[arg-type]
     """Metrics printed in tables (all are computed and stored)."""
+    cross_silo: bool = False
+    """Also score every silo's final model on every silo's test set (the FLamby
+    convention; the results store's `cross_silo` table): more metrics released outside
+    ε, after the last round only."""
     data: DataConfig
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig
@@ -274,7 +278,10 @@ class StudyConfig(_Strict):
 
     def key(self) -> str:
         """A stable id of this point (its resolved config), the run's key in the store."""
-        text = json.dumps(self.model_dump(mode="json"), sort_keys=True)
+        resolved = self.model_dump(mode="json")
+        if not self.cross_silo:  # keys from before the option stay the same
+            del resolved["cross_silo"]
+        text = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 

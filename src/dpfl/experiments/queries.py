@@ -13,17 +13,25 @@ they are shown. The conventions, in one place:
   server's view unless another observer is named.
 * Bytes are totals over the run's rounds per (trial, silo); a silo that sent nothing in
   a trial (client sampling) counts as 0 bytes there.
+* Cross-silo scores (runs with `cross_silo = true`) are, per (model silo, test silo),
+  the final value in each trial, as the final metrics are.
+* A spread is over what varied, said as `Replicates` ("5 trials × 3 seeds"): a run's
+  trials vary the batches, the noise and (with `model.init = "per-trial"`) the model's
+  initialisation; its seed also varies the split into silos and the first
+  initialisation. Runs that differ only in `seed` are pooled by `pool_seeds`: every
+  figure over every trial of every seed, ε the largest over them.
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
 from collections import defaultdict
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from dpfl.experiments.store import ResultsStore, RunRow, SiloEpsilons, enforcing_accountant
 from dpfl.privacy import Accountant
@@ -33,6 +41,7 @@ RESULTS_FILE = "results.sqlite"
 ACCOUNTANTS = tuple(a.value for a in Accountant)
 Direction = Literal["up", "down"]
 """client → server, or server → client"""
+_K = TypeVar("_K")
 
 
 def open_results(directory: str | Path) -> ResultsStore:
@@ -113,6 +122,44 @@ def _spreads(values: dict[Any, list[float | None]]) -> dict[Any, Spread]:
     return {key: Spread.of(listed) for key, listed in values.items()}
 
 
+CrossSilo = dict[str | None, dict[str, dict[str, Spread]]]
+"""model silo (None: the model every silo shared) -> test silo -> metric -> its final
+value over trials"""
+
+
+def read_cross_silo(store: ResultsStore, run: RunRow) -> CrossSilo:
+    """Every silo's final model on every silo's test set; empty for a run that was not
+    asked for it (or a store older than the table)."""
+    values: dict[str | None, dict[str, dict[str, list[float | None]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for row in store.rows("cross_silo", run.id):
+        if row["round"] == run.last_round:
+            values[row["model_silo"]][row["test_silo"]][row["metric"]].append(row["value"])
+    return {
+        model: {test: _spreads(by_metric) for test, by_metric in by_test.items()}
+        for model, by_test in values.items()
+    }
+
+
+@dataclass(frozen=True)
+class Replicates:
+    """What a spread is over: `trials` per seed, for each of `seeds` (a run: one seed).
+    A trial varies the batches, the noise and the initialisation (but trial 0's); a seed
+    also varies the split into silos and trial 0's initialisation."""
+
+    trials: int
+    seeds: tuple[int | None, ...]
+    """the study seed of each run pooled (None: a run whose config does not say)"""
+
+    def __str__(self) -> str:
+        """`5 trials × 3 seeds`"""
+        m = len(self.seeds)
+        return f"{self.trials} trial{'' if self.trials == 1 else 's'} × {m} seed" + (
+            "" if m == 1 else "s"
+        )
+
+
 @dataclass(frozen=True)
 class Traffic:
     """Bytes per silo over a run: one total over the rounds per trial."""
@@ -171,6 +218,13 @@ class RunSummary:
     views: dict[str, SiloEpsilons]
     """observer other than the server -> its final ε per silo (recorded, never enforced)"""
     traffic: Traffic
+    cross_silo: CrossSilo = field(default_factory=dict)
+    """every silo's model on every silo's test set, if the run was asked for it"""
+
+    @property
+    def replicates(self) -> Replicates:
+        """The spread's replicates: the run's trials, of its one seed."""
+        return Replicates(self.run.trials, (self.run.config.get("seed"),))
 
     @property
     def accountant(self) -> str:
@@ -198,4 +252,142 @@ def summarise(store: ResultsStore, run: RunRow) -> RunSummary:
         epsilon={a: store.epsilon_by_silo(run, accountant=a) for a in ACCOUNTANTS},
         views={view: store.epsilon_by_silo(run, view) for view in sorted(views - {None})},
         traffic=read_traffic(store, run),
+        cross_silo=read_cross_silo(store, run),
     )
+
+
+@dataclass(frozen=True)
+class Pooled:
+    """Finished runs that differ only in their `seed` (one run if nothing else matches),
+    their figures pooled: metrics over every trial of every seed, ε per silo the largest
+    over every trial of every seed, bytes per client the mean over them all."""
+
+    summaries: tuple[RunSummary, ...]
+    """in the order of their seeds as the store lists the runs"""
+    metrics: Metrics
+    cross_silo: CrossSilo
+    epsilon: dict[str, SiloEpsilons]
+    traffic: Traffic
+
+    @property
+    def runs(self) -> tuple[RunRow, ...]:
+        return tuple(s.run for s in self.summaries)
+
+    @property
+    def run(self) -> RunRow:
+        """The first of the runs (its config is every run's, but for the seed)."""
+        return self.summaries[0].run
+
+    @property
+    def grid(self) -> dict[str, Any]:
+        """The grid point without `seed` when the runs were pooled over it."""
+        if len(self.summaries) == 1:
+            return self.run.grid
+        return {k: v for k, v in self.run.grid.items() if k != "seed"}
+
+    @property
+    def replicates(self) -> Replicates:
+        return Replicates(self.run.trials, tuple(s.run.config.get("seed") for s in self.summaries))
+
+    @property
+    def private(self) -> bool:
+        return any(s.private for s in self.summaries)
+
+    @property
+    def accountant(self) -> str:
+        return self.summaries[0].accountant
+
+    @property
+    def own_epsilon(self) -> float | None:
+        """The largest final ε over silos, trials and seeds by the enforcing accountant;
+        None if none was accounted."""
+        spent = self.epsilon[self.accountant]
+        return spent.max if spent.by_silo else None
+
+
+def pool_seeds(summaries: Iterable[RunSummary], *, pool: bool = True) -> list[Pooled]:
+    """Group runs that differ only in their study `seed` (same study, algorithm and
+    every other setting), in the order of each group's first run; `pool=False` keeps
+    every run a group of its own, so that callers show either through one type."""
+    groups: dict[str, list[RunSummary]] = {}
+    for s in summaries:
+        groups.setdefault(_seed_group(s.run) if pool else s.run.id, []).append(s)
+    return [_pooled(tuple(members)) for members in groups.values()]
+
+
+def _seed_group(run: RunRow) -> str:
+    """What runs pooled over seeds share: everything but the seed, in their resolved
+    config and in their grid point (a run whose stored config names no seed is pooled
+    with none)."""
+    if "seed" not in run.config:
+        return run.id
+    config = {k: v for k, v in run.config.items() if k != "seed"}
+    grid = {k: v for k, v in run.grid.items() if k != "seed"}
+    return json.dumps([run.study, run.algorithm, run.status, config, grid], sort_keys=True)
+
+
+def _pooled(summaries: tuple[RunSummary, ...]) -> Pooled:
+    if len(summaries) == 1:
+        (s,) = summaries
+        return Pooled(summaries, s.metrics, s.cross_silo, s.epsilon, s.traffic)
+    final: dict[str | None, dict[str, list[Spread]]] = defaultdict(lambda: defaultdict(list))
+    curves: dict[str, dict[int, list[Spread]]] = defaultdict(lambda: defaultdict(list))
+    cross: dict[str | None, dict[str, dict[str, list[Spread]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(list))
+    )
+    for s in summaries:
+        for silo, by_metric in s.metrics.final.items():
+            for metric, spread in by_metric.items():
+                final[silo][metric].append(spread)
+        for metric, by_round in s.metrics.curves.items():
+            for round_, spread in by_round.items():
+                curves[metric][round_].append(spread)
+        for model, by_test in s.cross_silo.items():
+            for test, by_metric in by_test.items():
+                for metric, spread in by_metric.items():
+                    cross[model][test][metric].append(spread)
+    return Pooled(
+        summaries,
+        Metrics(
+            final={silo: _joined(by_metric) for silo, by_metric in final.items()},
+            curves={m: _joined(dict(sorted(by.items()))) for m, by in curves.items()},
+        ),
+        {model: {t: _joined(by) for t, by in by_test.items()} for model, by_test in cross.items()},
+        {a: _worst([s.epsilon[a] for s in summaries]) for a in summaries[0].epsilon},
+        _all_trials([s.traffic for s in summaries], [s.run.trials for s in summaries]),
+    )
+
+
+def _joined(spreads: dict[_K, list[Spread]]) -> dict[_K, Spread]:
+    """Each key's values of every run, one after the other."""
+    return {
+        key: Spread(tuple(v for s in listed for v in s.values)) for key, listed in spreads.items()
+    }
+
+
+def _worst(spent: list[SiloEpsilons]) -> SiloEpsilons:
+    """Per silo, the largest ε of any run (and its δ)."""
+    by_silo: dict[str, float] = {}
+    delta: dict[str, float] = {}
+    for e in spent:
+        for silo, value in e.by_silo.items():
+            by_silo[silo] = max(by_silo.get(silo, -math.inf), value)
+            delta[silo] = e.delta[silo]
+    return SiloEpsilons(spent[0].accountant, by_silo, delta)
+
+
+def _all_trials(traffic: list[Traffic], trials: list[int]) -> Traffic:
+    """Each silo's per-trial totals of every run in turn (0 where a run had none)."""
+    silos = sorted({silo for t in traffic for silo in (*t.up, *t.down)})
+
+    def joined(direction: Direction) -> dict[str, tuple[int, ...]]:
+        return {
+            silo: tuple(
+                n
+                for t, count in zip(traffic, trials, strict=True)
+                for n in (t.up if direction == "up" else t.down).get(silo, (0,) * count)
+            )
+            for silo in silos
+        }
+
+    return Traffic(up=joined("up"), down=joined("down"))

@@ -367,6 +367,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             eval_every=config.eval_every,
             size_noise=config.data.size_noise,
             init=config.model.init,
+            cross_silo=config.cross_silo,
         )
 
 
@@ -471,6 +472,11 @@ def _results(
         for row in result.messages
         for messages in [(row["down"] > 0) + (row["up"] > 0)]
     ]
+    cross_silo = [
+        (row["trial"], row["round"], row["model"], row["test"], name, value)
+        for row in result.cross_silo
+        for name, value in row["metrics"].items()
+    ]
     last = result.rounds_completed - 1
     rounds = sorted({row["round"] for row in result.history} | {last})
     own = Accountant(config.privacy.accountant)
@@ -497,4 +503,5 @@ def _results(
         metrics=metrics,
         privacy=privacy,
         communication=communication,
+        cross_silo=cross_silo,
     )

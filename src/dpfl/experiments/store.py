@@ -10,6 +10,11 @@ Tables (long format, one number a row, so that any grouping is one SQL query):
 * `privacy`: (run, trial, round, silo, view, accountant, delta, epsilon), read off the
   run's ledger; `view` NULL is the server's view (the one budgets bind).
 * `communication`: (run, trial, round, silo, bytes_down, bytes_up, messages).
+* `cross_silo` (schema 2): (run, trial, round, model_silo, test_silo, metric, value), for
+  runs asked to score every silo's final model on every silo's test set (`cross_silo =
+  true`); `model_silo` NULL is the one model every silo shared (a non-personalised
+  algorithm). A store of schema 1 is upgraded in place when opened for writing (it
+  keeps all its rows and gains the empty table); read-only, it is read as it is.
 
 A run's rows and its `finished` status are written in one transaction: a run killed
 half-way leaves no partial results, and a restarted sweep simply runs it again. Nothing
@@ -29,11 +34,26 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.privacy import Ledger
-from dpfl.sqlite_file import open_database, write_transaction
+from dpfl.sqlite_file import open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
-_SCHEMA_VERSION = 1
-_SCHEMA = """
+_SCHEMA_VERSION = 2
+_CROSS_SILO = """
+CREATE TABLE cross_silo (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    trial INTEGER NOT NULL,
+    round INTEGER NOT NULL,
+    model_silo TEXT,
+    test_silo TEXT NOT NULL,
+    metric TEXT NOT NULL,
+    value REAL
+);
+CREATE INDEX cross_silo_run ON cross_silo (run_id)
+"""
+_MIGRATIONS = {1: _CROSS_SILO}  # schema 1 had no cross-silo scores
+_TABLES = ("metrics", "privacy", "communication", "cross_silo")
+_SCHEMA = (
+    """
 CREATE TABLE runs (
     id TEXT PRIMARY KEY,
     study TEXT NOT NULL,
@@ -82,8 +102,10 @@ CREATE TABLE communication (
     bytes_up INTEGER NOT NULL,
     messages INTEGER NOT NULL
 );
-CREATE INDEX communication_run ON communication (run_id)
+CREATE INDEX communication_run ON communication (run_id);
 """
+    + _CROSS_SILO
+)
 
 
 class StoreError(ValueError):
@@ -132,6 +154,8 @@ class RunResults:
     """(trial, round, silo, view or None, accountant, delta, epsilon)"""
     communication: Sequence[tuple[int, int, str, int, int, int]]
     """(trial, round, silo, bytes_down, bytes_up, messages)"""
+    cross_silo: Sequence[tuple[int, int, str | None, str, str, float | None]] = ()
+    """(trial, round, model silo or None for the shared model, test silo, metric, value)"""
 
 
 def enforcing_accountant(run: RunRow) -> str:
@@ -169,6 +193,7 @@ class ResultsStore:
             schema=_SCHEMA,
             schema_version=_SCHEMA_VERSION,
             error=StoreError,
+            migrations=_MIGRATIONS,
             read_only=not create,
         )
 
@@ -223,7 +248,7 @@ class ResultsStore:
         """Write a run's results and mark it finished, all in one transaction."""
         with write_transaction(self._db) as db:
             self._require_running(run_id)
-            for table in ("metrics", "privacy", "communication"):
+            for table in _TABLES:
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
             db.executemany(
                 "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
@@ -236,6 +261,10 @@ class ResultsStore:
             db.executemany(
                 "INSERT INTO communication VALUES (?, ?, ?, ?, ?, ?, ?)",
                 ((run_id, *row) for row in results.communication),
+            )
+            db.executemany(
+                "INSERT INTO cross_silo VALUES (?, ?, ?, ?, ?, ?, ?)",
+                ((run_id, *row) for row in results.cross_silo),
             )
             db.execute(
                 "UPDATE runs SET status = 'finished', error = NULL, rounds_completed = ?,"
@@ -286,9 +315,12 @@ class ResultsStore:
         return None if row is None else str(row[0])
 
     def rows(self, table: str, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Every row of `metrics`, `privacy` or `communication` (of one run) as dicts."""
-        if table not in ("metrics", "privacy", "communication"):
-            raise StoreError(f"no table {table!r}: metrics, privacy or communication")
+        """Every row of `metrics`, `privacy`, `communication` or `cross_silo` (of one
+        run) as dicts; none of `cross_silo` in a store of schema 1 opened read-only."""
+        if table not in _TABLES:
+            raise StoreError(f"no table {table!r}: {', '.join(_TABLES)}")
+        if table == "cross_silo" and schema_of(self._db) < 2:
+            return []
         where = "" if run_id is None else " WHERE run_id = ?"
         cursor = self._db.execute(
             f"SELECT * FROM {table}{where} ORDER BY rowid", () if run_id is None else (run_id,)

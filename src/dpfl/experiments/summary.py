@@ -3,6 +3,9 @@
 The figures are `dpfl.experiments.queries`' (as in the report and `best`): means over
 trials of the final metrics; ε in the server's view, each silo's largest over its
 trials, by both accountants; bytes per client over the whole run, mean over trials.
+Every mean ± std says what it is over (`spread`: "5 trials × 1 seed"); with
+`pool_seeds`, runs that differ only in their seed are one row, over every trial of
+every seed.
 """
 
 from __future__ import annotations
@@ -11,34 +14,62 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.datasheet import research_noise
-from dpfl.experiments.queries import Spread, open_results, summarise
+from dpfl.experiments.queries import CrossSilo, Pooled, Spread, open_results, pool_seeds, summarise
 
 
-def run_summaries(directory: str | Path) -> list[dict[str, Any]]:
+def run_summaries(directory: str | Path, *, pool: bool = False) -> list[dict[str, Any]]:
     """One dict per finished run: its grid point, σ, largest ε over silos and trials by
     both accountants (`accountant` names the one that enforced the budgets), whether
-    the noise was seeded (research only), final metrics mean/std over trials, bytes per
-    client."""
+    the noise was seeded (research only), final metrics mean/std over trials and what
+    they are over (`spread`), bytes per client, and each silo's model on each silo's
+    test set if the run scored it (`cross_silo`, else None).
+
+    `pool`: one dict per group of runs that differ only in their seed (`runs`, `seeds`;
+    `id` is the first run's), every figure over all their trials; σ the largest, seconds
+    the sum."""
     with open_results(directory) as store:
         summaries = [summarise(store, run) for run in store.runs(status="finished")]
+    return [_summary(p) for p in pool_seeds(summaries, pool=pool)]
+
+
+def _summary(p: Pooled) -> dict[str, Any]:
+    runs = p.runs
+    sigmas = [r.noise_multiplier for r in runs if r.noise_multiplier is not None]
+    return {
+        "id": p.run.id,
+        "runs": [r.id for r in runs],
+        "seeds": list(p.replicates.seeds),
+        "algorithm": p.run.algorithm,
+        "grid": p.grid,
+        "trials": p.run.trials,
+        "spread": str(p.replicates),
+        "rounds": p.run.rounds_completed
+        if len({r.rounds_completed for r in runs}) == 1
+        else [r.rounds_completed for r in runs],
+        "stopped_by_budget": any(r.stopped_by_budget for r in runs),
+        "noise_multiplier": max(sigmas) if sigmas else None,
+        "accountant": p.accountant,
+        "epsilon": {a: e.max for a, e in p.epsilon.items() if e.by_silo} or None,
+        "research_noise": any(research_noise(r) for r in runs),
+        "metrics": _mean_std(p.metrics.final.get(None, {})),
+        "cross_silo": cross_silo_rows(p.cross_silo) or None,
+        "bytes_up_per_client": p.traffic.per_client("up"),
+        "bytes_down_per_client": p.traffic.per_client("down"),
+        "seconds": None
+        if all(r.seconds is None for r in runs)
+        else sum(r.seconds or 0.0 for r in runs),
+    }
+
+
+def cross_silo_rows(cross: CrossSilo) -> list[dict[str, Any]]:
+    """One dict per (model silo, test silo): `model` (None: the model every silo
+    shared), `test`, and the defined metrics' mean/std over the replicates."""
     return [
-        {
-            "id": s.run.id,
-            "algorithm": s.run.algorithm,
-            "grid": s.run.grid,
-            "trials": s.run.trials,
-            "rounds": s.run.rounds_completed,
-            "stopped_by_budget": s.run.stopped_by_budget,
-            "noise_multiplier": s.run.noise_multiplier,
-            "accountant": s.accountant,
-            "epsilon": {a: e.max for a, e in s.epsilon.items() if e.by_silo} or None,
-            "research_noise": research_noise(s.run),
-            "metrics": _mean_std(s.metrics.final.get(None, {})),
-            "bytes_up_per_client": s.traffic.per_client("up"),
-            "bytes_down_per_client": s.traffic.per_client("down"),
-            "seconds": s.run.seconds,
-        }
-        for s in summaries
+        {"model": model, "test": test, "metrics": _mean_std(by_metric)}
+        for model, by_test in sorted(
+            cross.items(), key=lambda item: (item[0] is not None, item[0] or "")
+        )
+        for test, by_metric in sorted(by_test.items())
     ]
 
 

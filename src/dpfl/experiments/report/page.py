@@ -14,7 +14,7 @@ from matplotlib.figure import Figure
 
 from dpfl.experiments.config import study_terms
 from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
-from dpfl.experiments.queries import RESULTS_FILE, Spread
+from dpfl.experiments.queries import RESULTS_FILE, CrossSilo, Pooled, Spread, pool_seeds
 from dpfl.experiments.store import RunRow
 
 from . import figures
@@ -30,12 +30,17 @@ class _Html(str):
 
 
 def render(title: str, runs: list[RunRow], shown: list[Shown], metric: str) -> str:
-    """The whole page: overview, results table, figures and datasheets of the finished
+    """The whole page: overview, results table (and the runs pooled over seeds, if any
+    differ only in their seed), cross-silo scores, figures and datasheets of the finished
     runs `shown`, and the failed ones among `runs`."""
     body = [_overview(runs, shown)]
     if shown:
+        groups = pool_seeds(s.summary for s in shown)
+        labels = {s.run.id: s.label for s in shown}
         body += [
             _results_table(shown, metric),
+            _pooled_table(groups, metric),
+            _cross_silo(groups, labels, metric),
             _figures(shown, metric),
             "<h2 id='datasheets'>Privacy datasheets</h2>",
             *(_datasheet(s) for s in shown),
@@ -112,8 +117,9 @@ def _overview(runs: list[RunRow], shown: list[Shown]) -> str:
         lead = (
             f"{len(shown)} finished run(s) from {RESULTS_FILE}. Metrics are on the union "
             "of the silos' test sets after each run's last round (mean ± sample std over "
-            "trials); ε is the server's view, the one budgets bind, and for each silo "
-            "the largest over its trials."
+            "what each table's “± over” says: a run's trials, of its one seed, unless "
+            "pooled over seeds); ε is the server's view, the one budgets bind, and for "
+            "each silo the largest over its trials."
         )
     others = f" Failed: {counts['failed']}. Still running (not shown): {counts['running']}."
     return f"<p>{_e(lead + others)}</p>"
@@ -126,6 +132,7 @@ def _results_table(shown: list[Shown], metric: str) -> str:
         "algorithm",
         "grid point",
         "trials",
+        "± over",
         "rounds",
         "σ",
         "max ε (enforced)",
@@ -139,6 +146,7 @@ def _results_table(shown: list[Shown], metric: str) -> str:
             s.run.algorithm,
             point(s.run) or "—",
             s.run.trials,
+            str(s.summary.replicates),
             _rounds_text(s.run),
             _number(s.run.noise_multiplier) if s.summary.private else "—",
             _epsilon_text(s, s.summary.accountant, mark=True),
@@ -155,6 +163,91 @@ def _results_table(shown: list[Shown], metric: str) -> str:
     if any(research_noise(s.run) for s in shown):
         caption += f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>"
     return "<h2 id='results'>Results</h2>\n" + _table(header, rows) + caption
+
+
+def _pooled_table(groups: list[Pooled], metric: str) -> str:
+    """Runs that differ only in their seed, one row: figures over every trial of every
+    seed (nothing if no two runs differ only in their seed)."""
+    pooled = [g for g in groups if len(g.runs) > 1]
+    if not pooled:
+        return ""
+    metrics = list(dict.fromkeys([metric, *TABLE_METRICS]))
+    header = [
+        "runs",
+        "algorithm",
+        "grid point (but the seed)",
+        "± over",
+        "seeds",
+        "max ε (enforced)",
+        *(metric_name(m) for m in metrics),
+        "bytes up per client",
+    ]
+    rows = [
+        [
+            _Html(", ".join(f'<a href="#run-{_e(r.id)}">{_e(r.id[:8])}</a>' for r in g.runs)),
+            g.run.algorithm,
+            point(g.run, ("seed",)) or "—",
+            str(g.replicates),
+            ", ".join(str(seed) for seed in g.replicates.seeds),
+            _pooled_epsilon(g),
+            *(_spread_text(g.metrics.score(m)) for m in metrics),
+            byte_text(g.traffic.per_client("up")),
+        ]
+        for g in pooled
+    ]
+    caption = (
+        "<p>Runs that differ only in their study seed, pooled: mean ± sample std over every "
+        "trial of every seed. A trial varies the batches, the noise and (but for trial 0) "
+        "the model's initialisation; a seed also varies the split into silos and trial "
+        "0's initialisation. ε: the largest over silos, trials and seeds.</p>"
+    )
+    return "<h2 id='pooled'>Pooled over seeds</h2>\n" + _table(header, rows) + caption
+
+
+def _pooled_epsilon(g: Pooled) -> str:
+    if not g.private:
+        return "∞ (non-private)"
+    spent = g.epsilon[g.accountant]
+    if not spent.by_silo:
+        return "—"
+    seeded = f" {RESEARCH_MARK}" if any(research_noise(r) for r in g.runs) else ""
+    return f"{spent.max:.3g} ({g.accountant.upper()}){seeded}"
+
+
+def _cross_silo(groups: list[Pooled], labels: dict[str, str], metric: str) -> str:
+    """Per run (or runs pooled over seeds) that scored it: `metric` of each silo's model
+    (rows) on each silo's test set (columns)."""
+    scored = [g for g in groups if g.cross_silo]
+    if not scored:
+        return ""
+    name = metric_name(metric)
+    parts = [
+        "<h2 id='cross-silo'>Cross-silo scores</h2>",
+        f"<p>{_e(name)} of each silo's final model (rows) on each silo's test set "
+        "(columns), mean ± sample std over the replicates named above each table; the "
+        "diagonal is each silo's own test set. Like every metric here, these are released "
+        "without noise, outside ε (which protects the training records only). Where "
+        "every silo used the same model (a non-personalised algorithm) it has one row, "
+        "the shared model.</p>",
+    ]
+    for g in scored:
+        title = " + ".join(labels.get(r.id, r.id[:8]) for r in g.runs)
+        parts.append(f"<h3>{_e(title)}: over {_e(str(g.replicates))}</h3>")
+        parts.append(_cross_silo_table(g.cross_silo, metric))
+    return "\n".join(parts)
+
+
+def _cross_silo_table(cross: CrossSilo, metric: str) -> str:
+    tests = sorted({test for by_test in cross.values() for test in by_test})
+    models = sorted(cross, key=lambda m: (m is not None, m or ""))
+    rows = [
+        [
+            "shared (every silo's)" if model is None else model,
+            *(_spread_text(cross[model].get(test, {}).get(metric, Spread(()))) for test in tests),
+        ]
+        for model in models
+    ]
+    return _table(["model \\ test set", *tests], rows)
 
 
 def _rounds_text(run: RunRow) -> str:
