@@ -43,28 +43,35 @@ Runners (one trial each, on the same silos and initial model):
   stopped drawing alike, e.g. the engine changed how it derives its streams).
 - `hand_autograd` (σ = 0 only): the loop a non-private user writes: the summed batch
   loss's gradient by plain autograd, no per-example gradients.
+- `hand_closed_form`: the same steps as `hand` with the per-example gradients of logistic
+  regression written out, (sigmoid(z_i) − y_i)·(x_i, 1), and their norms
+  |sigmoid(z_i) − y_i|·sqrt(‖x_i‖² + 1): the fastest loop one writes for this model,
+  no torch.func and no autograd.
 
 Figures, keys of the JSON object (seconds of wall time, `time.perf_counter`):
 
 - `threads`, `repeats`, `rounds`, `silo_sizes`, `steps_per_round`, `cpus`.
 - `dpfl_dp_s`, `hand_dp_s`: median seconds of one run with DP; `dpfl_dp_warm_s`: dpfl
   again with its ε memos filled (training and bookkeeping only).
-- `dpfl_nodp_s`, `hand_nodp_s`, `hand_autograd_nodp_s`: the same without DP.
+- `dpfl_nodp_s`, `hand_nodp_s`, `hand_autograd_nodp_s`: the same without DP;
+  `hand_closed_form_dp_s`, `hand_closed_form_nodp_s`: the closed-form loop.
 - `dpfl_over_hand_dp_ratio` = dpfl_dp_s / hand_dp_s (issue 12's goal: ≤ 1.5);
   `dpfl_over_hand_dp_warm_ratio` likewise for the warm figure;
   `dpfl_over_hand_nodp_ratio` = dpfl_nodp_s / hand_nodp_s (goal ≤ 1.5);
-  `dpfl_over_hand_autograd_nodp_ratio` = dpfl_nodp_s / hand_autograd_nodp_s.
+  `dpfl_over_hand_autograd_nodp_ratio` = dpfl_nodp_s / hand_autograd_nodp_s;
+  `dpfl_over_hand_closed_form_{dp,nodp}_ratio`: dpfl over the closed-form loop.
 - `*_cpu_s` and `*_cpu_ratio`: the same from this process's CPU time
   (`time.process_time`), which other processes on a shared machine disturb less; the
   gap to the wall figure is waiting (dpfl's ledger commits each round to disk).
 - `dpfl_dp_accuracy`, `hand_dp_accuracy`, `dpfl_nodp_accuracy`, `hand_nodp_accuracy`:
   accuracy of the final model on the union of the four test sets (185 records).
 - `dp_max_abs_param_diff`, `nodp_max_abs_param_diff`: the largest difference between
-  dpfl's and the hand loop's final parameters.
+  dpfl's and the hand loop's final parameters; `closed_form_dp_max_abs_param_diff`:
+  against the closed-form loop.
 - `warmup_s`: a 1-round run of every runner before the repeats (torch.func set-up, lazy
   imports), not counted.
 
-A run takes about a minute on 2 CPUs.
+A run takes about a minute and a half on 2 CPUs.
 """
 
 from __future__ import annotations
@@ -203,6 +210,37 @@ def hand_run(work: Workload, private: bool) -> tuple[Params, float]:
     return glob, union_accuracy(glob, work.silos)
 
 
+def hand_closed_form_run(work: Workload, private: bool) -> tuple[Params, float]:
+    """`hand_run` with logistic regression's per-example gradients written out."""
+    model = initial_model(work.n_features)
+    clip = CLIP_NORM if private else math.inf
+    std = NOISE_MULTIPLIER * CLIP_NORM
+    sites = [(s.x, s.y.float(), s.declared_size) for s in work.silos]
+    weights = torch.tensor([float(n) for _, _, n in sites]) / sum(n for _, _, n in sites)
+    glob = {k: v.detach().clone() for k, v in model.named_parameters()}
+    for round_ in range(work.rounds):
+        trained = []
+        for k, (x, y, public) in enumerate(sites):
+            batches, noise = _streams(k, round_)
+            q = sample_rate(public)
+            w, b = glob["weight"].clone(), glob["bias"].clone()
+            for _ in range(steps_per_round(public)):
+                idx = torch.from_numpy(np.flatnonzero(batches.random(len(y)) < q))
+                xb, yb = x[idx], y[idx]
+                residual = torch.sigmoid(xb @ w[0] + b) - yb  # ∂ℓ_i/∂z_i
+                norms = residual.abs() * torch.sqrt(xb.square().sum(1) + 1)
+                factor = residual * (clip / (norms + 1e-12)).clamp(max=1.0)
+                grad_w, grad_b = (factor @ xb).unsqueeze(0), factor.sum().reshape(1)
+                if private:
+                    grad_w = grad_w + torch.randn(w.shape, generator=noise) * std
+                    grad_b = grad_b + torch.randn(b.shape, generator=noise) * std
+                w -= LEARNING_RATE * grad_w / (q * public)
+                b -= LEARNING_RATE * grad_b / (q * public)
+            trained.append({"weight": w, "bias": b})
+        glob = {n: sum(w * t[n] for w, t in zip(weights, trained, strict=True)) for n in glob}
+    return glob, union_accuracy(glob, work.silos)
+
+
 def hand_autograd_run(work: Workload) -> tuple[Params, float]:
     """σ = 0 as a non-private user writes it: the gradient of the summed batch loss."""
     model = initial_model(work.n_features)
@@ -300,6 +338,8 @@ def _runners() -> dict[str, tuple[Runner, bool]]:
         "dpfl_nodp": (lambda w: dpfl_run(w, private=False), True),
         "hand_nodp": (lambda w: hand_run(w, private=False), False),
         "hand_autograd_nodp": (hand_autograd_run, False),
+        "hand_closed_form_dp": (lambda w: hand_closed_form_run(w, private=True), False),
+        "hand_closed_form_nodp": (lambda w: hand_closed_form_run(w, private=False), False),
     }
 
 
@@ -378,6 +418,8 @@ def main() -> None:
             "dpfl_over_hand_dp_warm": ("dpfl_dp_warm", "hand_dp"),
             "dpfl_over_hand_nodp": ("dpfl_nodp", "hand_nodp"),
             "dpfl_over_hand_autograd_nodp": ("dpfl_nodp", "hand_autograd_nodp"),
+            "dpfl_over_hand_closed_form_dp": ("dpfl_dp", "hand_closed_form_dp"),
+            "dpfl_over_hand_closed_form_nodp": ("dpfl_nodp", "hand_closed_form_nodp"),
         }.items():
             figures[f"{ratio}{cpu_key}_ratio"] = (
                 figures[f"{num}{cpu_key}_s"] / figures[f"{den}{cpu_key}_s"]
@@ -386,6 +428,9 @@ def main() -> None:
         figures[f"{name}_accuracy"] = outputs[name][1]
     figures["dp_max_abs_param_diff"] = _max_diff(outputs["dpfl_dp"][0], outputs["hand_dp"][0])
     figures["nodp_max_abs_param_diff"] = _max_diff(outputs["dpfl_nodp"][0], outputs["hand_nodp"][0])
+    figures["closed_form_dp_max_abs_param_diff"] = _max_diff(
+        outputs["dpfl_dp"][0], outputs["hand_closed_form_dp"][0]
+    )
 
     if args.json:
         print(json.dumps(figures))
