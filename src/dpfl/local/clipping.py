@@ -27,9 +27,8 @@ noise is calibrated to. Two ways to get there:
 A `mask` marks real examples (1) and padding (0), so batches of different sizes can be
 stacked and mapped over with `vmap`; a padded row contributes exactly zero. `stacked`
 computes that map: with `vmap` in general, and for a lone `nn.Linear` (logistic
-regression) with the same operations written out on the stacked tensors, which gives
-the same bits at a fraction of `vmap`'s per-call cost (checked once per input shape
-and dtype against `vmap` before it is used, see `stacked`). Masking is
+regression) with the rule written out on the stacked tensors, at a fraction of `vmap`'s
+per-call cost and with the same bits for a member alone or in any stack. Masking is
 not removal: both rules above assume that removing an example from the batch leaves the
 others' gradients unchanged, which `check_per_example` tests on the first batch of each
 input shape.
@@ -57,11 +56,6 @@ __all__ = ["ClippedGradientSum", "Params"]
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
 """Per model, the input shapes `check_per_example` passed: a property of the architecture,
 so checked once per process, not once per trainer (engines build one every round)."""
-
-_DIRECT_AGREES: dict[tuple[object, ...], bool] = {}
-"""Per (loss, example shape, dtypes, parameter names): whether `ClippedGradientSum.stacked`'s
-direct route for a lone `nn.Linear` gave `vmap`'s bits on its probe; checked once per
-process, like `_CHECKED` (engines build a trainer every round)."""
 
 
 class ClippedGradientSum:
@@ -97,8 +91,6 @@ class ClippedGradientSum:
         layer-by-layer backward pass then uses `torch.func.grad` instead of the lighter
         `torch.autograd.grad`, which `vmap` does not support."""
         self._check(tuple(x.shape[1:]))
-        if not under_vmap and self._direct_applies(params, x, member_dims=2):
-            return self._single_linear(params, x, y, mask, clip_norm)
         if self._layers is None:
             if x.is_sparse:
                 raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
@@ -111,20 +103,14 @@ class ClippedGradientSum:
         """`vmap` of this call over members stacked on axis 0 of params, x, y and mask:
         each member's clipped sum on its own batch, as one computation.
 
-        A lone `nn.Linear` on (members, batch, features) inputs takes a direct route: the
-        batched matmuls and elementwise operations that `vmap` dispatches, written out,
-        with the loss's output gradient from `_output_gradients`. That skips `vmap`'s
-        per-call set-up (most of a step's time for logistic regression on small batches)
-        and is meant to give the same bits. It is used only after it did, on a random
-        probe of the same shape and dtypes, the first time the process meets them."""
+        A lone `nn.Linear` on (members, batch, features) inputs takes a direct route (the
+        outer-product rule on stacked tensors, without `vmap`'s per-call set-up, most of a
+        step's time for logistic regression on small batches) whose every operation is
+        elementwise or reduces within one member, so that a member's sum has the same bits
+        whatever else is stacked with it and wherever it sits in the stack."""
         if not self._direct_applies(params, x):
             return self._vmapped(params, x, y, mask, clip_norm)
         self._check(tuple(x.shape[2:]))
-        key = (self.loss, tuple(x.shape[2:]), x.dtype, y.dtype, mask.dtype, tuple(params))
-        if key not in _DIRECT_AGREES:
-            _DIRECT_AGREES[key] = self._direct_matches_vmap(params, x, y, mask, clip_norm)
-        if not _DIRECT_AGREES[key]:
-            return self._vmapped(params, x, y, mask, clip_norm)
         return self._stacked_linear(params, x, y, mask, clip_norm)
 
     def _vmapped(
@@ -143,42 +129,15 @@ class ClippedGradientSum:
             check_per_example(self.model, example_shape)
             checked.add(example_shape)
 
-    def _direct_applies(self, params: Params, x: Tensor, member_dims: int = 3) -> bool:
+    def _direct_applies(self, params: Params, x: Tensor) -> bool:
         """A plain `nn.Linear` (not a subclass, whose forward may differ) on dense
-        (members, batch, features) inputs (`member_dims` 3; 2: one member's (batch,
-        features)), with its own parameter names."""
+        (members, batch, features) inputs, with its own parameter names."""
         return (
             type(self.model) is nn.Linear
             and not x.is_sparse
-            and x.dim() == member_dims
+            and x.dim() == 3
             and set(params) in ({"weight"}, {"weight", "bias"})
         )
-
-    def _direct_matches_vmap(
-        self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
-    ) -> bool:
-        """Whether the direct route gives `vmap`'s bits on a random probe of x's example
-        shape and dtype (labels drawn from y's values, a padded row, params perturbed)."""
-        g = torch.Generator().manual_seed(0)
-        members, width = 3, 13
-        probe_x = torch.randn(members, width, *x.shape[2:], generator=g, dtype=x.dtype) * 3
-        labels = y.reshape(-1)
-        pick = torch.randint(0, labels.numel(), (members, width), generator=g)
-        probe_y = labels[pick]
-        probe_mask = torch.ones(members, width, dtype=mask.dtype)
-        probe_mask[:, -1] = 0
-        probe_params = {
-            name: (v[:1] + torch.randn(members, *v.shape[1:], generator=g, dtype=v.dtype))
-            for name, v in params.items()
-        }
-        for clip in (clip_norm, 0.1):
-            reference = self._vmapped(probe_params, probe_x, probe_y, probe_mask, clip)
-            direct = self._stacked_linear(probe_params, probe_x, probe_y, probe_mask, clip)
-            if not torch.equal(reference[1], direct[1]) or any(
-                not torch.equal(reference[0][name], direct[0][name]) for name in params
-            ):
-                return False
-        return True
 
     def _stacked_linear(
         self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
@@ -195,30 +154,11 @@ class ClippedGradientSum:
         norms = (torch.zeros_like(mask) + delta.square().sum(2) * row_sq).sqrt()
         factor = _clip_factor(norms, mask, clip_norm)
         scaled = delta * factor.unsqueeze(2)
-        sums = {"weight": torch.matmul(scaled.mT, x)}
+        # Σ_i s_i x_iᵀ as products and a sum over the batch: a batched matmul runs other
+        # kernels (other bits) for other member counts and positions in the stack
+        sums = {"weight": (scaled.unsqueeze(3) * x.unsqueeze(2)).sum(1)}
         if bias is not None:
             sums["bias"] = scaled.sum(1)
-        return {name: sums[name] for name in params}, norms
-
-    def _single_linear(
-        self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
-    ) -> tuple[Params, Tensor]:
-        """`_layer_by_layer` for a lone dense `nn.Linear` and one member, the same operations
-        without its per-layer bookkeeping: δ by autograd from the loss to z = F.linear(x)."""
-        weight, bias = params["weight"], params.get("bias")
-        a = x.detach()
-        with torch.enable_grad():
-            z = F.linear(x, weight, bias)
-            if not z.requires_grad:
-                z.requires_grad_()
-            (delta,) = torch.autograd.grad(self.loss(z, y).sum(), [z])
-        row_sq = _row_sq(a) + (1.0 if bias is not None else 0.0)
-        norms = (torch.zeros_like(mask) + delta.square().sum(1) * row_sq).sqrt()
-        factor = _clip_factor(norms, mask, clip_norm)
-        scaled = delta * factor.unsqueeze(1)
-        sums = {"weight": scaled.t() @ a}
-        if bias is not None:
-            sums["bias"] = scaled.sum(0)
         return {name: sums[name] for name in params}, norms
 
     def _output_gradients(self, z: Tensor, y: Tensor) -> Tensor:

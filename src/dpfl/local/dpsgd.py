@@ -180,7 +180,8 @@ class DPSGD:
             if velocity is None
             else dict(velocity)
         )
-        pool = _Pool(datasets) if len(datasets) > 1 else None
+        dense = not datasets[0][0].is_sparse
+        pool = _Pool(datasets, _chunk_width(samplers)) if dense else None
         # per parameter: the normalisers shaped to broadcast over its stacked members
         scales = {k: scale.reshape(-1, *[1] * (v.dim() - 1)) for k, v in params.items()}
         std = cfg.noise_multiplier * cfg.clip_norm
@@ -228,17 +229,20 @@ class DPSGD:
         shapes = {k: tuple(v.shape[1:]) for k, v in params.items()}  # of each member's noise
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
-            if len(datasets) == 1:
+            if pool is None:  # one sparse member: its own batch, as it is
                 x, y, mask = _batch(datasets[0], indices[0], dtype)
                 single, _ = self.clipped_sum(
                     {k: v[0] for k, v in params.items()}, x, y, mask, cfg.clip_norm
                 )
                 sums = {k: v.unsqueeze(0) for k, v in single.items()}
             else:
-                assert pool is not None
-                sums, _ = self.clipped_sum.stacked(
-                    params, *pool.batches(indices, dtype), cfg.clip_norm
-                )
+                sums = {}
+                stacked = params if len(samplers) > 1 else _with_twin(params)
+                for x, y, mask in pool.chunks(indices, dtype):
+                    part, _ = self.clipped_sum.stacked(stacked, x, y, mask, cfg.clip_norm)
+                    sums = part if not sums else {k: sums[k].add_(part[k]) for k in sums}
+                if len(samplers) == 1:
+                    sums = {k: v[:1] for k, v in sums.items()}
             for name, g in sums.items():  # a fresh tensor per step: updated in place
                 if cfg.private:
                     draws = [n.normal(shapes[name], std, dtype) for n in noises]
@@ -279,10 +283,16 @@ def _batch(
 class _Pool:
     """The members' datasets laid end to end once per run, so that each step gathers every
     member's batch with one `index_select` (members that share one dataset, R trials on
-    one silo, share it without copying)."""
+    one silo, share it without copying).
 
-    def __init__(self, datasets: Sequence[tuple[Tensor, Tensor]]) -> None:
+    Batches come in chunks of one fixed width, padded with masked rows: every chunk has
+    the same shape whoever else is stacked, and chunk sums add up in order (a padded
+    chunk adds exact zeros), so a member's clipped sum has the same bits alone as in any
+    stack (floating-point reductions over a batch depend on its padded width)."""
+
+    def __init__(self, datasets: Sequence[tuple[Tensor, Tensor]], width: int) -> None:
         x0, y0 = datasets[0]
+        self.width = width
         if all(x is x0 and y is y0 for x, y in datasets):
             self.x, self.y = x0, y0
             self.offsets = np.zeros(len(datasets), np.int64)
@@ -292,18 +302,38 @@ class _Pool:
             sizes = [len(y) for _, y in datasets]
             self.offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
 
-    def batches(
+    def chunks(
         self, indices: Sequence[np.ndarray], dtype: torch.dtype
-    ) -> tuple[Tensor, Tensor, Tensor]:
-        """Members' batches padded to a common length with masked copies of their first
-        record, stacked: x [members, width, ...], y [members, width], mask [members, width]."""
-        width = max(1, *(len(i) for i in indices))
-        padded = np.repeat(self.offsets[:, None], width, axis=1)
-        mask = np.zeros((len(indices), width))
-        for row, idx in enumerate(indices):
-            padded[row, : len(idx)] += idx
-            mask[row, : len(idx)] = 1.0
-        rows = torch.from_numpy(padded.reshape(-1))
-        x = self.x.index_select(0, rows).reshape(*padded.shape, *self.x.shape[1:])
-        y = self.y.index_select(0, rows).reshape(*padded.shape, *self.y.shape[1:])
-        return x, y, torch.from_numpy(mask).to(dtype)
+    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+        """Members' batches in chunks of `width` rows, padding masked copies of their first
+        record, stacked: x [members, width, ...], y [members, width], mask [members, width]
+        (at least one chunk: an empty Poisson batch is a noise-only step). A lone member
+        gets a masked twin (see `_with_twin`)."""
+        count = max(1, *(-(-len(i) // self.width) for i in indices))
+        offsets = self.offsets if len(indices) > 1 else np.repeat(self.offsets, 2)
+        for chunk in range(count):
+            parts = [i[chunk * self.width : (chunk + 1) * self.width] for i in indices]
+            padded = np.repeat(offsets[:, None], self.width, axis=1)
+            mask = np.zeros((len(offsets), self.width))
+            for row, idx in enumerate(parts):
+                padded[row, : len(idx)] += idx
+                mask[row, : len(idx)] = 1.0
+            rows = torch.from_numpy(padded.reshape(-1))
+            x = self.x.index_select(0, rows).reshape(*padded.shape, *self.x.shape[1:])
+            y = self.y.index_select(0, rows).reshape(*padded.shape, *self.y.shape[1:])
+            yield x, y, torch.from_numpy(mask).to(dtype)
+
+
+def _with_twin(params: Params) -> Params:
+    """One member's parameters twice: torch runs batched products of a single member
+    through other kernels (other bits) than those of two or more, so a lone member is
+    computed beside a masked twin, as it would be in any stack."""
+    return {k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in params.items()}
+
+
+def _chunk_width(samplers: Sequence[BatchSampler]) -> int:
+    """Rows per chunk: the expected batch plus four standard deviations of a Poisson
+    batch, rounded up to a multiple of 8, so nearly every batch is one chunk. From the
+    samplers' public expected batch size only: the same for a member alone or stacked."""
+    expected = max(s.expected_batch_size for s in samplers)
+    return int(8 * math.ceil((expected + 4 * math.sqrt(expected) + 1) / 8))

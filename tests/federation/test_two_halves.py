@@ -1,0 +1,170 @@
+"""The two halves of every algorithm: the hospital half gives the same replies, local
+states and charges whether the simulator batches many members or a deployment calls one
+at a time; charges come before replies; the secure-sum seam is honoured."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+from dpfl.engines.simulation import simulate
+from dpfl.federation.aggregators import coordinate_median
+from dpfl.federation.algorithms import (
+    BY_NAME,
+    Algorithm,
+    Centralized,
+    FedAvg,
+    FedSGDSecure,
+    HospitalContext,
+    Member,
+)
+from dpfl.federation.algorithms.centralized import POOL, pool
+from dpfl.federation.messages import Summed
+from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.local.noise import SeededNoise
+from dpfl.privacy import events
+from dpfl.secure import IdealSecureSum, InTheClear, plain_sum
+
+from .test_golden import ALGORITHMS
+
+Charges = list[tuple[Any, str | None, str]]
+
+
+def _context(trial: int, k: int, book: Charges) -> HospitalContext:
+    """A hospital's context whose n-th stream is the same whenever it is rebuilt."""
+    rngs, noises = itertools.count(), itertools.count()
+
+    def ledger(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+        book.extend((key, view, event.to_json()) for key, view, event in charges)
+
+    return HospitalContext(
+        round=0,
+        rng=lambda: np.random.default_rng([11, trial, k + 1, next(rngs)]),
+        noise=lambda: SeededNoise(1000 * trial + 10 * (k + 1) + next(noises)),
+        ledger=ledger,
+        account=(trial, k),
+    )
+
+
+def _members(algorithm: Algorithm, silos: list[Silo], trials: int, book: Charges) -> list[Member]:
+    infos = [s.info for s in silos]
+    curator = pool(silos) if algorithm.pools_data else None
+    members = []
+    for r in range(trials):
+        state = algorithm.initial_state(infos)
+        server = np.random.default_rng([5, r])
+        orders = algorithm.configure(state, 0, infos, lambda server=server: server)
+        for name, instruction in orders.items():
+            k = -1 if name == POOL else [s.name for s in silos].index(name)
+            silo = curator if curator is not None else silos[k]
+            local = algorithm.initial_local_state(state["global"])
+            members.append(Member(instruction, silo, local, _context(r, k, book)))
+    return members
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    return bool(a == b)
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_the_hospital_half_batched_equals_one_hospital_at_a_time(
+    name: str, breast_cancer_silos: Callable[[int], list[Silo]]
+) -> None:
+    algorithm, silos = ALGORITHMS[name](), breast_cancer_silos(3)
+    together: Charges = []
+    batched = algorithm.client_updates(_members(algorithm, silos, 2, together))
+    alone: Charges = []
+    single = [
+        algorithm.client_update(m.instruction, m.silo, m.state, m.ctx)
+        for m in _members(algorithm, silos, 2, alone)
+    ]
+    assert len(batched) == len(single) > 0
+    for (reply, local), (reply1, local1) in zip(batched, single, strict=True):
+        assert (reply is None) == (reply1 is None)
+        if reply is not None and reply1 is not None:
+            assert reply.encoding == reply1.encoding
+            assert torch.equal(reply.vector, reply1.vector)  # bit for bit
+        assert _same(local, local1)
+    assert sorted(together, key=repr) == sorted(alone, key=repr)
+    assert together or not algorithm.private
+
+
+def test_a_hospital_charges_before_its_reply_exists(
+    breast_cancer_silos: Callable[[int], list[Silo]],
+) -> None:
+    """A ledger that refuses (an exhausted budget) stops the hospital: no reply."""
+    algorithm, silo = ALGORITHMS["fedavg"](), breast_cancer_silos(3)[0]
+    instruction = algorithm.configure(
+        algorithm.initial_state([silo.info]), 0, [silo.info], np.random.default_rng
+    )[silo.name]
+
+    def exhausted(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+        raise RuntimeError("budget exhausted")
+
+    ctx = HospitalContext(0, np.random.default_rng, lambda: SeededNoise(0), exhausted)
+    with pytest.raises(RuntimeError, match="exhausted"):
+        algorithm.client_update(instruction, silo, {}, ctx)
+
+
+def test_dopamine_refuses_a_sum_in_the_clear_or_one_that_lost_a_hospital(
+    breast_cancer_silos: Callable[[int], list[Silo]],
+) -> None:
+    algorithm = ALGORITHMS["fedsgd_secure"]()
+    assert isinstance(algorithm, FedSGDSecure) and algorithm.needs_secure_sum
+    silos = breast_cancer_silos(3)
+    with pytest.raises(ValueError, match="in the clear each reply carries only σ/√K"):
+        simulate(
+            algorithm, silos, rounds=1, epsilon_budget=8.0, secure_sum=InTheClear(), progress=False
+        )
+
+    class LosesOne:
+        reveals_inputs = False
+
+        def __call__(self, vectors: dict[str, torch.Tensor]) -> Summed:
+            return plain_sum(dict(list(vectors.items())[1:]))
+
+    with pytest.raises(ValueError, match=r"holds 2 of 3 replies.*σ√\(2/3\)"):
+        simulate(
+            algorithm, silos, rounds=1, epsilon_budget=8.0, secure_sum=LosesOne(), progress=False
+        )
+
+
+def test_a_robust_aggregator_refuses_a_sum_that_hides_the_updates(
+    breast_cancer_silos: Callable[[int], list[Silo]],
+) -> None:
+    algorithm = ALGORITHMS["fedavg"]()
+    assert isinstance(algorithm, FedAvg)
+    robust = FedAvg(
+        model=algorithm.model, loss=algorithm.loss, dpsgd=algorithm.dpsgd, robust=coordinate_median
+    )
+    silos = breast_cancer_silos(3)
+    with pytest.raises(ValueError, match="needs every update in the clear"):
+        simulate(robust, silos, rounds=1, secure_sum=IdealSecureSum(), progress=False)
+    assert simulate(robust, silos, rounds=1, progress=False).rounds_completed == 1
+
+
+def test_participation_events_need_public_facts_only() -> None:
+    """The pooled reference's event comes from declared sizes: no record is touched."""
+    algorithm = ALGORITHMS["centralized"]()
+    assert isinstance(algorithm, Centralized)
+    cohort = [SiloInfo("a", 300), SiloInfo("b", 100)]
+    event = algorithm.participation_event(cohort[0], cohort)
+    expected = events.poisson_gaussian(16 / 400, 1.0, steps=round(0.2 / (16 / 400)))
+    assert event.to_json() == expected.to_json()
+
+
+def test_every_algorithm_is_registered_by_its_name_with_its_facts() -> None:
+    assert set(BY_NAME) == {a().name for a in ALGORITHMS.values()}
+    assert [n for n, k in BY_NAME.items() if k.pools_data] == ["centralized"]
+    assert [n for n, k in BY_NAME.items() if k.needs_secure_sum] == ["fedsgd_secure"]
+    assert [n for n, k in BY_NAME.items() if k.sets_own_noise] == ["aop"]
+    assert all(k.threat_model for k in BY_NAME.values())
