@@ -205,9 +205,12 @@ class _RunState:
         secure_sum: SecureSum,
     ) -> list[dict[str, Any]]:
         """One configure-train-aggregate step of every trial: the server half once per
-        trial, the hospital half once for all (trial, silo) members. Returns the step's
-        message rows (none for a pooled reference: it exchanges no models)."""
+        trial, the hospital half once for all (trial, silo) members. The hospitals'
+        charges are written to the ledger in one commit before any reply reaches the
+        server half (a refusal stops the step there). Returns the step's message rows
+        (none for a pooled reference: it exchanges no models)."""
         infos = [s.info for s in silos]
+        charges: list[tuple[Any, str | None, events.PrivacyEvent]] = []
         members: list[tuple[int, Member]] = []
         for r, server in enumerate(self.server):
             orders = algorithm.configure(server, round_, infos, functools.partial(rng, r, -1), step)
@@ -217,13 +220,15 @@ class _RunState:
                     round_,
                     functools.partial(rng, r, k),
                     functools.partial(noise, r, k),
-                    ledger,
+                    charges.extend,
                     (r, k),
                 )
                 silo = silos[k] if curator is None else curator
                 local = self.hospitals[r].get(name, {})
                 members.append((r, Member(instruction, silo, local, ctx)))
         outcomes = algorithm.client_updates([m for _, m in members]) if members else []
+        if charges:
+            ledger(charges)
         replies: list[dict[str, Reply]] = [{} for _ in self.server]
         messages = []
         for (r, member), (reply, local) in zip(members, outcomes, strict=True):

@@ -13,6 +13,7 @@ import math
 import warnings
 
 import numpy as np
+import sklearn
 from sklearn import metrics as skm
 
 
@@ -26,9 +27,12 @@ def classification_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dic
         raise ValueError(f"{len(probabilities)} scores for {len(labels)} labels")
     if not np.all(np.isfinite(probabilities)):
         raise ValueError("scores contain NaN or infinity")
-    if probabilities.ndim == 1:
-        return _binary(labels, probabilities)
-    return _multiclass(labels, probabilities)
+    # the inputs are checked above; scikit-learn's own validation of each call's
+    # parameters costs more than the metrics on test sets of this size
+    with sklearn.config_context(skip_parameter_validation=True):
+        if probabilities.ndim == 1:
+            return _binary(labels, probabilities)
+        return _multiclass(labels, probabilities)
 
 
 def _binary(labels: np.ndarray, p: np.ndarray) -> dict[str, float]:
