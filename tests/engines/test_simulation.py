@@ -206,11 +206,11 @@ class _StopsInRoundTwo(FedAvg):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         if round == 2:
             raise KeyboardInterrupt
-        return super().configure(state, round, silos, rng, step)
+        return super().configure(state, round, silos, rng, exchange)
 
 
 def test_ctrl_c_stops_cleanly_with_the_ledger_intact(tmp_path: Path) -> None:

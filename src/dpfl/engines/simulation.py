@@ -192,28 +192,30 @@ class _RunState:
             for s in silos
         ]
 
-    def step(
+    def exchange(
         self,
         algorithm: Algorithm,
         silos: Sequence[Silo],
         curator: Silo | None,
         round_: int,
-        step: int,
+        exchange: int,
         rng: _Streams[np.random.Generator],
         noise: _Streams[NoiseSource],
         ledger: Charges,
         secure_sum: SecureSum,
     ) -> list[dict[str, Any]]:
-        """One configure-train-aggregate step of every trial: the server half once per
+        """One configure-train-aggregate exchange of every trial: the server half once per
         trial, the hospital half once for all (trial, silo) members. The hospitals'
         charges are written to the ledger in one commit before any reply reaches the
-        server half (a refusal stops the step there). Returns the step's message rows
+        server half (a refusal stops the exchange there). Returns its message rows
         (none for a pooled reference: it exchanges no models)."""
         infos = [s.info for s in silos]
         charges: list[tuple[Any, str | None, events.PrivacyEvent]] = []
         members: list[tuple[int, Member]] = []
         for r, server in enumerate(self.server):
-            orders = algorithm.configure(server, round_, infos, functools.partial(rng, r, -1), step)
+            orders = algorithm.configure(
+                server, round_, infos, functools.partial(rng, r, -1), exchange
+            )
             for name, instruction in orders.items():
                 k = -1 if curator is not None else _index(silos, name)
                 ctx = HospitalContext(
@@ -373,9 +375,17 @@ def simulate(
                 for current in range(start, rounds):
                     rng = _Streams(seed, current, _rng)
                     noise = _Streams(seed, current, functools.partial(_noise, research_noise))
-                    for step in range(algorithm.steps(infos)):
-                        messages += run.step(
-                            algorithm, silos, curator, current, step, rng, noise, record, summing
+                    for exchange in range(algorithm.exchanges(infos)):
+                        messages += run.exchange(
+                            algorithm,
+                            silos,
+                            curator,
+                            current,
+                            exchange,
+                            rng,
+                            noise,
+                            record,
+                            summing,
                         )
                     if (current + 1) % eval_every == 0 or current == rounds - 1:
                         history += evaluate(

@@ -91,7 +91,7 @@ class AOP(Algorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         if round >= self.epochs:
             raise ValueError(

@@ -80,12 +80,12 @@ def charge(members: Sequence[tuple[HospitalContext, events.PrivacyEvent]]) -> No
 
 @dataclass(frozen=True)
 class Instruction:
-    """What the server sends one silo for one step of a round."""
+    """What the server sends one silo for one exchange of a round."""
 
     params: Params | None
     """The model sent down (None: nothing is sent, the silo works on its own state)."""
     cohort: tuple[SiloInfo, ...]
-    """The step's participants (public: drawn by the server from no data)."""
+    """The exchange's participants (public: drawn by the server from no data)."""
 
 
 @dataclass(frozen=True)
@@ -185,8 +185,9 @@ class Algorithm(ABC):
         the parameters of `model`)."""
         return {"global": parameters_of(self.model) if start is None else dict(start)}
 
-    def steps(self, silos: Sequence[SiloInfo]) -> int:
-        """Configure-and-aggregate steps in one round (cyclic training: one per silo)."""
+    def exchanges(self, silos: Sequence[SiloInfo]) -> int:
+        """Configure-train-aggregate exchanges in one round (cyclic training: one per
+        silo, each a hand-off of the model)."""
         return 1
 
     @abstractmethod
@@ -196,10 +197,10 @@ class Algorithm(ABC):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
-        """Instructions for the silos of `step` of `round`, by silo name; `rng()` gives the
-        server a new independent stream."""
+        """Instructions for the silos of `exchange` of `round`, by silo name; `rng()` gives
+        the server a new independent stream."""
 
     @abstractmethod
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
@@ -218,7 +219,7 @@ class Algorithm(ABC):
     def client_update(
         self, instruction: Instruction, silo: Silo, state: LocalState, ctx: HospitalContext
     ) -> Outcome:
-        """One hospital's half of a step (what a deployment runs at the hospital)."""
+        """One hospital's half of an exchange (what a deployment runs at the hospital)."""
         return self.client_updates([Member(instruction, silo, state, ctx)])[0]
 
     def model_of(self, state: State, local: LocalState) -> Params:

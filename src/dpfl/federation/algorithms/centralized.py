@@ -91,7 +91,7 @@ class Centralized(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         return {POOL: Instruction(state["global"], tuple(silos))}
 

@@ -1,8 +1,8 @@
 """Cyclic DP federated learning (Owkin, iDASH 2020, Algorithm 2).
 
 The silos train in turn: each runs E Poisson DP-SGD steps on the current model and
-passes it to the next; N such rounds. A round is K steps of the server half, one per
-silo: the model goes to one silo and its trained model comes back as the new state (a
+passes it to the next; N such rounds. A round is K exchanges of the server half, one
+per silo: the model goes to one silo and its trained model comes back as the new state (a
 deployment routes it through the server; the hand-off is what the next silo sees). For
 a silo, the other silos' steps are post-processing, so its account composes only its
 own N·E steps (Owkin, Theorem 9).
@@ -52,7 +52,7 @@ class Cyclic(DPSGDAlgorithm):
     def local_steps(self, silo: SiloInfo) -> int:
         return self.steps_per_visit
 
-    def steps(self, silos: Sequence[SiloInfo]) -> int:
+    def exchanges(self, silos: Sequence[SiloInfo]) -> int:
         return len(silos)
 
     def configure(
@@ -61,9 +61,9 @@ class Cyclic(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
-        visited = silos[step]
+        visited = silos[exchange]
         return {visited.name: Instruction(state["global"], (visited,))}
 
     def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
@@ -73,7 +73,7 @@ class Cyclic(DPSGDAlgorithm):
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         """The visited silo's model is the next state (the sum of one reply)."""
         if len(replies) != 1:
-            raise ValueError(f"a cyclic step visits one silo, got {len(replies)} replies")
+            raise ValueError(f"a cyclic exchange visits one silo, got {len(replies)} replies")
         glob: Params = state["global"]
         model = secure_sum({name: r.vector for name, r in replies.items()}).total
         return {**state, "global": unflat(model, glob)}

@@ -73,7 +73,7 @@ class Ditto(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         return broadcast(state, silos)
 

@@ -122,7 +122,7 @@ class FedAvg(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         cohort = sampled_cohort(silos, rng, self.client_rate, self.clients_per_round)
         return broadcast(state, cohort)

@@ -82,7 +82,7 @@ class FedSGDSecure(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         return broadcast(state, silos)
 

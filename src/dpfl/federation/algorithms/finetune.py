@@ -61,7 +61,7 @@ class Finetune(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         if round <= self.federated_rounds:  # the last federated model goes out once more
             return broadcast(state, silos)

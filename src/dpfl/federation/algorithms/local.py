@@ -75,7 +75,7 @@ class Local(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         return {s.name: Instruction(None, tuple(silos)) for s in silos}
 

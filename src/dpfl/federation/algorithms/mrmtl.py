@@ -79,7 +79,7 @@ class MRMTL(DPSGDAlgorithm):
         round: int,
         silos: Sequence[SiloInfo],
         rng: Callable[[], np.random.Generator],
-        step: int = 0,
+        exchange: int = 0,
     ) -> dict[str, Instruction]:
         return broadcast(state, silos)  # w̄, the anchor
 
