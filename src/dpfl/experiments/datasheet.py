@@ -116,6 +116,11 @@ def _evaluation(config: StudyConfig, result: SimulationResult) -> str:
         f"after {evaluated} of the {result.rounds_completed} rounds "
         f"(eval_every = {config.eval_every}), without noise: they are outside ε, which "
         'protects the training records only. eval_every = "end" releases them once.'
+        + (
+            " Every silo's final model is also scored on every silo's test set (cross_silo)."
+            if result.cross_silo
+            else ""
+        )
     )
 
 
