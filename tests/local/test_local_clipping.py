@@ -14,7 +14,7 @@ from torch.func import vmap
 
 from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.dpsgd import parameters_of, stack
-from dpfl.local.losses import Loss, bce, cross_entropy, focal, weighted_bce
+from dpfl.local.losses import Loss, bce, cross_entropy, focal, output_gradient, weighted_bce
 from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
 
 Case = tuple[nn.Module, Loss, Tensor, Tensor]
@@ -353,13 +353,47 @@ def test_the_direct_route_is_taken_only_for_a_plain_linear_model(
     assert direct == [nn.Linear]
 
 
-def test_bce_in_primitive_operations_is_bce() -> None:
-    from dpfl.local.clipping import _bce_primitives
-
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize(
+    "kind", ["bce", "weighted_bce", "cross_entropy", "focal", "focal_gamma_0", "focal_gamma_1.5"]
+)
+def test_closed_form_output_gradients_are_autograds(kind: str, dtype: torch.dtype) -> None:
+    """`losses.output_gradient` against autograd of the loss, including logits far in
+    both tails (where σ saturates), and with each example's bits wherever it sits."""
+    loss = {
+        "bce": bce,
+        "weighted_bce": weighted_bce(3.0, 0.5),
+        "cross_entropy": cross_entropy,
+        "focal": focal(0.75, 2.0),
+        "focal_gamma_0": focal(0.25, 0.0),
+        "focal_gamma_1.5": focal(0.6, 1.5),
+    }[kind]
+    closed_form = output_gradient(loss)
+    assert closed_form is not None
+    classes = 4 if kind == "cross_entropy" else 1
     g = torch.Generator().manual_seed(0)
-    logits = torch.randn(50, 1, generator=g, dtype=torch.float64) * 30
-    target = torch.randint(0, 2, (50,), generator=g)
-    torch.testing.assert_close(_bce_primitives(logits, target), bce(logits, target))
+    z = torch.randn(3, 37, classes, generator=g, dtype=torch.float64) * 6
+    z[0, :4] = torch.tensor([-800.0, -60.0, 60.0, 800.0]).unsqueeze(1)
+    y = torch.randint(0, max(classes, 2), (3, 37), generator=g)
+    leaf = z.detach().requires_grad_()
+    (expected,) = torch.autograd.grad(loss(leaf.reshape(-1, classes), y.reshape(-1)).sum(), leaf)
+    got = closed_form(z.to(dtype), y)
+    assert got.shape == z.shape and got.dtype == dtype
+    torch.testing.assert_close(got, expected.to(dtype), rtol=1e-5, atol=1e-6)
+    if dtype == torch.float64:
+        torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-14)
+    for member in range(3):  # alone, and every example by itself (the scalar kernels)
+        alone = closed_form(z[member : member + 1].to(dtype), y[member : member + 1])
+        assert torch.equal(alone[0], got[member])
+        for i in range(0, 37, 5):
+            one = closed_form(
+                z[member : member + 1, i : i + 1].to(dtype), y[member : member + 1, i : i + 1]
+            )
+            assert torch.equal(one.reshape(-1), got[member, i].reshape(-1))
+
+
+def test_losses_without_a_closed_form_have_none() -> None:
+    assert output_gradient(lambda z, t: bce(z, t) ** 2) is None
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])

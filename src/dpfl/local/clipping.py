@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
-from dpfl.local.losses import Loss, bce, cross_entropy
+from dpfl.local.losses import Loss, output_gradient
 from dpfl.models import check_per_example
 
 Params = dict[str, Tensor]
@@ -148,12 +148,15 @@ class ClippedGradientSum:
         weight, bias = params["weight"], params.get("bias")
         z = torch.matmul(x, weight.mT)
         if bias is not None:
-            z = bias.unsqueeze(1) + z
+            z.add_(bias.unsqueeze(1))
         delta = self._output_gradients(z, y)
-        row_sq = x.square().sum(2) + (1.0 if bias is not None else 0.0)
-        norms = (torch.zeros_like(mask) + delta.square().sum(2) * row_sq).sqrt()
-        factor = _clip_factor(norms, mask, clip_norm)
-        scaled = delta * factor.unsqueeze(2)
+        row_sq = x.square().sum(2)
+        if bias is not None:
+            row_sq.add_(1.0)
+        # one output (logistic regression): a sum of one square is the square itself
+        delta_sq = delta.squeeze(2).square() if delta.shape[2] == 1 else delta.square().sum(2)
+        norms = delta_sq.mul_(row_sq).sqrt_()
+        scaled = delta.mul_(_clip_factor(norms, mask, clip_norm).unsqueeze(2))
         # Σ_i s_i x_iᵀ as products and a sum over the batch: a batched matmul runs other
         # kernels (other bits) for other member counts and positions in the stack
         sums = {"weight": (scaled.unsqueeze(3) * x.unsqueeze(2)).sum(1)}
@@ -162,17 +165,14 @@ class ClippedGradientSum:
         return {name: sums[name] for name in params}, norms
 
     def _output_gradients(self, z: Tensor, y: Tensor) -> Tensor:
-        """∂ℓ_i/∂z_i for stacked outputs z (members, batch, outputs), with `vmap(grad)`'s
-        bits. A loss with a primitive form (`_PRIMITIVE_FORMS`: the operations `vmap` runs
-        it through) is differentiated by plain autograd, four times cheaper."""
-        primitive = _PRIMITIVE_FORMS.get(self.loss)
-        if primitive is None:
-            delta: Tensor = vmap(grad(self._loss_sum))(z, y)
-            return delta
-        with torch.enable_grad():
-            leaf = z.detach().requires_grad_()
-            flat = leaf.reshape(-1, *leaf.shape[2:])
-            (delta,) = torch.autograd.grad(primitive(flat, y.reshape(-1)).sum(), leaf)
+        """∂ℓ_i/∂z_i for stacked outputs z (members, batch, outputs): written out for the
+        losses that have a closed form (`losses.output_gradient`: bce, weighted_bce,
+        cross-entropy, focal; each member's rows with the same bits wherever they sit),
+        else `vmap(grad)` of the loss. The result may be updated in place."""
+        closed_form = output_gradient(self.loss)
+        if closed_form is not None:
+            return closed_form(z, y)
+        delta: Tensor = vmap(grad(self._loss_sum))(z, y)
         return delta
 
     def _generic(
@@ -283,23 +283,6 @@ def _forward(module: nn.Module, own: Params, h: Tensor) -> Tensor:
         return F.linear(h, own["weight"], own.get("bias"))
     result: Tensor = functional_call(module, own, (h,))
     return result
-
-
-def _bce_primitives(logits: Tensor, target: Tensor) -> Tensor:
-    """`losses.bce` as the primitive operations `vmap` runs it through (ATen's formula
-    for binary_cross_entropy_with_logits: max(−z, 0) + log(e^−max + e^(−z−max)) + (1 − t)z),
-    so that autograd over it gives `vmap(grad(bce))`'s bits; eager `bce` has a fused
-    backward that rounds differently."""
-    z = logits.squeeze(-1)
-    t = target.to(z.dtype)
-    max_val = (-z).clamp_min(0)
-    return ((1 - t) * z + max_val) + ((-max_val).exp() + (-z - max_val).exp()).log()
-
-
-_PRIMITIVE_FORMS: dict[Loss, Loss] = {bce: _bce_primitives, cross_entropy: cross_entropy}
-"""Losses (by identity) with a form whose plain autograd gradient is `vmap(grad)`'s, bit
-for bit (cross-entropy is its own: log-softmax and NLL both ways); `ClippedGradientSum.
-stacked` checks that on a probe before relying on it."""
 
 
 def _outer_product(module: nn.Module, a: Tensor) -> bool:

@@ -8,6 +8,7 @@ class targets.
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 
 import torch
@@ -15,8 +16,39 @@ import torch.nn.functional as F
 from torch import Tensor
 
 Loss = Callable[[Tensor, Tensor], Tensor]
+OutputGradient = Callable[[Tensor, Tensor], Tensor]
 
-__all__ = ["Loss", "bce", "cross_entropy", "focal", "weighted_bce"]
+__all__ = [
+    "Loss",
+    "OutputGradient",
+    "bce",
+    "cross_entropy",
+    "focal",
+    "output_gradient",
+    "weighted_bce",
+]
+
+_OUTPUT_GRADIENTS: weakref.WeakKeyDictionary[Loss, OutputGradient] = weakref.WeakKeyDictionary()
+"""Losses (by identity) whose gradient in their logits has a closed form."""
+
+
+def output_gradient(loss: Loss) -> OutputGradient | None:
+    """`(logits, target) -> ∂ℓ_i/∂logits_i`, each example's own gradient in its logits
+    (the shape of `logits`), written out for the losses of this module that have one:
+    `bce` σ(z) − t, `weighted_bce` w_t·(σ(z) − t), `cross_entropy` softmax(z) − onehot(t),
+    `focal`; None for any other loss (differentiate it instead).
+
+    Every operation is elementwise or reduces within one example's row, each computed
+    by the same kernel path wherever the row sits in a tensor (σ as 1/(1 + e^−z), not
+    `torch.sigmoid`, whose vectorised and scalar paths round differently), so that an
+    example's gradient has the same bits in any batch and at any position."""
+    return _OUTPUT_GRADIENTS.get(loss)
+
+
+def _sigmoid(z: Tensor) -> Tensor:
+    """1/(1 + e^−z): exact to rounding (e^−z = inf gives 0), with the same bits at any
+    position of a tensor (see `output_gradient`)."""
+    return torch.exp(-z).add_(1.0).reciprocal_()
 
 
 def bce(logits: Tensor, target: Tensor) -> Tensor:
@@ -24,6 +56,13 @@ def bce(logits: Tensor, target: Tensor) -> Tensor:
     return F.binary_cross_entropy_with_logits(
         logits.squeeze(-1), target.to(logits.dtype), reduction="none"
     )
+
+
+def _bce_gradient(logits: Tensor, target: Tensor) -> Tensor:
+    return _sigmoid(logits).sub_(target.to(logits.dtype).unsqueeze(-1))
+
+
+_OUTPUT_GRADIENTS[bce] = _bce_gradient
 
 
 def weighted_bce(positive_weight: float, negative_weight: float = 1.0) -> Loss:
@@ -39,6 +78,12 @@ def weighted_bce(positive_weight: float, negative_weight: float = 1.0) -> Loss:
         weight = negative_weight + (positive_weight - negative_weight) * y
         return weight * bce(logits, y)
 
+    def gradient(logits: Tensor, target: Tensor) -> Tensor:
+        y = target.to(logits.dtype)
+        weight = negative_weight + (positive_weight - negative_weight) * y
+        return _bce_gradient(logits, y).mul_(weight.unsqueeze(-1))
+
+    _OUTPUT_GRADIENTS[loss] = gradient
     return loss
 
 
@@ -58,9 +103,42 @@ def focal(alpha: float = 0.75, gamma: float = 2.0) -> Loss:
         alpha_t = (1.0 - alpha) + (2.0 * alpha - 1.0) * y
         return -alpha_t * (1.0 - torch.exp(log_p_t)) ** gamma * log_p_t
 
+    def gradient(logits: Tensor, target: Tensor) -> Tensor:
+        """With u = (2t − 1)z and p_t = σ(u): ∂ℓ/∂z = (2t − 1)·α_t (1 − p_t)^γ
+        (γ p_t log p_t − (1 − p_t))."""
+        y = target.to(logits.dtype).unsqueeze(-1)
+        log_p_t = -bce(logits, target).unsqueeze(-1)
+        p_t = torch.exp(log_p_t)
+        miss = 1.0 - p_t
+        alpha_t = (1.0 - alpha) + (2.0 * alpha - 1.0) * y
+        inner = (gamma * p_t).mul_(log_p_t).sub_(miss)
+        return (2.0 * y - 1.0).mul_(alpha_t).mul_(_power(miss, gamma)).mul_(inner)
+
+    _OUTPUT_GRADIENTS[loss] = gradient
     return loss
+
+
+def _power(base: Tensor, exponent: float) -> Tensor:
+    """base^exponent for base in [0, 1], with the same bits at any position of a tensor
+    (`torch.pow` with a fractional exponent rounds differently on its vectorised and
+    scalar paths): repeated products for a small whole exponent, else e^(γ log base)."""
+    if exponent == int(exponent) and exponent <= 8:
+        result = torch.ones_like(base)
+        for _ in range(int(exponent)):
+            result.mul_(base)
+        return result
+    return torch.log(base).mul_(exponent).exp_()
 
 
 def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
     """Multi-class cross-entropy on integer class labels."""
     return F.cross_entropy(logits, target.long(), reduction="none")
+
+
+def _cross_entropy_gradient(logits: Tensor, target: Tensor) -> Tensor:
+    index = target.long().unsqueeze(-1)
+    minus_one = torch.full(index.shape, -1.0, dtype=logits.dtype)
+    return torch.softmax(logits, -1).scatter_add_(-1, index, minus_one)
+
+
+_OUTPUT_GRADIENTS[cross_entropy] = _cross_entropy_gradient
