@@ -36,6 +36,7 @@ input shape.
 
 from __future__ import annotations
 
+import math
 import weakref
 from functools import partial
 from typing import cast
@@ -349,5 +350,8 @@ def _row_norms(g: Tensor) -> Tensor:
 
 
 def _clip_factor(norms: Tensor, mask: Tensor, clip_norm: float) -> Tensor:
-    """mask_i · min(1, C/‖g_i‖): the per-example scale that bounds each contribution by C."""
+    """mask_i · min(1, C/‖g_i‖): the per-example scale that bounds each contribution by C
+    (C = ∞, nothing clipped: the mask itself, as the product by 1 would give)."""
+    if clip_norm == math.inf:
+        return mask
     return mask * torch.clamp(clip_norm / (norms + 1e-12), max=1.0)

@@ -181,7 +181,7 @@ class DPSGD:
             else dict(velocity)
         )
         dense = not datasets[0][0].is_sparse
-        pool = _Pool(datasets, _chunk_width(samplers)) if dense else None
+        pool = _Pool(datasets, _chunk_width(samplers), dtype) if dense else None
         # per parameter: the normalisers shaped to broadcast over its stacked members
         scales = {k: scale.reshape(-1, *[1] * (v.dim() - 1)) for k, v in params.items()}
         std = cfg.noise_multiplier * cfg.clip_norm
@@ -226,7 +226,14 @@ class DPSGD:
         """`steps` DP-SGD steps, updating `params` and `velocity` in place."""
         cfg = self.config
         dtype = next(iter(params.values())).dtype
-        shapes = {k: tuple(v.shape[1:]) for k, v in params.items()}  # of each member's noise
+        lone = len(samplers) == 1
+        # a lone member is computed beside a masked twin (see `_with_twin`): its rows of
+        # the twinned tensors are the member's own parameters, updated in place
+        twinned = _with_twin(params) if lone and pool is not None else params
+        own = {k: v[:1] for k, v in twinned.items()} if twinned is not params else params
+        # each member's noise is drawn into its row of one buffer per parameter
+        noise = {k: torch.empty_like(v) for k, v in own.items()} if cfg.private else {}
+        noise_rows = {k: list(zip(v.unbind(0), noises, strict=True)) for k, v in noise.items()}
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
             if pool is None:  # one sparse member: its own batch, as it is
@@ -237,21 +244,24 @@ class DPSGD:
                 sums = {k: v.unsqueeze(0) for k, v in single.items()}
             else:
                 sums = {}
-                stacked = params if len(samplers) > 1 else _with_twin(params)
-                for x, y, mask in pool.chunks(indices, dtype):
-                    part, _ = self.clipped_sum.stacked(stacked, x, y, mask, cfg.clip_norm)
+                for x, y, mask in pool.chunks(indices):
+                    part, _ = self.clipped_sum.stacked(twinned, x, y, mask, cfg.clip_norm)
                     sums = part if not sums else {k: sums[k].add_(part[k]) for k in sums}
-                if len(samplers) == 1:
+                if lone:
                     sums = {k: v[:1] for k, v in sums.items()}
             for name, g in sums.items():  # a fresh tensor per step: updated in place
                 if cfg.private:
-                    draws = [n.normal(shapes[name], std, dtype) for n in noises]
-                    g.add_(torch.stack(draws) if len(draws) > 1 else draws[0].unsqueeze(0))
+                    for row, source in noise_rows[name]:
+                        source.normal_into(row, std)
+                    g.add_(noise[name])
                 g.div_(scales[name])
                 if cfg.momentum:
                     g.add_(velocity[name], alpha=cfg.momentum)
                 velocity[name] = g
-                params[name].sub_(g, alpha=cfg.learning_rate)
+                own[name].sub_(g, alpha=cfg.learning_rate)
+        if own is not params:
+            for name, value in own.items():
+                params[name].copy_(value)
 
 
 @contextlib.contextmanager
@@ -290,38 +300,43 @@ class _Pool:
     chunk adds exact zeros), so a member's clipped sum has the same bits alone as in any
     stack (floating-point reductions over a batch depend on its padded width)."""
 
-    def __init__(self, datasets: Sequence[tuple[Tensor, Tensor]], width: int) -> None:
+    def __init__(
+        self, datasets: Sequence[tuple[Tensor, Tensor]], width: int, dtype: torch.dtype
+    ) -> None:
         x0, y0 = datasets[0]
         self.width = width
         if all(x is x0 and y is y0 for x, y in datasets):
             self.x, self.y = x0, y0
-            self.offsets = np.zeros(len(datasets), np.int64)
+            offsets = np.zeros(len(datasets), np.int64)
         else:
             self.x = torch.cat([x for x, _ in datasets])
             self.y = torch.cat([y for _, y in datasets])
             sizes = [len(y) for _, y in datasets]
-            self.offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+            offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+        if len(datasets) == 1:  # a lone member and its twin
+            offsets = np.repeat(offsets, 2)
+        # a chunk's rows before its batches are written in: each member's first record
+        self._rows = np.repeat(offsets[:, None], width, axis=1)
+        self._mask_dtype = torch.empty(0, dtype=dtype).numpy().dtype
 
-    def chunks(
-        self, indices: Sequence[np.ndarray], dtype: torch.dtype
-    ) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def chunks(self, indices: Sequence[np.ndarray]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
         """Members' batches in chunks of `width` rows, padding masked copies of their first
         record, stacked: x [members, width, ...], y [members, width], mask [members, width]
         (at least one chunk: an empty Poisson batch is a noise-only step). A lone member
         gets a masked twin (see `_with_twin`)."""
-        count = max(1, *(-(-len(i) // self.width) for i in indices))
-        offsets = self.offsets if len(indices) > 1 else np.repeat(self.offsets, 2)
+        width = self.width
+        count = max(1, *(-(-len(i) // width) for i in indices))
         for chunk in range(count):
-            parts = [i[chunk * self.width : (chunk + 1) * self.width] for i in indices]
-            padded = np.repeat(offsets[:, None], self.width, axis=1)
-            mask = np.zeros((len(offsets), self.width))
-            for row, idx in enumerate(parts):
-                padded[row, : len(idx)] += idx
-                mask[row, : len(idx)] = 1.0
-            rows = torch.from_numpy(padded.reshape(-1))
-            x = self.x.index_select(0, rows).reshape(*padded.shape, *self.x.shape[1:])
-            y = self.y.index_select(0, rows).reshape(*padded.shape, *self.y.shape[1:])
-            yield x, y, torch.from_numpy(mask).to(dtype)
+            rows = self._rows.copy()
+            mask = np.zeros(rows.shape, self._mask_dtype)
+            for row, idx in enumerate(indices):
+                part = idx[chunk * width : (chunk + 1) * width]
+                rows[row, : len(part)] += part
+                mask[row, : len(part)] = 1.0
+            flat = torch.from_numpy(rows.reshape(-1))
+            x = self.x.index_select(0, flat).reshape(*rows.shape, *self.x.shape[1:])
+            y = self.y.index_select(0, flat).reshape(*rows.shape, *self.y.shape[1:])
+            yield x, y, torch.from_numpy(mask)
 
 
 def _with_twin(params: Params) -> Params:

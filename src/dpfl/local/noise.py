@@ -36,6 +36,11 @@ class NoiseSource(ABC):
     def normal(self, shape: tuple[int, ...], std: float, dtype: torch.dtype) -> Tensor:
         """A tensor of independent N(0, std²) values."""
 
+    def normal_into(self, out: Tensor, std: float) -> None:
+        """Overwrite `out` with the values `normal(out.shape, std, out.dtype)` would give
+        (the same draws from the same stream); sources may write them in place."""
+        out.copy_(self.normal(tuple(out.shape), std, out.dtype))
+
     @abstractmethod
     def metadata(self) -> dict[str, Any]:
         """What a run's record should say about its noise."""
@@ -50,6 +55,12 @@ class SeededNoise(NoiseSource):
 
     def normal(self, shape: tuple[int, ...], std: float, dtype: torch.dtype) -> Tensor:
         return torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=self._generator)
+
+    def normal_into(self, out: Tensor, std: float) -> None:
+        if not out.is_contiguous():  # `normal_` draws strided tensors in another order
+            super().normal_into(out, std)
+            return
+        out.normal_(0.0, std, generator=self._generator)
 
     def metadata(self) -> dict[str, Any]:
         return {"noise": "seeded", "secure": False, "seed": self.seed}
