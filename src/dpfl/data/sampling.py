@@ -72,7 +72,7 @@ class PoissonSampler(BatchSampler):
 
     def sample(self) -> np.ndarray:
         chosen = self._rng.random(self.dataset_size) < self.sample_rate
-        return np.flatnonzero(chosen)
+        return chosen.nonzero()[0]
 
     @property
     def expected_batch_size(self) -> float:

@@ -343,7 +343,7 @@ def _with_twin(params: Params) -> Params:
     """One member's parameters twice: torch runs batched products of a single member
     through other kernels (other bits) than those of two or more, so a lone member is
     computed beside a masked twin, as it would be in any stack."""
-    return {k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in params.items()}
+    return {k: torch.cat([v, v]) for k, v in params.items()}
 
 
 def _chunk_width(samplers: Sequence[BatchSampler]) -> int:
