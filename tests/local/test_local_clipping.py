@@ -329,6 +329,37 @@ def test_stacked_logistic_regression_is_vmaps_sum_with_each_members_own_bits(
                 assert torch.equal(alone[name][0], sums[name][j]), name
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["bce", "bce_no_bias", "cross_entropy"])
+def test_input_norms_computed_once_per_dataset_give_the_bits_of_the_batch(
+    kind: str, dtype: torch.dtype
+) -> None:
+    """DP-SGD computes ‖(x_i, 1)‖ once per run for every record and gathers it with the
+    batches: the same bits as from the batch itself."""
+    torch.manual_seed(0)
+    classes = 4 if kind == "cross_entropy" else 2
+    model = (
+        nn.Linear(9, 1, bias=False) if kind == "bce_no_bias" else logistic_regression(9, classes)
+    ).to(dtype)
+    clipped = ClippedGradientSum(model, cross_entropy if kind == "cross_entropy" else bce)
+    params = {k: v + torch.randn_like(v) for k, v in stack([parameters_of(model)] * 3).items()}
+    g = torch.Generator().manual_seed(1)
+    records = torch.randn(200, 9, generator=g, dtype=dtype) * 3
+    labels = torch.randint(0, classes, (200,), generator=g)
+    rows = torch.randint(0, 200, (3, 24), generator=g)
+    mask = (torch.rand(3, 24, generator=g) < 0.7).to(dtype)
+    norms = clipped.input_norms(params, records)
+    assert norms is not None and norms.shape == (200,)
+    gathered = clipped.stacked(
+        params, records[rows], labels[rows], mask, 0.5, input_norms=norms[rows]
+    )
+    direct = clipped.stacked(params, records[rows], labels[rows], mask, 0.5)
+    assert torch.equal(gathered[1], direct[1])
+    assert all(torch.equal(gathered[0][k], direct[0][k]) for k in direct[0])
+    other = mlp(9, (3,)).to(dtype)
+    assert ClippedGradientSum(other, bce).input_norms(parameters_of(other), records) is None
+
+
 def test_the_direct_route_is_taken_only_for_a_plain_linear_model(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -99,7 +99,14 @@ class ClippedGradientSum:
         return self._layer_by_layer(self._layers, params, x, y, mask, clip_norm, under_vmap)
 
     def stacked(
-        self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
+        self,
+        params: Params,
+        x: Tensor,
+        y: Tensor,
+        mask: Tensor,
+        clip_norm: float,
+        *,
+        input_norms: Tensor | None = None,
     ) -> tuple[Params, Tensor]:
         """`vmap` of this call over members stacked on axis 0 of params, x, y and mask:
         each member's clipped sum on its own batch, as one computation.
@@ -108,11 +115,22 @@ class ClippedGradientSum:
         outer-product rule on stacked tensors, without `vmap`'s per-call set-up, most of a
         step's time for logistic regression on small batches) whose every operation is
         elementwise or reduces within one member, so that a member's sum has the same bits
-        whatever else is stacked with it and wherever it sits in the stack."""
+        whatever else is stacked with it and wherever it sits in the stack. There
+        `input_norms` (members, batch), if given, are `input_norms(params, ·)` of the
+        batches' records, computed once per dataset and gathered with them."""
         if not self._direct_applies(params, x):
             return self._vmapped(params, x, y, mask, clip_norm)
         self._check(tuple(x.shape[2:]))
-        return self._stacked_linear(params, x, y, mask, clip_norm)
+        return self._stacked_linear(params, x, y, mask, clip_norm, input_norms)
+
+    def input_norms(self, params: Params, x: Tensor) -> Tensor | None:
+        """Where `stacked` takes its direct route (a lone `nn.Linear` with these parameter
+        names): each record's ‖(x_i, 1)‖ (‖x_i‖ without a bias) for records x (records ×
+        features), the factor of a per-example gradient's norm that does not change from
+        step to step (‖δ_i x̃_iᵀ‖ = ‖δ_i‖·‖x̃_i‖); None elsewhere."""
+        if x.dim() != 2 or not self._direct_applies(params, x.unsqueeze(0)):
+            return None
+        return _input_norms(x, "bias" in params)
 
     def _vmapped(
         self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
@@ -141,7 +159,13 @@ class ClippedGradientSum:
         )
 
     def _stacked_linear(
-        self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
+        self,
+        params: Params,
+        x: Tensor,
+        y: Tensor,
+        mask: Tensor,
+        clip_norm: float,
+        input_norms: Tensor | None = None,
     ) -> tuple[Params, Tensor]:
         """`_layer_by_layer` for a lone `nn.Linear`, on stacked members without `vmap`:
         z = x Wᵀ + b (a batched matmul, as `vmap` runs `F.linear`), δ = ∂ℓ/∂z, then the
@@ -151,12 +175,15 @@ class ClippedGradientSum:
         if bias is not None:
             z.add_(bias.unsqueeze(1))
         delta = self._output_gradients(z, y)
-        row_sq = x.square().sum(2)
-        if bias is not None:
-            row_sq.add_(1.0)
-        # one output (logistic regression): a sum of one square is the square itself
-        delta_sq = delta.squeeze(2).square() if delta.shape[2] == 1 else delta.square().sum(2)
-        norms = delta_sq.mul_(row_sq).sqrt_()
+        if input_norms is None:
+            input_norms = _input_norms(x, bias is not None)
+        # ‖δ_i x̃_iᵀ‖ = ‖δ_i‖·‖x̃_i‖; one output (logistic regression): ‖δ_i‖ = |δ_i|
+        out_norms = (
+            delta.squeeze(2).abs()
+            if delta.shape[2] == 1
+            else torch.linalg.vector_norm(delta, dim=2)
+        )
+        norms = out_norms.mul_(input_norms)
         scaled = delta.mul_(_clip_factor(norms, mask, clip_norm).unsqueeze(2))
         # Σ_i s_i x_iᵀ as products and a sum over the batch: a batched matmul runs other
         # kernels (other bits) for other member counts and positions in the stack
@@ -336,6 +363,13 @@ def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, d: Tensor) -> Tensor:
     return torch.stack(per_offset, dim=-1).reshape(batch, d.shape[1], -1)
 
 
+def _input_norms(x: Tensor, bias: bool) -> Tensor:
+    """‖(x_i, 1)‖ with a bias, ‖x_i‖ without, over x's last axis (one row at a time, the
+    same bits for a record wherever it sits)."""
+    squares = x.square().sum(-1)
+    return (squares.add_(1.0) if bias else squares).sqrt_()
+
+
 def _row_sq(a: Tensor) -> Tensor:
     """‖a_i‖² for each row of a dense or sparse COO matrix."""
     if a.is_sparse:
@@ -351,7 +385,8 @@ def _row_norms(g: Tensor) -> Tensor:
 
 def _clip_factor(norms: Tensor, mask: Tensor, clip_norm: float) -> Tensor:
     """mask_i · min(1, C/‖g_i‖): the per-example scale that bounds each contribution by C
-    (C = ∞, nothing clipped: the mask itself, as the product by 1 would give)."""
+    (C = ∞, nothing clipped: the mask itself, as the product by 1 would give). C/t is
+    computed as torch computes a number over a tensor, (1/t)·C."""
     if clip_norm == math.inf:
         return mask
-    return mask * torch.clamp(clip_norm / (norms + 1e-12), max=1.0)
+    return mask * torch.clamp((norms + 1e-12).reciprocal_().mul_(clip_norm), max=1.0)

@@ -181,7 +181,11 @@ class DPSGD:
             else dict(velocity)
         )
         dense = not datasets[0][0].is_sparse
-        pool = _Pool(datasets, _chunk_width(samplers), dtype) if dense else None
+        pool = (
+            _Pool(datasets, _chunk_width(samplers), dtype, self.clipped_sum, params)
+            if dense
+            else None
+        )
         # per parameter: the normalisers shaped to broadcast over its stacked members
         scales = {k: scale.reshape(-1, *[1] * (v.dim() - 1)) for k, v in params.items()}
         std = cfg.noise_multiplier * cfg.clip_norm
@@ -244,8 +248,10 @@ class DPSGD:
                 sums = {k: v.unsqueeze(0) for k, v in single.items()}
             else:
                 sums = {}
-                for x, y, mask in pool.chunks(indices):
-                    part, _ = self.clipped_sum.stacked(twinned, x, y, mask, cfg.clip_norm)
+                for x, y, mask, norms in pool.chunks(indices):
+                    part, _ = self.clipped_sum.stacked(
+                        twinned, x, y, mask, cfg.clip_norm, input_norms=norms
+                    )
                     sums = part if not sums else {k: sums[k].add_(part[k]) for k in sums}
                 if lone:
                     sums = {k: v[:1] for k, v in sums.items()}
@@ -301,7 +307,12 @@ class _Pool:
     stack (floating-point reductions over a batch depend on its padded width)."""
 
     def __init__(
-        self, datasets: Sequence[tuple[Tensor, Tensor]], width: int, dtype: torch.dtype
+        self,
+        datasets: Sequence[tuple[Tensor, Tensor]],
+        width: int,
+        dtype: torch.dtype,
+        clipped_sum: ClippedGradientSum,
+        params: Params,
     ) -> None:
         x0, y0 = datasets[0]
         self.width = width
@@ -313,17 +324,22 @@ class _Pool:
             self.y = torch.cat([y for _, y in datasets])
             sizes = [len(y) for _, y in datasets]
             offsets = np.concatenate([[0], np.cumsum(sizes[:-1])]).astype(np.int64)
+        # the records' input norms where the clipped sum uses them, gathered with them
+        self.norms = clipped_sum.input_norms(params, self.x)
         if len(datasets) == 1:  # a lone member and its twin
             offsets = np.repeat(offsets, 2)
         # a chunk's rows before its batches are written in: each member's first record
         self._rows = np.repeat(offsets[:, None], width, axis=1)
         self._mask_dtype = torch.empty(0, dtype=dtype).numpy().dtype
 
-    def chunks(self, indices: Sequence[np.ndarray]) -> Iterator[tuple[Tensor, Tensor, Tensor]]:
+    def chunks(
+        self, indices: Sequence[np.ndarray]
+    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | None]]:
         """Members' batches in chunks of `width` rows, padding masked copies of their first
         record, stacked: x [members, width, ...], y [members, width], mask [members, width]
-        (at least one chunk: an empty Poisson batch is a noise-only step). A lone member
-        gets a masked twin (see `_with_twin`)."""
+        and the records' input norms [members, width] (None if not used) (at least one
+        chunk: an empty Poisson batch is a noise-only step). A lone member gets a masked
+        twin (see `_with_twin`)."""
         width = self.width
         count = max(1, *(-(-len(i) // width) for i in indices))
         for chunk in range(count):
@@ -336,7 +352,8 @@ class _Pool:
             flat = torch.from_numpy(rows.reshape(-1))
             x = self.x.index_select(0, flat).reshape(*rows.shape, *self.x.shape[1:])
             y = self.y.index_select(0, flat).reshape(*rows.shape, *self.y.shape[1:])
-            yield x, y, torch.from_numpy(mask)
+            norms = None if self.norms is None else self.norms[flat].reshape(rows.shape)
+            yield x, y, torch.from_numpy(mask), norms
 
 
 def _with_twin(params: Params) -> Params:
