@@ -66,6 +66,7 @@ class ClippedGradientSum:
         check_per_example(model)
         self.model = model
         self.loss = loss
+        self._closed_form = output_gradient(loss)
         self._layers: list[tuple[str, nn.Module]] | None = None
         if isinstance(model, nn.Linear):
             self._layers = [("", model)]
@@ -187,7 +188,10 @@ class ClippedGradientSum:
         scaled = delta.mul_(_clip_factor(norms, mask, clip_norm).unsqueeze(2))
         # Σ_i s_i x_iᵀ as products and a sum over the batch: a batched matmul runs other
         # kernels (other bits) for other member counts and positions in the stack
-        sums = {"weight": (scaled.unsqueeze(3) * x.unsqueeze(2)).sum(1)}
+        if scaled.shape[2] == 1:  # the same products and sum, without the outputs axis
+            sums = {"weight": (scaled * x).sum(1).unsqueeze(1)}
+        else:
+            sums = {"weight": (scaled.unsqueeze(3) * x.unsqueeze(2)).sum(1)}
         if bias is not None:
             sums["bias"] = scaled.sum(1)
         return {name: sums[name] for name in params}, norms
@@ -197,9 +201,8 @@ class ClippedGradientSum:
         losses that have a closed form (`losses.output_gradient`: bce, weighted_bce,
         cross-entropy, focal; each member's rows with the same bits wherever they sit),
         else `vmap(grad)` of the loss. The result may be updated in place."""
-        closed_form = output_gradient(self.loss)
-        if closed_form is not None:
-            return closed_form(z, y)
+        if self._closed_form is not None:
+            return self._closed_form(z, y)
         delta: Tensor = vmap(grad(self._loss_sum))(z, y)
         return delta
 

@@ -229,42 +229,50 @@ class DPSGD:
     ) -> None:
         """`steps` DP-SGD steps, updating `params` and `velocity` in place."""
         cfg = self.config
+        clip_norm, rate, momentum = cfg.clip_norm, cfg.learning_rate, cfg.momentum
         dtype = next(iter(params.values())).dtype
         lone = len(samplers) == 1
         # a lone member is computed beside a masked twin (see `_with_twin`): its rows of
         # the twinned tensors are the member's own parameters, updated in place
         twinned = _with_twin(params) if lone and pool is not None else params
         own = {k: v[:1] for k, v in twinned.items()} if twinned is not params else params
-        # each member's noise is drawn into its row of one buffer per parameter
-        noise = {k: torch.empty_like(v) for k, v in own.items()} if cfg.private else {}
-        noise_rows = {k: list(zip(v.unbind(0), noises, strict=True)) for k, v in noise.items()}
+        # per parameter: its members' rows, their normalisers, and (with noise) one buffer
+        # that each member's noise is drawn into, row by row
+        updates = []
+        for name, value in own.items():
+            buffer = torch.empty_like(value) if cfg.private else None
+            rows = [] if buffer is None else list(zip(buffer.unbind(0), noises, strict=True))
+            updates.append((name, value, scales[name], buffer, rows))
+        members = len(samplers)
+        stacked = self.clipped_sum.stacked
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
             if pool is None:  # one sparse member: its own batch, as it is
                 x, y, mask = _batch(datasets[0], indices[0], dtype)
                 single, _ = self.clipped_sum(
-                    {k: v[0] for k, v in params.items()}, x, y, mask, cfg.clip_norm
+                    {k: v[0] for k, v in params.items()}, x, y, mask, clip_norm
                 )
                 sums = {k: v.unsqueeze(0) for k, v in single.items()}
             else:
-                sums = {}
-                for x, y, mask, norms in pool.chunks(indices):
-                    part, _ = self.clipped_sum.stacked(
-                        twinned, x, y, mask, cfg.clip_norm, input_norms=norms
-                    )
-                    sums = part if not sums else {k: sums[k].add_(part[k]) for k in sums}
+                chunks = pool.chunks(indices)
+                x, y, mask, norms = chunks[0]
+                sums, _ = stacked(twinned, x, y, mask, clip_norm, input_norms=norms)
+                for x, y, mask, norms in chunks[1:]:
+                    part, _ = stacked(twinned, x, y, mask, clip_norm, input_norms=norms)
+                    sums = {k: sums[k].add_(part[k]) for k in sums}
+            for name, value, scale, buffer, rows in updates:
+                g = sums[name]  # a fresh tensor per step: updated in place
                 if lone:
-                    sums = {k: v[:1] for k, v in sums.items()}
-            for name, g in sums.items():  # a fresh tensor per step: updated in place
-                if cfg.private:
-                    for row, source in noise_rows[name]:
+                    g = g[:members]
+                if buffer is not None:
+                    for row, source in rows:
                         source.normal_into(row, std)
-                    g.add_(noise[name])
-                g.div_(scales[name])
-                if cfg.momentum:
-                    g.add_(velocity[name], alpha=cfg.momentum)
+                    g.add_(buffer)
+                g.div_(scale)
+                if momentum:
+                    g.add_(velocity[name], alpha=momentum)
                 velocity[name] = g
-                own[name].sub_(g, alpha=cfg.learning_rate)
+                value.sub_(g, alpha=rate)
         if own is not params:
             for name, value in own.items():
                 params[name].copy_(value)
@@ -294,6 +302,10 @@ def _batch(
         idx, mask = np.zeros(1, np.int64), torch.zeros(1, dtype=dtype)
     rows = torch.from_numpy(idx)
     return x.index_select(0, rows), y.index_select(0, rows), mask
+
+
+_Chunk = tuple[Tensor, Tensor, Tensor, Tensor | None]
+"""x, y, mask and the records' input norms (or None) of one chunk of stacked batches."""
 
 
 class _Pool:
@@ -331,29 +343,33 @@ class _Pool:
         # a chunk's rows before its batches are written in: each member's first record
         self._rows = np.repeat(offsets[:, None], width, axis=1)
         self._mask_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+        self._x_shape = (*self._rows.shape, *self.x.shape[1:])
+        self._y_shape = (*self._rows.shape, *self.y.shape[1:])
 
-    def chunks(
-        self, indices: Sequence[np.ndarray]
-    ) -> Iterator[tuple[Tensor, Tensor, Tensor, Tensor | None]]:
+    def chunks(self, indices: Sequence[np.ndarray]) -> list[_Chunk]:
         """Members' batches in chunks of `width` rows, padding masked copies of their first
         record, stacked: x [members, width, ...], y [members, width], mask [members, width]
         and the records' input norms [members, width] (None if not used) (at least one
         chunk: an empty Poisson batch is a noise-only step). A lone member gets a masked
         twin (see `_with_twin`)."""
         width = self.width
-        count = max(1, *(-(-len(i) // width) for i in indices))
-        for chunk in range(count):
+        longest = max(len(i) for i in indices)
+        chunks = []
+        for start in range(0, max(longest, 1), width):
             rows = self._rows.copy()
             mask = np.zeros(rows.shape, self._mask_dtype)
             for row, idx in enumerate(indices):
-                part = idx[chunk * width : (chunk + 1) * width]
+                part = idx[start : start + width]
                 rows[row, : len(part)] += part
                 mask[row, : len(part)] = 1.0
             flat = torch.from_numpy(rows.reshape(-1))
-            x = self.x.index_select(0, flat).reshape(*rows.shape, *self.x.shape[1:])
-            y = self.y.index_select(0, flat).reshape(*rows.shape, *self.y.shape[1:])
-            norms = None if self.norms is None else self.norms[flat].reshape(rows.shape)
-            yield x, y, torch.from_numpy(mask), norms
+            x = self.x.index_select(0, flat).reshape(self._x_shape)
+            y = self.y.index_select(0, flat).reshape(self._y_shape)
+            norms = None
+            if self.norms is not None:
+                norms = self.norms.index_select(0, flat).reshape(rows.shape)
+            chunks.append((x, y, torch.from_numpy(mask), norms))
+        return chunks
 
 
 def _with_twin(params: Params) -> Params:
