@@ -444,6 +444,7 @@ def run_dpfl(work: Workload, trials: int) -> tuple[float, list[float]]:
             progress=False,
             ledger=Path(tmp) / "ledger.sqlite",
             eval_every=work.rounds,
+            init="shared",  # every trial from the one initial model, as the other runners
         )
         seconds = time.perf_counter() - start
     params = result.params
