@@ -296,15 +296,18 @@ def test_stacked_logistic_regression_is_vmaps_sum_with_each_members_own_bits(
     hospital alone gets the simulator's bits)."""
     torch.manual_seed(0)
     classes = 4 if kind == "cross_entropy" else 2
-    model = (
-        nn.Linear(9, 1, bias=False) if kind == "bce_no_bias" else logistic_regression(9, classes)
-    ).to(dtype)
     loss = {"cross_entropy": cross_entropy, "focal": focal(), "weighted_bce": weighted_bce(3.0)}
-    clipped = ClippedGradientSum(model, loss.get(kind, bce))
-    params = {k: v + torch.randn_like(v) for k, v in stack([parameters_of(model)] * 3).items()}
     clip = 1e9 if kind == "bce_huge_c" else 0.5
-    for width in (1, 7, 40):
-        batch = _stacked_batch(dtype, 9, classes, width=width)
+    # (7, 22) and (7, 30): float32 shapes whose batched matmul depends on the position
+    for width, features in ((1, 9), (7, 9), (40, 9), (7, 22), (7, 30)):
+        model = (
+            nn.Linear(features, 1, bias=False)
+            if kind == "bce_no_bias"
+            else logistic_regression(features, classes)
+        ).to(dtype)
+        clipped = ClippedGradientSum(model, loss.get(kind, bce))
+        params = {k: v + torch.randn_like(v) for k, v in stack([parameters_of(model)] * 3).items()}
+        batch = _stacked_batch(dtype, features, classes, width=width)
         sums, norms = clipped.stacked(params, *batch, clip)
         expected, expected_norms = _vmap_route(clipped, params, *batch, clip=clip)
         torch.testing.assert_close(norms, expected_norms)

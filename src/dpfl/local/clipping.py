@@ -169,10 +169,16 @@ class ClippedGradientSum:
         input_norms: Tensor | None = None,
     ) -> tuple[Params, Tensor]:
         """`_layer_by_layer` for a lone `nn.Linear`, on stacked members without `vmap`:
-        z = x Wᵀ + b (a batched matmul, as `vmap` runs `F.linear`), δ = ∂ℓ/∂z, then the
-        outer-product rule of the module docstring, member by member in one batch."""
+        z = x Wᵀ + b, δ = ∂ℓ/∂z, then the outer-product rule of the module docstring,
+        member by member in one batch. Every product of x with a parameter is written as
+        elementwise products and a sum within one member: torch's batched matmul picks
+        other kernels (other bits) by member count, position and alignment in the stack
+        (for z: float32, several outputs, a batch width not a multiple of 8)."""
         weight, bias = params["weight"], params.get("bias")
-        z = torch.matmul(x, weight.mT)
+        if weight.shape[1] == 1:  # one output: products with the weight row, summed
+            z = (x * weight).sum(2, keepdim=True)
+        else:
+            z = (x.unsqueeze(2) * weight.unsqueeze(1)).sum(3)
         if bias is not None:
             z.add_(bias.unsqueeze(1))
         delta = self._output_gradients(z, y)
@@ -186,8 +192,7 @@ class ClippedGradientSum:
         )
         norms = out_norms.mul_(input_norms)
         scaled = delta.mul_(_clip_factor(norms, mask, clip_norm).unsqueeze(2))
-        # Σ_i s_i x_iᵀ as products and a sum over the batch: a batched matmul runs other
-        # kernels (other bits) for other member counts and positions in the stack
+        # Σ_i s_i x_iᵀ as products and a sum over the batch
         if scaled.shape[2] == 1:  # the same products and sum, without the outputs axis
             sums = {"weight": (scaled * x).sum(1).unsqueeze(1)}
         else:
