@@ -27,8 +27,9 @@ noise is calibrated to. Two ways to get there:
 A `mask` marks real examples (1) and padding (0), so batches of different sizes can be
 stacked and mapped over with `vmap`; a padded row contributes exactly zero. `stacked`
 computes that map: with `vmap` in general, and for a lone `nn.Linear` (logistic
-regression) with the rule written out on the stacked tensors, at a fraction of `vmap`'s
-per-call cost and with the same bits for a member alone or in any stack. Masking is
+regression) with the rule written out on the stacked tensors (the loss's gradient in
+its logits in closed form where it has one, `losses.output_gradient`), at a fraction of
+`vmap`'s per-call cost and with the same bits for a member alone or in any stack. Masking is
 not removal: both rules above assume that removing an example from the batch leaves the
 others' gradients unchanged, which `check_per_example` tests on the first batch of each
 input shape.
