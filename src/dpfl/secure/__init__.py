@@ -6,7 +6,9 @@ needs the replies hidden). `IdealSecureSum` is the ideal functionality of secure
 aggregation inside one process: the server's code is handed the sum of every reply and
 nothing else, which is what masking or homomorphic encryption guarantee across machines;
 the simulator uses it for algorithms that need a secure sum (Dopamine).
-`masking.PairwiseMasking` is the real protocol (SecAgg with dropout recovery).
+`masking.PairwiseMasking` is the real protocol (SecAgg with dropout recovery);
+`he.HomomorphicSum` does it by BFV encryption (TenSEAL): the server adds ciphertexts, a
+key holder that is not the server decrypts the sum.
 """
 
 from __future__ import annotations
