@@ -245,8 +245,15 @@ def test_an_account_without_budget_records_and_reports_but_never_refuses(tmp_pat
 
 def test_record_many_commits_all_or_nothing(ledger: Ledger) -> None:
     ledger.register_silo("tight", epsilon=0.05, delta=1e-5)
+    ledger.record("b", STEP)  # ids go on from earlier entries
     entries = ledger.record_many([("a", STEP), ("b", STEP), ("a", STEP)], round=0)
     assert [e.silo for e in entries] == ["a", "b", "a"]
+    stored = {e.id: e for e in [*ledger.entries("a"), *ledger.entries("b")]}
+    assert [(stored[e.id].silo, stored[e.id].round) for e in entries] == [
+        ("a", 0),
+        ("b", 0),
+        ("a", 0),
+    ]
     assert ledger.spent("a") == epsilon(events.repeat(STEP, 2), 1e-5)
     with pytest.raises(BudgetExceededError, match="silo 'tight'"):
         ledger.record_many([("a", STEP), ("tight", STEP)], round=1)

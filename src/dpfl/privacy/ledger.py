@@ -308,17 +308,20 @@ class Ledger:
             before = pending[silo]
             after = pending[silo] = before + _leaves(event)
             self._check_within(silo, event, before, after, budget)
-        recorded_at, entries = time.time(), []
-        for silo, event in charges:
-            cursor = db.execute(
-                "INSERT INTO events (silo, round, label, event, recorded_at)"
-                " VALUES (?, ?, ?, ?, ?)",
-                (silo, round, label, event.to_json(), recorded_at),
-            )
-            entries.append(
-                Entry(int(cursor.lastrowid or 0), silo, event, label, round, recorded_at)
-            )
-        return entries
+        if not charges:
+            return []
+        recorded_at = time.time()
+        db.executemany(
+            "INSERT INTO events (silo, round, label, event, recorded_at) VALUES (?, ?, ?, ?, ?)",
+            [(silo, round, label, event.to_json(), recorded_at) for silo, event in charges],
+        )
+        # one writer holds the transaction: the rows got consecutive ids ending at the last
+        (last,) = db.execute("SELECT last_insert_rowid()").fetchone()
+        first = int(last) - len(charges) + 1
+        return [
+            Entry(first + i, silo, event, label, round, recorded_at)
+            for i, (silo, event) in enumerate(charges)
+        ]
 
     def _check_within(
         self,

@@ -67,11 +67,14 @@ def update_replies(
 ) -> list[Reply]:
     """Each member's update from the model it was sent, times its share of the mean
     (None: unscaled, for an aggregator that needs every update as it is)."""
-    replies = []
+    replies, shares = [], {}  # the shares of each cohort, computed once
     for member, params in zip(members, trained, strict=True):
         update = flat(params) - flat(received(member))
         if weighting is not None:
-            update = size_weights(member.instruction.cohort, weighting)[member.silo.name] * update
+            cohort = member.instruction.cohort
+            if cohort not in shares:
+                shares[cohort] = size_weights(cohort, weighting)
+            update = shares[cohort][member.silo.name] * update
         replies.append(Reply(update))
     return replies
 
