@@ -303,11 +303,15 @@ class Ledger:
         """Check every charge against its silo's budget, then insert them all (inside
         the caller's write transaction)."""
         budgets = [self._budget_for(silo, event) for silo, event in charges]
-        pending = _histories(db, [silo for silo, _ in charges]) if charges else {}
+        bound = [
+            silo for (silo, _), b in zip(charges, budgets, strict=True) if b.epsilon != math.inf
+        ]
+        pending = _histories(db, bound) if bound else {}  # unbounded accounts never refuse
         for (silo, event), budget in zip(charges, budgets, strict=True):
-            before = pending[silo]
-            after = pending[silo] = before + _leaves(event)
-            self._check_within(silo, event, before, after, budget)
+            if budget.epsilon != math.inf:
+                before = pending[silo]
+                after = pending[silo] = before + _leaves(event)
+                self._check_within(silo, event, before, after, budget)
         if not charges:
             return []
         recorded_at = time.time()
@@ -331,7 +335,7 @@ class Ledger:
         after: Counter[str],
         budget: Budget,
     ) -> None:
-        if budget.epsilon == math.inf or self._known_within(silo, after):
+        if self._known_within(silo, after):
             return
         report = self._epsilon(after, budget)
         if report.epsilon > budget.epsilon:
