@@ -98,6 +98,31 @@ def test_the_hospital_half_batched_equals_one_hospital_at_a_time(
     assert together or not algorithm.private
 
 
+@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+def test_one_more_record_changes_no_declared_event(
+    name: str, breast_cancer_silos: Callable[[int], list[Silo]]
+) -> None:
+    """The record count is private: with the public sizes fixed, a hospital holding one
+    more record declares and charges exactly the same events."""
+    algorithm, silos = ALGORITHMS[name](), breast_cancer_silos(3)
+    first = silos[0]
+    grown = Silo(
+        first.name,
+        torch.cat([first.x, first.x[:1]]),
+        torch.cat([first.y, first.y[:1]]),
+        public_size=first.public_size,
+    )
+    charged: list[Charges] = [[], []]
+    for book, cohort in zip(charged, (silos, [grown, *silos[1:]]), strict=True):
+        algorithm.client_updates(_members(algorithm, cohort, 1, book))
+    assert sorted(charged[0], key=repr) == sorted(charged[1], key=repr)
+    infos = [s.info for s in silos]
+    assert grown.info == first.info
+    assert algorithm.participation_event(grown.info, infos).to_json() == (
+        algorithm.participation_event(first.info, infos).to_json()
+    )
+
+
 def test_a_hospital_charges_before_its_reply_exists(
     breast_cancer_silos: Callable[[int], list[Silo]],
 ) -> None:

@@ -210,6 +210,7 @@ class _RunState:
         server half (a refusal stops the exchange there). Returns its message rows
         (none for a pooled reference: it exchanges no models)."""
         infos = [s.info for s in silos]
+        index = {s.name: k for k, s in enumerate(silos)}
         charges: list[tuple[Any, str | None, events.PrivacyEvent]] = []
         members: list[tuple[int, Member]] = []
         for r, server in enumerate(self.server):
@@ -217,7 +218,7 @@ class _RunState:
                 server, round_, infos, functools.partial(rng, r, -1), exchange
             )
             for name, instruction in orders.items():
-                k = -1 if curator is not None else _index(silos, name)
+                k = -1 if curator is not None else _index(index, name)
                 ctx = HospitalContext(
                     round_,
                     functools.partial(rng, r, k),
@@ -519,11 +520,10 @@ def _reinitialised(model: nn.Module, seed: int, trial: int) -> Params:
     return parameters_of(fresh)
 
 
-def _index(silos: Sequence[Silo], name: str) -> int:
-    for k, silo in enumerate(silos):
-        if silo.name == name:
-            return k
-    raise ValueError(f"the server instructed {name!r}, which is not a silo of this run")
+def _index(index: Mapping[str, int], name: str) -> int:
+    if name not in index:
+        raise ValueError(f"the server instructed {name!r}, which is not a silo of this run")
+    return index[name]
 
 
 def _traffic(round_: int, trial: int, member: Member, reply: Reply | None) -> list[dict[str, Any]]:

@@ -32,7 +32,6 @@ from dpfl.federation.algorithms.base import (
     received,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import broadcast
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -98,7 +97,7 @@ class AOP(Algorithm):
                 f"A*STAR's run has T = {self.epochs} epochs; round {round} would spend "
                 f"beyond (ε={self.config.epsilon:g}, δ={self.config.delta:g})"
             )
-        return broadcast(state, silos)
+        return super().configure(state, round, silos, rng, exchange)
 
     def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
         """Each hospital's noisy minimiser, charged before it is released."""

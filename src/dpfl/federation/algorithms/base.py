@@ -106,6 +106,16 @@ class Member:
     ctx: HospitalContext
 
 
+def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction]:
+    """Every silo of the cohort gets the global model."""
+    return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
+
+
+def check_weighting(weighting: str) -> None:
+    if weighting not in ("size", "uniform"):
+        raise ValueError(f"weighting must be 'size' or 'uniform', got {weighting!r}")
+
+
 def received(member: Member) -> Params:
     """The model the member was sent (refuses an instruction that sent none)."""
     if member.instruction.params is None:
@@ -190,7 +200,6 @@ class Algorithm(ABC):
         silo, each a hand-off of the model)."""
         return 1
 
-    @abstractmethod
     def configure(
         self,
         state: State,
@@ -200,7 +209,8 @@ class Algorithm(ABC):
         exchange: int = 0,
     ) -> dict[str, Instruction]:
         """Instructions for the silos of `exchange` of `round`, by silo name; `rng()` gives
-        the server a new independent stream."""
+        the server a new independent stream. By default every silo gets the global model."""
+        return broadcast(state, silos)
 
     @abstractmethod
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
@@ -399,6 +409,27 @@ class DPSGDAlgorithm(Algorithm):
                     )
         assert all(r is not None for r in results)  # every job belongs to one group
         return [r for r in results if r is not None]
+
+
+@dataclass(frozen=True)
+class LocalEpochs(DPSGDAlgorithm):
+    """A DP-SGD algorithm whose silos run `local_epochs` passes of Poisson DP-SGD each time
+    they train (steps = epochs × n_k / B, from the public size n_k)."""
+
+    local_epochs: float = 1.0
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.local_epochs <= 0:
+            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
+
+    def local_steps(self, silo: SiloInfo) -> int:
+        return epoch_steps(self.local_epochs, self.sample_rate(silo))
+
+
+def epoch_steps(epochs: float, rate: float) -> int:
+    """Poisson DP-SGD steps of `epochs` passes at sampling rate q: round(epochs / q)."""
+    return max(1, round(epochs / rate))
 
 
 def _stacked(members: Sequence[Params | None]) -> Params | None:

@@ -29,11 +29,11 @@ from dpfl.federation.algorithms.base import (
     Outcome,
     Reply,
     State,
+    epoch_steps,
     flat,
     received,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import epoch_steps
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params

@@ -12,24 +12,22 @@ the first pass's would not be the two independent mechanisms the ledger composes
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import numpy as np
-
 from dpfl.federation.algorithms.base import (
-    DPSGDAlgorithm,
-    Instruction,
     Job,
+    LocalEpochs,
     LocalState,
     Member,
     Outcome,
     Reply,
     State,
+    check_weighting,
     received,
 )
-from dpfl.federation.algorithms.fedavg import apply_sum, broadcast, epoch_steps, update_replies
+from dpfl.federation.algorithms.fedavg import apply_sum, update_replies
 from dpfl.federation.algorithms.local import personal
 from dpfl.federation.algorithms.mrmtl import train_personal
 from dpfl.federation.messages import SecureSum
@@ -40,8 +38,7 @@ from dpfl.privacy import events
 
 
 @dataclass(frozen=True)
-class Ditto(DPSGDAlgorithm):
-    local_epochs: float = 1.0
+class Ditto(LocalEpochs):
     strength: float = 1.0
     """λ, the personal model's pull towards the global one."""
     weighting: Literal["size", "uniform"] = "size"
@@ -54,28 +51,12 @@ class Ditto(DPSGDAlgorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs <= 0:
-            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
-        if self.weighting not in ("size", "uniform"):
-            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
+        check_weighting(self.weighting)
         check_strength(self.dpsgd, self.strength)
-
-    def local_steps(self, silo: SiloInfo) -> int:
-        return epoch_steps(self.local_epochs, self.sample_rate(silo))
 
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """The global model's local steps and as many personal ones, all on its data."""
         return events.repeat(self.training_event(silo), 2)
-
-    def configure(
-        self,
-        state: State,
-        round: int,
-        silos: Sequence[SiloInfo],
-        rng: Callable[[], np.random.Generator],
-        exchange: int = 0,
-    ) -> dict[str, Instruction]:
-        return broadcast(state, silos)
 
     def initial_local_state(self, start: Params) -> LocalState:
         return personal(start)

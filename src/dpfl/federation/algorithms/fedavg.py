@@ -21,13 +21,15 @@ import torch
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
-    DPSGDAlgorithm,
     Instruction,
     Job,
+    LocalEpochs,
     Member,
     Outcome,
     Reply,
     State,
+    broadcast,
+    check_weighting,
     flat,
     received,
     size_weights,
@@ -37,11 +39,6 @@ from dpfl.federation.client_sampling import ClientSampler
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
-
-
-def epoch_steps(epochs: float, rate: float) -> int:
-    """Poisson DP-SGD steps of `epochs` passes at sampling rate q: round(epochs / q)."""
-    return max(1, round(epochs / rate))
 
 
 def sampled_cohort(
@@ -55,11 +52,6 @@ def sampled_cohort(
         return tuple(silos)
     sampler = ClientSampler(len(silos), rate=rate, per_round=per_round)
     return tuple(silos[int(k)] for k in sampler.sample(rng()))
-
-
-def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction]:
-    """Every silo of the cohort gets the global model."""
-    return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
 
 
 def update_replies(
@@ -89,8 +81,7 @@ def apply_sum(state: State, replies: Mapping[str, Reply], secure_sum: SecureSum)
 
 
 @dataclass(frozen=True)
-class FedAvg(DPSGDAlgorithm):
-    local_epochs: float = 1.0
+class FedAvg(LocalEpochs):
     client_rate: float | None = None
     clients_per_round: int | None = None
     weighting: Literal["size", "uniform"] = "size"
@@ -109,15 +100,9 @@ class FedAvg(DPSGDAlgorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs <= 0:
-            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
-        if self.weighting not in ("size", "uniform"):
-            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
+        check_weighting(self.weighting)
         if self.client_rate is not None and self.clients_per_round is not None:
             raise ValueError("give client_rate or clients_per_round, not both")
-
-    def local_steps(self, silo: SiloInfo) -> int:
-        return epoch_steps(self.local_epochs, self.sample_rate(silo))
 
     def configure(
         self,

@@ -20,16 +20,14 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
-import numpy as np
 import torch
 
 from dpfl.federation.algorithms.base import (
     DPSGDAlgorithm,
-    Instruction,
     Job,
     LocalState,
     Member,
@@ -41,7 +39,6 @@ from dpfl.federation.algorithms.base import (
     received,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import broadcast
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -75,16 +72,6 @@ class FedSGDSecure(DPSGDAlgorithm):
 
     def initial_state(self, silos: Sequence[SiloInfo], start: Params | None = None) -> State:
         return {**super().initial_state(silos, start), "hospitals": len(silos)}
-
-    def configure(
-        self,
-        state: State,
-        round: int,
-        silos: Sequence[SiloInfo],
-        rng: Callable[[], np.random.Generator],
-        exchange: int = 0,
-    ) -> dict[str, Instruction]:
-        return broadcast(state, silos)
 
     def initial_local_state(self, start: Params) -> LocalState:
         return {"velocity": {name: torch.zeros_like(v) for name, v in start.items()}}

@@ -16,24 +16,25 @@ from typing import ClassVar, Literal
 import numpy as np
 
 from dpfl.federation.algorithms.base import (
-    DPSGDAlgorithm,
     Instruction,
     Job,
+    LocalEpochs,
     Member,
     Outcome,
     Reply,
     State,
+    broadcast,
+    check_weighting,
     received,
 )
-from dpfl.federation.algorithms.fedavg import apply_sum, broadcast, epoch_steps, update_replies
+from dpfl.federation.algorithms.fedavg import apply_sum, update_replies
 from dpfl.federation.algorithms.local import train_alone
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 
 
 @dataclass(frozen=True)
-class Finetune(DPSGDAlgorithm):
-    local_epochs: float = 1.0
+class Finetune(LocalEpochs):
     federated_rounds: int = 1
     """Rounds of FedAvg before the silos finetune alone."""
     weighting: Literal["size", "uniform"] = "size"
@@ -45,15 +46,9 @@ class Finetune(DPSGDAlgorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs <= 0:
-            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
         if self.federated_rounds < 0:
             raise ValueError(f"federated_rounds must be ≥ 0, got {self.federated_rounds}")
-        if self.weighting not in ("size", "uniform"):
-            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
-
-    def local_steps(self, silo: SiloInfo) -> int:
-        return epoch_steps(self.local_epochs, self.sample_rate(silo))
+        check_weighting(self.weighting)
 
     def configure(
         self,

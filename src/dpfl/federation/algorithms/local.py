@@ -20,13 +20,13 @@ from dpfl.federation.algorithms.base import (
     DPSGDAlgorithm,
     Instruction,
     Job,
+    LocalEpochs,
     LocalState,
     Member,
     Outcome,
     Reply,
     State,
 )
-from dpfl.federation.algorithms.fedavg import epoch_steps
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -51,23 +51,13 @@ def train_alone(algorithm: DPSGDAlgorithm, members: Sequence[Member]) -> list[Ou
 
 
 @dataclass(frozen=True)
-class Local(DPSGDAlgorithm):
+class Local(LocalEpochs):
     """`local_epochs` of Poisson DP-SGD a round at every silo, on its own model."""
-
-    local_epochs: float = 1.0
 
     name: ClassVar[str] = "local"
     threat_model: ClassVar[str] = (
         "Nothing leaves a hospital during training; the released model is DP-SGD-trained."
     )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.local_epochs <= 0:
-            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
-
-    def local_steps(self, silo: SiloInfo) -> int:
-        return epoch_steps(self.local_epochs, self.sample_rate(silo))
 
     def configure(
         self,

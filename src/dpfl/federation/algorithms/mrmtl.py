@@ -10,30 +10,27 @@ public to the silo, so a round costs what a FedAvg round costs (seed, footnote 3
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
-import numpy as np
-
 from dpfl.federation.algorithms.base import (
     DPSGDAlgorithm,
-    Instruction,
     Job,
+    LocalEpochs,
     LocalState,
     Member,
     Outcome,
     Reply,
     State,
+    check_weighting,
     flat,
     received,
     size_weights,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import broadcast, epoch_steps
 from dpfl.federation.algorithms.local import personal
 from dpfl.federation.messages import SecureSum
-from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import LocalResult
 from dpfl.local.regularised import check_strength
@@ -50,8 +47,7 @@ def train_personal(
 
 
 @dataclass(frozen=True)
-class MRMTL(DPSGDAlgorithm):
-    local_epochs: float = 1.0
+class MRMTL(LocalEpochs):
     strength: float = 1.0
     """λ, the pull towards the anchor; η·λ must stay below 2(1 + momentum)."""
     weighting: Literal["size", "uniform"] = "size"
@@ -64,24 +60,8 @@ class MRMTL(DPSGDAlgorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs <= 0:
-            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
-        if self.weighting not in ("size", "uniform"):
-            raise ValueError(f"weighting must be 'size' or 'uniform', got {self.weighting!r}")
+        check_weighting(self.weighting)
         check_strength(self.dpsgd, self.strength)
-
-    def local_steps(self, silo: SiloInfo) -> int:
-        return epoch_steps(self.local_epochs, self.sample_rate(silo))
-
-    def configure(
-        self,
-        state: State,
-        round: int,
-        silos: Sequence[SiloInfo],
-        rng: Callable[[], np.random.Generator],
-        exchange: int = 0,
-    ) -> dict[str, Instruction]:
-        return broadcast(state, silos)  # w̄, the anchor
 
     def initial_local_state(self, start: Params) -> LocalState:
         return personal(start)

@@ -21,18 +21,19 @@ import torch
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
-    DPSGDAlgorithm,
     Instruction,
     Job,
+    LocalEpochs,
     Member,
     Outcome,
     Reply,
     State,
+    broadcast,
     flat,
     received,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import broadcast, epoch_steps, sampled_cohort
+from dpfl.federation.algorithms.fedavg import sampled_cohort
 from dpfl.federation.messages import Encoding, SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -49,11 +50,10 @@ def random_signs(update: Tensor, rng: np.random.Generator) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Sign(DPSGDAlgorithm):
+class Sign(LocalEpochs):
     """FL-SIGN (σ = 0) or FL-SIGN-DP; `server_learning_rate` is Kerkouche's γ
     (0.001 for FL-SIGN, 0.005 for FL-SIGN-DP in their Table 5)."""
 
-    local_epochs: float = 1.0
     client_rate: float | None = None
     clients_per_round: int | None = None
     server_learning_rate: float = 0.005
@@ -66,15 +66,10 @@ class Sign(DPSGDAlgorithm):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.local_epochs <= 0:
-            raise ValueError(f"local_epochs must be > 0, got {self.local_epochs}")
         if self.server_learning_rate <= 0:
             raise ValueError(f"server_learning_rate must be > 0, got {self.server_learning_rate}")
         if self.client_rate is not None and self.clients_per_round is not None:
             raise ValueError("give client_rate or clients_per_round, not both")
-
-    def local_steps(self, silo: SiloInfo) -> int:
-        return epoch_steps(self.local_epochs, self.sample_rate(silo))
 
     def configure(
         self,
