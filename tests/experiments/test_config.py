@@ -139,3 +139,32 @@ def test_evaluation_only_at_the_end(tmp_path: Path) -> None:
     assert [config.eval_every for _, config in study.points] == [3, 5]
     with pytest.raises(ConfigError, match="eval_every"):
         load(_write(tmp_path, BASE.replace("rounds = 3", 'rounds = 3\neval_every = "never"')))
+
+
+@pytest.mark.parametrize(
+    ("algorithm", "extra", "message"),
+    [
+        ("fedsgd_secure", 'secure_aggregation = "none"', "sees only the sum of the replies"),
+        ("cyclic", 'secure_aggregation = "masking"', "cyclic's server sums no replies"),
+        ("fedavg", 'secure_aggregation = "garbled"', "secure_aggregation: Input should be"),
+        ("fedavg", "", "tolerated_dropouts is fedsgd_secure's"),
+    ],
+)
+def test_secure_aggregation_must_fit_the_algorithm(
+    tmp_path: Path, algorithm: str, extra: str, message: str
+) -> None:
+    text = f"{extra}\n{BASE}".replace('name = "fedavg"', f'name = "{algorithm}"')
+    if not extra:
+        text = text.replace("[privacy]", "tolerated_dropouts = 1\n[privacy]")
+    with pytest.raises(ConfigError, match=message):
+        load(_write(tmp_path, text))
+
+
+def test_secure_aggregation_defaults_to_what_the_accounting_needs(tmp_path: Path) -> None:
+    """An unset option leaves the study's key as it was before the option existed."""
+    config = load(_write(tmp_path, BASE)).points[0][1]
+    assert config.summing == "none" and config.secure_aggregation is None
+    masked = load(_write(tmp_path, 'secure_aggregation = "masking"\n' + BASE)).points[0][1]
+    assert masked.summing == "masking" and masked.key() != config.key()
+    dopamine = BASE.replace('name = "fedavg"', 'name = "fedsgd_secure"')
+    assert load(_write(tmp_path, dopamine)).points[0][1].summing == "ideal"

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from dpfl.experiments.config import Study
 from dpfl.experiments.recipes import recipe, reproduce
 from dpfl.experiments.recipes.clinical_common import (
     private,
@@ -23,7 +24,7 @@ from dpfl.experiments.recipes.clinical_common import (
     upstream_per_message,
 )
 from dpfl.experiments.recipes.dopamine import METHODS
-from dpfl.experiments.runner import STORE
+from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import ResultsStore, RunRow
 
 from .test_recipe_golden import Ran, smoke
@@ -128,6 +129,28 @@ def test_dopamine_runs_its_five_methods_with_the_right_privacy(dopamine: Ran) ->
         assert store.epsilon_by_silo(secure, "hospitals").max > server
     budgets = {setting(run, "privacy.epsilon") for run in reproduction.runs if private(run)}
     assert len(budgets) == 1  # one budget for CDP, FPDP and Dopamine
+
+
+def test_dopamine_is_encrypted_and_learns_what_the_sum_in_the_clear_learns(
+    dopamine: Ran, shared_data: Path, tmp_path: Path
+) -> None:
+    """The same study with the ideal secure sum instead of BFV: the same batches and
+    noise, sums that differ by the fixed point only, so the same accuracy."""
+    reproduction, out = dopamine
+    (secure,) = [run for run in reproduction.runs if run.algorithm == "fedsgd_secure"]
+    assert secure.datasheet["secure_aggregation"].startswith("BFV homomorphic encryption")
+    (study,) = [
+        s
+        for s in recipe("dopamine").studies(shared_data, "smoke").studies
+        if s.points[0][1].algorithm.name == "fedsgd_secure"
+    ]
+    ((_, config),) = study.points
+    assert config.secure_aggregation == "he"
+    clear = config.model_copy(update={"secure_aggregation": "ideal"})
+    (ideal,) = run_study(Study(clear.model_dump(mode="json"), source="test"), tmp_path)
+    assert ideal.status == "finished", ideal.error
+    with _store(out) as store, ResultsStore(tmp_path / STORE, create=False) as plain:
+        assert store.final_metric(secure, "accuracy") == plain.final_metric(ideal, "accuracy")
 
 
 def test_without_data_only_the_synthetic_study_runs_and_repeats_exactly(

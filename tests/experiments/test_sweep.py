@@ -249,3 +249,36 @@ def test_a_study_can_release_dp_counts_instead_of_declaring_sizes(tmp_path: Path
                     first = book.entries(account(silo, trial))[0]
                     assert first.event == events.gaussian(5.0) and first.round is None
                 assert facts["participations"] == [3, 3]  # the release is not a round
+
+
+def test_a_study_chooses_its_secure_aggregation_and_the_datasheet_says_which(
+    tmp_path: Path,
+) -> None:
+    """FedAvg's models summed by masking or HE equal the sum in the clear within the
+    fixed point; the datasheet names the protocol (and the ideal one for Dopamine)."""
+    runs = {}
+    for summing in ("none", "masking", "he"):
+        (runs[summing],) = run_study(
+            Study({**STUDY, "secure_aggregation": summing}), tmp_path / summing
+        )
+        assert runs[summing].status == "finished", runs[summing].error
+    assert runs["none"].datasheet["secure_aggregation"].startswith("none")
+    assert runs["masking"].datasheet["secure_aggregation"].startswith("pairwise masking")
+    assert runs["he"].datasheet["secure_aggregation"].startswith("BFV")
+
+    def accuracies(summing: str) -> list[float]:
+        with ResultsStore(tmp_path / summing / STORE) as store:
+            return [
+                row["value"]
+                for row in store.rows("metrics", runs[summing].id)
+                if row["silo"] is None and row["metric"] == "accuracy"
+            ]
+
+    assert accuracies("masking") == accuracies("none") == accuracies("he")
+    dopamine = {
+        **STUDY,
+        "algorithm": {"name": "fedsgd_secure"},
+        "privacy": {"epsilon": 8.0, "noise_multiplier": 1.0},
+    }
+    (secure,) = run_study(Study(dopamine), tmp_path / "dopamine")
+    assert secure.datasheet["secure_aggregation"].startswith("simulated by its ideal")

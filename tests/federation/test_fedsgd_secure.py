@@ -3,18 +3,23 @@ spreads σ over K silos as Lemma 1 says, and stops before passing the budget."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 
 import pytest
 import torch
 
-from dpfl.engines.simulation import simulate
+from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.federation.algorithms import FedSGDSecure
+from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
+from dpfl.secure import IdealSecureSum
+from dpfl.secure.he import HomomorphicError, HomomorphicSum
+from dpfl.secure.masking import PairwiseMasking, SecureAggregationError
 
 Silos = Callable[[int], list[Silo]]
 
@@ -84,3 +89,90 @@ def test_the_mean_of_k_shares_has_the_noise_of_central_dp_sgd(breast_cancer_silo
     assert diff.numel() == trials * 31
     assert float(diff.std()) == pytest.approx(expected, rel=0.06)
     assert abs(float(diff.mean())) < 4 * expected / math.sqrt(diff.numel())
+
+
+def _run(
+    silos: list[Silo], summing: SecureSum, sigma: float = 1.0, **kwargs: int
+) -> SimulationResult:
+    algorithm = dataclasses.replace(_dopamine(sigma), **kwargs)
+    return simulate(
+        algorithm, silos, rounds=4, epsilon_budget=50.0, secure_sum=summing, progress=False
+    )
+
+
+def _max_gap(a: SimulationResult, b: SimulationResult) -> float:
+    return max(float((a.params[n] - b.params[n]).abs().max()) for n in a.params)
+
+
+@pytest.mark.parametrize("summing", [PairwiseMasking(), HomomorphicSum()], ids=["masking", "he"])
+def test_masked_or_encrypted_sums_train_the_model_of_the_ideal_sum(
+    breast_cancer_silos: Silos, summing: SecureSum
+) -> None:
+    """Same batches and noise: the models differ only by the fixed-point rounding of each
+    round's sum (≤ K/(2·scale) a value, scaled by 1/K), and the charges are the same."""
+    silos = breast_cancer_silos(3)
+    ideal = _run(silos, IdealSecureSum())
+    secure = _run(silos, summing)
+    assert 0 < _max_gap(ideal, secure) < 4 * 2.0**-16
+    assert secure.final_metrics()["accuracy"] == ideal.final_metrics()["accuracy"]
+    for name, spent in ideal.epsilon[0].items():
+        assert secure.epsilon[0][name].epsilon == spent.epsilon
+
+
+@pytest.mark.parametrize("late", [{"h1"}, {"h1", "h3"}])
+def test_hospitals_that_drop_after_masking_are_in_the_sum_at_full_noise(
+    breast_cancer_silos: Silos, independent_epsilon: Callable[..., float], late: set[str]
+) -> None:
+    silos = breast_cancer_silos(5)
+    assert late <= {s.name for s in silos}
+    ideal = _run(silos, IdealSecureSum())
+    dropped = _run(silos, PairwiseMasking(late_dropouts=late))
+    assert _max_gap(ideal, dropped) < 4 * 2.0**-16
+    for silo in silos:  # every reply is in every sum: the full σ, as without dropouts
+        want = independent_epsilon(1.0, 16 / silo.size, 4)
+        assert dropped.epsilon[0][silo.name].epsilon == pytest.approx(want, rel=1e-9)
+
+
+def test_tolerated_dropouts_are_charged_before_the_smaller_sum_is_revealed(
+    breast_cancer_silos: Silos, independent_epsilon: Callable[..., float]
+) -> None:
+    """d = 2 of K = 5: every hospital pays for a sum of 3 shares, σ√(3/5), whether or not
+    anyone drops; the sum of the survivors is averaged over the survivors."""
+    silos = breast_cancer_silos(5)
+    lost = {"h0", "h4"}
+    masked = _run(silos, PairwiseMasking(dropouts=lost), 3.0, tolerated_dropouts=2)
+    ideal = _run(silos, IdealSecureSum(dropouts=lost), 3.0, tolerated_dropouts=2)
+    everyone = _run(silos, IdealSecureSum(), 3.0, tolerated_dropouts=2)
+    assert _max_gap(masked, ideal) < 4 * 2.0**-16
+    assert _max_gap(everyone, ideal) > 1e-3  # the lost replies are not in the mean
+    for silo in silos:
+        q = 16 / silo.size
+        server = independent_epsilon(3.0 * math.sqrt(3 / 5), q, 4)
+        for run in (masked, ideal, everyone):
+            assert run.epsilon[0][silo.name].epsilon == pytest.approx(server, rel=1e-9)
+            hospitals = run.views[0][silo.name]["hospitals"].epsilon
+            assert hospitals == pytest.approx(independent_epsilon(3.0 * math.sqrt(2 / 5), q, 4))
+
+
+@pytest.mark.parametrize(
+    ("summing", "error"),
+    [
+        (PairwiseMasking(dropouts={"h0", "h1", "h2"}), SecureAggregationError),
+        (HomomorphicSum(dropouts={"h0", "h1", "h2"}), HomomorphicError),
+        (IdealSecureSum(dropouts={"h0", "h1", "h2"}), ValueError),
+    ],
+    ids=["masking", "he", "ideal"],
+)
+def test_more_dropouts_than_tolerated_reveal_nothing(
+    breast_cancer_silos: Silos, summing: SecureSum, error: type[Exception]
+) -> None:
+    silos = breast_cancer_silos(5)
+    with pytest.raises(error, match="fewer than the 3"):
+        _run(silos, summing, tolerated_dropouts=2)
+
+
+def test_a_tolerance_that_allows_an_empty_sum_is_refused(breast_cancer_silos: Silos) -> None:
+    with pytest.raises(ValueError, match="tolerating 3 dropouts of 3 hospitals"):
+        _run(breast_cancer_silos(3), IdealSecureSum(), tolerated_dropouts=3)
+    with pytest.raises(ValueError, match="tolerated_dropouts must be ≥ 0"):
+        dataclasses.replace(_dopamine(1.0), tolerated_dropouts=-1)

@@ -151,10 +151,10 @@ def test_dopamine_refuses_a_sum_in_the_clear_or_one_that_lost_a_hospital(
             algorithm, silos, rounds=1, epsilon_budget=8.0, secure_sum=InTheClear(), progress=False
         )
 
-    class LosesOne:
+    class LosesOne:  # and ignores `at_least`, which it must not: the server half checks
         reveals_inputs = False
 
-        def __call__(self, vectors: dict[str, torch.Tensor]) -> Summed:
+        def __call__(self, vectors: dict[str, torch.Tensor], *, at_least: int = 1) -> Summed:
             return plain_sum(dict(list(vectors.items())[1:]))
 
     with pytest.raises(ValueError, match=r"holds 2 of 3 replies.*σ√\(2/3\)"):

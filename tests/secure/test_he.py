@@ -232,3 +232,17 @@ def test_inconsistent_lengths_and_non_finite_values_are_refused() -> None:
     summed = secure({"a": torch.ones(4), "b": 2 * torch.ones(4)})
     assert torch.equal(summed.total, 3 * torch.ones(4))
     np.testing.assert_array_equal(summed.included, ["a", "b"])
+
+
+def test_the_key_holder_refuses_a_sum_of_fewer_replies_than_asked() -> None:
+    holder = KeyHolder(BFVParams.compact(), mac_key=MAC_KEY, session=SESSION)
+    replies = _replies(3, 20, seed=4)
+    server = _server(holder, round_=2)
+    for name in ("hospital-0", "hospital-2"):  # hospital-1 dropped
+        server.add(name, holder.hospital(name).encrypt(replies[name], round_=2))
+    with pytest.raises(HomomorphicError, match="a sum of 2 replies, fewer than the 3"):
+        holder.decrypt_sum(server.close(), round_=2, at_least=3)
+    lossy = HomomorphicSum(BFVParams.compact(), dropouts={"hospital-1"})
+    assert lossy(replies, at_least=2).included == ("hospital-0", "hospital-2")
+    with pytest.raises(HomomorphicError, match="fewer than the 3"):
+        lossy(replies, at_least=3)

@@ -21,6 +21,7 @@ from dpfl.secure.masking import (
     SecureAggregationError,
     ShareKeys,
     UnmaskReply,
+    UnmaskRequest,
 )
 
 
@@ -122,7 +123,7 @@ def test_late_dropouts_are_in_the_sum_and_a_callable_chooses_dropouts():
     ("kwargs", "match"),
     [
         ({"dropouts": {"hospital-0", "hospital-1"}}, "masked inputs from 1 clients"),
-        ({"threshold": 3, "dropouts": {"hospital-2"}}, "fewer than the threshold 3"),
+        ({"threshold": 3, "dropouts": {"hospital-2"}}, "fewer than the 3 required"),
         ({"late_dropouts": {"hospital-0", "hospital-1"}}, "unmask replies from 1"),
         ({"threshold": 4}, "3 clients, fewer than the threshold 4"),
     ],
@@ -309,3 +310,25 @@ def test_deterministic_given_the_random_source():
     words = [[m.words for m in t.server_received if isinstance(m, MaskedInput)] for t in (a, b)]
     assert all(np.array_equal(x, y) for x, y in zip(*words, strict=True))
     assert torch.equal(a.summed.total, b.summed.total)
+
+
+def test_a_sum_smaller_than_the_callers_minimum_is_never_unmasked():
+    """`at_least` (the inputs a DP caller's charged event assumes) binds the clients, not
+    only the server: a server that announces two inputs as lost is refused."""
+    vectors = replies(5)
+    names = tuple(vectors)
+    one_lost = PairwiseMasking(threshold=2, dropouts={names[4]}, random_bytes=seeded(1))
+    assert one_lost(vectors, at_least=4).included == names[:4]
+    with pytest.raises(SecureAggregationError, match="fewer than the 5 required"):
+        one_lost(vectors, at_least=5)
+
+    def lose_two(message: Any) -> Any:
+        if isinstance(message, UnmaskRequest):
+            return dataclasses.replace(
+                message, survivors=message.survivors[:3], dropped=message.survivors[3:]
+            )
+        return message
+
+    forged = PairwiseMasking(threshold=3, network=lose_two, random_bytes=seeded(2))
+    with pytest.raises(SecureAggregationError, match="3 masked inputs, fewer than the 5"):
+        forged(vectors, at_least=5)

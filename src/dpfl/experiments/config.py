@@ -60,6 +60,7 @@ AlgorithmName = Literal[
     "local",
     "centralized",
 ]
+SecureAggregation = Literal["none", "ideal", "masking", "he"]
 Metric = Literal["accuracy", "balanced_accuracy", "auroc", "auprc", "precision", "recall", "loss"]
 LIST_VALUED = {("model", "hidden"), ("metrics",), ("data", "partition", "names")}
 """Keys whose single value is a list: a grid over them is a list of lists."""
@@ -186,6 +187,9 @@ class AlgorithmConfig(_Strict):
     """aop: γ, the bound on the minimiser's gradient norm."""
     feature_norm_bound: float = Field(1.0, gt=0)
     """aop: R, every record's feature norm (rows are clipped to it)."""
+    tolerated_dropouts: int = Field(0, ge=0)
+    """fedsgd_secure: d, the hospitals whose replies a round's sum may lack; every
+    hospital is charged the noise of K − d shares, σ√((K − d)/K)."""
 
 
 class SiloBudget(_Strict):
@@ -234,6 +238,14 @@ class StudyConfig(_Strict):
     """Rounds between evaluations on the test sets; `"end"`: only after the last round.
     Every evaluation releases metrics of held-out records outside ε."""
     engine: Literal["simulation"] = "simulation"
+    secure_aggregation: SecureAggregation | None = None
+    """How the server learns the sum of the hospitals' replies: "none", in the clear;
+    "ideal", secure aggregation's ideal functionality in one process (the server's code
+    is handed the sum only); "masking", pairwise masking (SecAgg: X25519, ChaCha20,
+    Shamir; `dpfl.secure.masking`); "he", BFV homomorphic encryption (TenSEAL;
+    `dpfl.secure.he`). Masking and HE sum in fixed point (error ≤ K·2^-17 and K·2^-31
+    a value). Default: "ideal" where the algorithm's ε needs a secure sum
+    (fedsgd_secure), "none" otherwise."""
     research_noise: bool = True
     """Seeded noise, reproducible (research); false draws it from the OS CSPRNG."""
     metrics: list[Metric] = Field(default_factory=lambda: ["accuracy", "auroc"])  # type: ignore[arg-type]
@@ -274,13 +286,34 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name}'s silos cannot have noise multipliers of their own")
         if kind.needs_linear_model and self.model.kind != "logistic_regression":
             raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
+        if kind.needs_secure_sum and self.secure_aggregation == "none":
+            raise ValueError(
+                f"{name}'s ε assumes the server sees only the sum of the replies: "
+                "secure_aggregation 'ideal', 'masking' or 'he'"
+            )
+        if not kind.sums_replies and self.secure_aggregation not in (None, "none"):
+            raise ValueError(f"{name}'s server sums no replies: no secure_aggregation to choose")
+        if self.algorithm.tolerated_dropouts and name != "fedsgd_secure":
+            raise ValueError("algorithm.tolerated_dropouts is fedsgd_secure's")
         return self
+
+    @property
+    def summing(self) -> SecureAggregation:
+        """The secure aggregation in force: the chosen one, else the algorithm's default."""
+        from dpfl.federation.algorithms import BY_NAME
+
+        if self.secure_aggregation is not None:
+            return self.secure_aggregation
+        return "ideal" if BY_NAME[self.algorithm.name].needs_secure_sum else "none"
 
     def key(self) -> str:
         """A stable id of this point (its resolved config), the run's key in the store."""
         resolved = self.model_dump(mode="json")
-        if not self.cross_silo:  # keys from before the option stay the same
-            del resolved["cross_silo"]
+        for option in ("cross_silo", "secure_aggregation"):
+            if not resolved[option]:  # keys from before the option stay the same
+                del resolved[option]
+        if not self.algorithm.tolerated_dropouts:
+            del resolved["algorithm"]["tolerated_dropouts"]
         text = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as Bar
 
-from dpfl import models
+from dpfl import models, secure
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
@@ -368,6 +368,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             size_noise=config.data.size_noise,
             init=config.model.init,
             cross_silo=config.cross_silo,
+            secure_sum=secure.by_name(config.summing),
         )
 
 
@@ -407,7 +408,9 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
             **common, **local, **sampled, server_learning_rate=spec.server_learning_rate
         ),
         "cyclic": lambda: algorithms.Cyclic(**common, steps_per_visit=spec.steps_per_visit),
-        "fedsgd_secure": lambda: algorithms.FedSGDSecure(**common),
+        "fedsgd_secure": lambda: algorithms.FedSGDSecure(
+            **common, tolerated_dropouts=spec.tolerated_dropouts
+        ),
         "mrmtl": lambda: algorithms.MRMTL(**common, **local, **weighted, strength=spec.strength),
         "ditto": lambda: algorithms.Ditto(**common, **local, **weighted, strength=spec.strength),
         "finetune": lambda: algorithms.Finetune(

@@ -69,9 +69,15 @@ class SecureSum(Protocol):
     secure aggregation (masking, HE). `reveals_inputs` says whether the server also sees
     each reply; an algorithm that needs the individual replies (a robust aggregator)
     refuses a sum that hides them, and one whose privacy needs them hidden (Dopamine)
-    refuses a sum that shows them."""
+    refuses a sum that shows them.
+
+    Replies can be lost on the way (a hospital drops out); `Summed.included` names those
+    in the sum. `at_least`: the sum is revealed only if it holds at least that many
+    replies, else the call raises and nothing is revealed; the parties that can reveal it
+    (the masking clients, the key holder), not the server, enforce this. An algorithm
+    whose charged privacy event assumes m noise shares in the sum passes m."""
 
     @property
     def reveals_inputs(self) -> bool: ...
 
-    def __call__(self, vectors: Mapping[str, Tensor]) -> Summed: ...
+    def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed: ...

@@ -66,10 +66,10 @@ hospital to another (a hospital could forge another's reply); per-hospital keys 
 mutually authenticated TLS remove that in a deployment.
 
 Dropouts: a hospital whose reply never arrives is simply not added; `Summed.included`
-names exactly the replies in the sum. The caller must charge (or check it charged) the
-privacy event of a sum of `len(included)` noise shares, smaller than planned when some
-dropped: an algorithm's `aggregate` checks `included` (Dopamine refuses a sum that lost
-a reply).
+names exactly the replies in the sum. A caller whose hospitals charged the privacy event
+of m noise shares passes `at_least=m`, and the key holder refuses to decrypt a sum that
+claims fewer replies (against an honest-but-curious server; a malicious one could lie
+about who is in the sum, as above).
 
 Measured once on this 2-core machine, one thread (`.venv/bin/python /tmp/he_bench.py`, a
 throw-away script, not kept: it times `ts.bfv_vector`, `add_` and `decrypt` over 50
@@ -98,6 +98,7 @@ import torch
 from torch import Tensor
 
 from dpfl.federation.messages import Summed
+from dpfl.secure import Dropouts, dropped
 
 __all__ = [
     "Aggregator",
@@ -321,8 +322,11 @@ class KeyHolder:
             self.params, self.public_context, mac_key=self._mac_key, session=self._session
         )
 
-    def decrypt_sum(self, message: bytes, round_: int) -> tuple[Tensor, tuple[str, ...]]:
-        """The float64 sum in an authentic sum message of this round, and whose it is."""
+    def decrypt_sum(
+        self, message: bytes, round_: int, at_least: int = 1
+    ) -> tuple[Tensor, tuple[str, ...]]:
+        """The float64 sum in an authentic sum message of this round, and whose it is; a
+        sum of fewer than `at_least` (or `min_clients`) replies is not decrypted."""
         fields = _open(self._mac_key, message, _SUM)
         if len(fields) < 6:
             raise HomomorphicError("malformed sum message")
@@ -337,6 +341,10 @@ class KeyHolder:
         k = len(included)
         if len(set(included)) != k or not self.min_clients <= k <= self.params.max_clients:
             raise HomomorphicError(f"a sum of {k} replies {included} is not one this holder opens")
+        if k < at_least:
+            raise HomomorphicError(
+                f"a sum of {k} replies, fewer than the {at_least} it must hold; not decrypted"
+            )
         n_params, slots = _from_u64(n_field), self.params.slots
         if len(chunks) != _n_chunks(n_params, slots):
             raise HomomorphicError("the sum has the wrong number of ciphertexts")
@@ -483,10 +491,10 @@ class HomomorphicSum:
     One object plays every party in one process (as `IdealSecureSum` does), with only
     bytes crossing between them; `last_bytes` holds each message's size from the last
     call (the replies by hospital, and "sum" for the server's message to the key holder).
-    `included` names exactly the replies added: the caller must charge the privacy event
-    of that many noise shares (smaller than planned if a hospital dropped), which an
-    algorithm's `aggregate` checks. Each call is a new round (its counter is in every
-    message's authenticated data)."""
+    `included` names exactly the replies added; `at_least` makes the key holder refuse
+    to decrypt a sum of fewer. `dropouts`: hospitals whose replies never reach the
+    server. Each call is a new round (its counter is in every message's authenticated
+    data)."""
 
     def __init__(
         self,
@@ -494,8 +502,10 @@ class HomomorphicSum:
         *,
         mac_key: bytes | None = None,
         min_clients: int = 1,
+        dropouts: Dropouts = frozenset(),
     ) -> None:
         self.params = params or BFVParams()
+        self.dropouts = dropouts
         self.key_holder = KeyHolder(
             self.params,
             mac_key=mac_key if mac_key is not None else secrets.token_bytes(32),
@@ -516,17 +526,22 @@ class HomomorphicSum:
             self._hospitals[name] = self.key_holder.hospital(name)
         return self._hospitals[name]
 
-    def __call__(self, vectors: Mapping[str, Tensor]) -> Summed:
+    def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed:
         if not vectors:
             raise ValueError("nothing to sum: no replies")
         round_ = self._round
         self._round += 1
-        messages = {name: self.hospital(name).encrypt(v, round_) for name, v in vectors.items()}
+        lost = dropped(self.dropouts, tuple(vectors))
+        messages = {
+            name: self.hospital(name).encrypt(v, round_)
+            for name, v in vectors.items()
+            if name not in lost
+        }
         self.server.open_round(round_)
         for name, message in messages.items():
             self.server.add(name, message)
         summed = self.server.close()
         self.last_bytes = {name: len(m) for name, m in messages.items()} | {"sum": len(summed)}
-        total, included = self.key_holder.decrypt_sum(summed, round_)
+        total, included = self.key_holder.decrypt_sum(summed, round_, at_least)
         dtype = functools.reduce(torch.promote_types, (v.dtype for v in vectors.values()))
         return Summed(total.to(dtype if dtype.is_floating_point else torch.float32), included)

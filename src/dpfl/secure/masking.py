@@ -60,7 +60,10 @@ Threshold. t Shamir shares reconstruct a secret and t − 1 reveal nothing; defa
 t = ⌊K/2⌋ + 1 (a majority), and t ≥ 2 always. A sum is revealed only if at least t
 clients' masked inputs arrived and at least t of them answer the unmasking round; else
 `SecureAggregationError`, and nothing is revealed. Privacy against the server colluding
-with fewer than t clients; dropouts up to K − t are tolerated.
+with fewer than t clients; dropouts up to K − t are tolerated. A caller's `at_least` m
+(`Setup.min_inputs`) raises the bar for the masked inputs: every client refuses to help
+unmask a sum of fewer than max(t, m) inputs, so a DP algorithm whose hospitals charged
+the event of m noise shares never sees a sum with fewer.
 """
 
 from __future__ import annotations
@@ -68,7 +71,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -87,6 +90,7 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from torch import Tensor
 
 from dpfl.federation.messages import Summed
+from dpfl.secure import Dropouts, dropped
 
 __all__ = [
     "AdvertiseKeys",
@@ -105,7 +109,6 @@ __all__ = [
 ]
 
 RandomBytes = Callable[[int], bytes]
-Dropouts = Collection[str] | Callable[[tuple[str, ...]], Collection[str]]
 
 
 class SecureAggregationError(ValueError):
@@ -269,6 +272,14 @@ class Setup:
     codec: FixedPoint
     length: int
     server_public: bytes
+    min_inputs: int = 1
+    """The fewest masked inputs whose sum the clients help to unmask (the caller's
+    `at_least`: its privacy event assumes that many noise shares in the sum)."""
+
+    @property
+    def quorum(self) -> int:
+        """Masked inputs needed before unmasking: the threshold, or more if asked."""
+        return max(self.threshold, self.min_inputs)
 
 
 @dataclass(frozen=True)
@@ -530,10 +541,12 @@ class Client:
                 f"{self.name}: an inconsistent unmask request (survivors and dropped must "
                 "partition the clients that shared keys)"
             )
-        if self.name not in survivors or len(survivors) < self.setup.threshold:
+        if self.name not in survivors or len(survivors) < self.setup.quorum:
             raise SecureAggregationError(
-                f"{self.name}: {len(survivors)} survivors, fewer than the threshold "
-                f"{self.setup.threshold} (or I am not among them); refusing to unmask"
+                f"{self.name}: {len(survivors)} masked inputs, fewer than the "
+                f"{self.setup.quorum} required (threshold {self.setup.threshold}, the "
+                f"sum's minimum {self.setup.min_inputs}), or I am not among them; refusing "
+                "to unmask"
             )
         self._answered = True
         b_part = tuple((v, self._held[v][0]) for v in request.survivors)
@@ -675,10 +688,11 @@ class Server:
                 )
             self._masked[message.sender] = message
         survivors = tuple(v for v in self._u2 if v in self._masked)
-        if len(survivors) < self.setup.threshold:
+        if len(survivors) < self.setup.quorum:
             raise SecureAggregationError(
-                f"masked inputs from {len(survivors)} clients, fewer than the threshold "
-                f"{self.setup.threshold}; aborting without revealing a sum"
+                f"masked inputs from {len(survivors)} clients, fewer than the "
+                f"{self.setup.quorum} required (threshold {self.setup.threshold}, the sum's "
+                f"minimum {self.setup.min_inputs}); aborting without revealing a sum"
             )
         dropped = tuple(v for v in self._u2 if v not in self._masked)
         self._request = UnmaskRequest(self.setup.session, survivors, dropped)
@@ -809,10 +823,10 @@ class PairwiseMasking:
     def threshold_for(self, clients: int) -> int:
         return self.threshold if self.threshold is not None else max(2, clients // 2 + 1)
 
-    def __call__(self, vectors: Mapping[str, Tensor]) -> Summed:
-        return self.run(vectors).summed
+    def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed:
+        return self.run(vectors, at_least=at_least).summed
 
-    def run(self, vectors: Mapping[str, Tensor]) -> Transcript:
+    def run(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Transcript:
         names = tuple(vectors)
         if not names:
             raise SecureAggregationError("nothing to sum: no replies")
@@ -822,9 +836,10 @@ class PairwiseMasking:
                 f"replies must be flat vectors of one length, got shapes {shapes}"
             )
         t = self.threshold_for(len(names))
-        if len(names) < t:
+        if len(names) < max(t, at_least):
             raise SecureAggregationError(
-                f"{len(names)} clients, fewer than the threshold {t}; refusing to sum"
+                f"{len(names)} clients, fewer than the threshold {t} or the sum's minimum "
+                f"{at_least}; refusing to sum"
             )
         codec = self.codec
         codec.check_clients(len(names))
@@ -846,8 +861,9 @@ class PairwiseMasking:
             codec=codec,
             length=next(iter(shapes))[0],
             server_public=_public_raw(server_key.public_key()),
+            min_inputs=at_least,
         )
-        early, late = _names(self.dropouts, names), _names(self.late_dropouts, names)
+        early, late = dropped(self.dropouts, names), dropped(self.late_dropouts, names)
         clients = {n: Client(setup, n, identities[n], rng) for n in names}
         server = Server(setup, server_key)
         roster = server.collect_keys([net(c.advertise()) for c in clients.values()])
@@ -863,8 +879,3 @@ class PairwiseMasking:
         replies = [net(clients[v].unmask(net(request))) for v in request.survivors if v not in late]
         summed = server.aggregate(replies)
         return Transcript(setup, tuple(server.received), summed)
-
-
-def _names(dropouts: Dropouts, names: tuple[str, ...]) -> frozenset[str]:
-    chosen = dropouts(names) if callable(dropouts) else dropouts
-    return frozenset(chosen) & frozenset(names)

@@ -144,6 +144,9 @@ class Algorithm(ABC):
     cannot be deployed, and every silo is charged the curator's event."""
     needs_secure_sum: ClassVar[bool] = False
     """True: the accounting assumes the server sees only the sum of all silos' replies."""
+    sums_replies: ClassVar[bool] = True
+    """True: the server learns a sum of several silos' replies each exchange, which secure
+    aggregation can hide (False: a hand-off, local training or a pooled reference)."""
     silo_noise_allowed: ClassVar[bool] = False
     """True: each silo may train with its own σ (`with_silo_noise`), as its noise touches
     only its own records' guarantee."""

@@ -70,6 +70,7 @@ class Centralized(DPSGDAlgorithm):
     )
     pools_data: ClassVar[bool] = True
     silo_noise_allowed: ClassVar[bool] = False
+    sums_replies: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -43,6 +43,7 @@ class Cyclic(DPSGDAlgorithm):
         "anyone who sees the model) learns only what E DP-SGD steps release. Steps at "
         "other hospitals are post-processing for this one."
     )
+    sums_replies: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -58,6 +58,7 @@ class Local(LocalEpochs):
     threat_model: ClassVar[str] = (
         "Nothing leaves a hospital during training; the released model is DP-SGD-trained."
     )
+    sums_replies: ClassVar[bool] = False
 
     def configure(
         self,
