@@ -1,0 +1,642 @@
+"""The Flower engine: a study deployed on Flower's runtime (SuperLink, SuperNodes).
+
+The same algorithm objects as the simulator, split where they belong: the server half
+(`configure`, `aggregate`) runs in a ServerApp, the hospital half (`client_update`) in
+a ClientApp at each hospital, beside its records and its own ledger. Nothing here is
+algorithm logic; this module only carries instructions and replies between the halves.
+
+Both halves build the algorithm from the same study file (the public design: model,
+σ, clip norm, batch size, rounds) and from public facts only: each hospital's name and
+declared public size, the feature shape and the number of classes, which the hospitals
+announce in reply to a first "hello". The server never sees a record.
+
+A hospital's node config (never the server) gives its data folder, public size,
+(ε, δ) and ledger. It registers its own account, checks its whole remaining plan before
+round 0 and every event before it trains, and refuses, saying why, when its budget
+would be passed, whatever the server asks; its own sampling code's events are charged
+to its own ledger before the reply leaves. Its local state (momentum, personal models)
+stays in a file beside its ledger between rounds. Noise is the CSPRNG's unless the
+node config sets `research-noise` (tests only: the simulator's seeded streams, so a
+deployment repeats a simulation exactly).
+
+Messages: "query.hello" (the hospital's public facts), "query.plan" (the run's silos
+and rounds: each hospital checks its plan), "train" (one exchange of one round: the
+cohort and the flat float32 model). Replies carry the encoded vector
+(`messages.encode`) or `refused`, the reason.
+
+Not yet: secure aggregation (Flower's SecAgg+ workflow and mod; until then a study
+whose ε assumes the server sees only a sum is refused, on both sides), TLS and
+SuperNode authentication, dropouts and retries, server checkpoints, evaluation at the
+hospitals, the results store.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+from dpfl.engines.accounts import account, register_accounts
+from dpfl.engines.simulation import _noise, _rng, _Streams
+from dpfl.experiments.config import StudyConfig, load
+from dpfl.experiments.runner import build_algorithm
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    HospitalContext,
+    Instruction,
+    Reply,
+    flat,
+    unflat,
+)
+from dpfl.federation.messages import Encoding, decode, encode
+from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.local.dpsgd import parameters_of
+from dpfl.local.noise import NoiseSource, SecureNoise
+from dpfl.privacy import Budget, Ledger, Neighbouring, events
+from dpfl.privacy.errors import BudgetExceededError
+from dpfl.secure import InTheClear
+
+PROTOCOL = 1
+"""Version of the messages below; a hospital on another version is refused."""
+RECORD = "dpfl"
+"""The one ConfigRecord every message carries."""
+
+
+class DeploymentError(RuntimeError):
+    """A deployment that cannot go on: a hospital that is not dpfl's, or that disagrees
+    with the study, or no reply in time."""
+
+
+# -- what both halves agree on ----------------------------------------------------------
+
+
+def study_point(path: str | Path) -> StudyConfig:
+    """The study to deploy: one point (a grid is a sweep, run by the simulator), one
+    trial, and nothing whose accounting the deployment cannot yet uphold."""
+    study = load(path)
+    if len(study.points) != 1:
+        raise ValueError(
+            f"{path}: a deployment runs one point, the study has a grid of {len(study.points)}"
+        )
+    config = study.points[0][1]
+    check_deployable(config)
+    return config
+
+
+def check_deployable(config: StudyConfig) -> None:
+    """Refuse what would break an accounting assumption, or is not deployed yet."""
+    from dpfl.federation.algorithms import BY_NAME
+
+    kind = BY_NAME[config.algorithm.name]
+    problems = []
+    if config.trials != 1:
+        problems.append("trials must be 1 (a deployment is one run on the hospitals' records)")
+    if not config.privacy.private:
+        problems.append("privacy.private must be true (hospitals enforce their budgets)")
+    if kind.pools_data:
+        problems.append(f"{kind.name} pools every hospital's records: it cannot be deployed")
+    if config.privacy.noise_multiplier is None and not kind.sets_own_noise:
+        problems.append(
+            "give privacy.noise_multiplier: calibrating σ to the hospitals' budgets is not "
+            "deployed yet"
+        )
+    if config.summing != "none":
+        problems.append(
+            f"secure_aggregation {config.summing!r}: the server would see each reply; "
+            "Flower's SecAgg+ is not wired yet, so a study whose ε assumes a secure sum "
+            "cannot be deployed"
+        )
+    if config.data.public_sizes != "declared":
+        problems.append("data.public_sizes must be 'declared' (each hospital declares its own)")
+    if problems:
+        raise ValueError(f"study {config.name!r} cannot be deployed: " + "; ".join(problems))
+
+
+def algorithm_for(
+    config: StudyConfig, silos: Sequence[SiloInfo], shape: Sequence[int], classes: int
+) -> Algorithm:
+    """The study's algorithm as the simulator builds it, from public facts only: each
+    silo's name and public size, the feature shape and the number of classes."""
+    placeholders = [
+        Silo(
+            s.name, torch.zeros((1, *shape)), torch.tensor([classes - 1]), public_size=s.public_size
+        )
+        for s in silos
+    ]
+    return build_algorithm(config, placeholders)
+
+
+@contextmanager
+def _one_thread() -> Iterator[None]:
+    """One torch thread, as the simulator trains (and the same float sums)."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def _record(fields: Mapping[str, Any]) -> RecordDict:
+    return RecordDict({RECORD: ConfigRecord(dict(fields))})
+
+
+def _fields(message: Message) -> dict[str, Any]:
+    if message.has_error():
+        raise DeploymentError(f"error {message.error.code}: {message.error.reason}")
+    records = message.content.config_records
+    if RECORD not in records:
+        raise DeploymentError("the reply is not dpfl's (no dpfl record)")
+    return dict(records[RECORD])
+
+
+def _silos_of(fields: Mapping[str, Any]) -> list[SiloInfo]:
+    return [SiloInfo(str(n), int(s)) for n, s in zip(fields["silos"], fields["sizes"], strict=True)]
+
+
+# -- the hospital half ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HospitalConfig:
+    """A hospital's own settings, from its SuperNode's `--node-config`."""
+
+    name: str
+    study: Path
+    data: Path
+    public_size: int
+    epsilon: float
+    delta: float
+    ledger: Path
+    research_noise: bool = False
+
+    KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger")
+
+    @classmethod
+    def from_node_config(cls, node: Mapping[str, Any]) -> HospitalConfig:
+        missing = [key for key in cls.KEYS if key not in node]
+        if missing:
+            raise ValueError(f"the hospital's node config lacks {', '.join(missing)}")
+        size, eps, delta = int(node["public-size"]), float(node["epsilon"]), float(node["delta"])
+        if size < 1 or not eps > 0 or not 0 < delta < 1:
+            raise ValueError("public-size must be ≥ 1, epsilon > 0 and 0 < delta < 1")
+        return cls(
+            str(node["name"]),
+            Path(str(node["study"])),
+            Path(str(node["data"])),
+            size,
+            eps,
+            delta,
+            Path(str(node["ledger"])),
+            bool(node.get("research-noise", False)),
+        )
+
+    def silo(self) -> Silo:
+        """The hospital's training records: `train.npz` (x, y) in its data folder."""
+        with np.load(self.data / "train.npz") as arrays:
+            return Silo.from_arrays(
+                self.name, arrays["x"], arrays["y"], public_size=self.public_size
+            )
+
+
+@dataclass
+class _Hospital:
+    """One hospital's half for one message: its config, study, records and ledger."""
+
+    me: HospitalConfig
+    config: StudyConfig
+    silo: Silo
+    run_id: int
+
+    @classmethod
+    def of(cls, context: Context) -> _Hospital:
+        me = HospitalConfig.from_node_config(context.node_config)
+        return cls(me, study_point(me.study), me.silo(), context.run_id)
+
+    @property
+    def account(self) -> str:
+        return account(self.me.name, 0)
+
+    def hello(self) -> dict[str, Any]:
+        classes = int(self.silo.y.max()) + 1
+        return {
+            "protocol": PROTOCOL,
+            "study": self.config.key(),
+            "name": self.me.name,
+            "public-size": self.me.public_size,
+            "shape": list(self.silo.x.shape[1:]),
+            "classes": classes,
+        }
+
+    def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
+        """The study's algorithm over the run's silos, after checking that the server
+        declares this hospital as it declares itself."""
+        if fields.get("study") != self.config.key():
+            raise DeploymentError("the server runs another study than this hospital's")
+        silos = _silos_of(fields)
+        mine = [s for s in silos if s.name == self.me.name]
+        if mine != [SiloInfo(self.me.name, self.me.public_size)]:
+            raise DeploymentError(
+                f"the server declares {self.me.name} as {mine}, not with public size "
+                f"{self.me.public_size}"
+            )
+        return algorithm_for(self.config, silos, fields["shape"], int(fields["classes"])), silos
+
+    def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
+        """The hospital's ledger with its accounts (its budget binds the server's view;
+        other views are recorded, never binding)."""
+        book = Ledger(self.me.ledger, accountant=self.config.privacy.accountant)
+        register_accounts(book, [self.silo], 1, {self.me.name: (self.me.epsilon, self.me.delta)})
+        info = self.silo.info
+        views = algorithm.view_events(info, silos)
+        book.register_silos(
+            {
+                account(info, 0, view): Budget(
+                    math.inf, self.me.delta, Neighbouring.ADD_REMOVE, self.me.public_size
+                )
+                for view in views
+            }
+        )
+        return book
+
+    def refusal(
+        self, book: Ledger, algorithm: Algorithm, silos: Sequence[SiloInfo], round_: int
+    ) -> str | None:
+        """Why the rest of the plan from `round_` would pass this hospital's budget (for an
+        algorithm that stops at its budget: the next round), or None if it fits."""
+        event = algorithm.participation_event(self.silo.info, silos)
+        left = 1 if algorithm.stops_at_budget else self.config.rounds - round_
+        plan = events.repeat(event, left)
+        if book.can_afford(self.account, plan):
+            return None
+        return (
+            f"{self.account}: {left} more rounds of {event.describe()} would exceed "
+            f"ε={self.me.epsilon:g} at δ={self.me.delta:g} (ε would be "
+            f"{book.projected(self.account, plan).epsilon:.4g})"
+        )
+
+    @property
+    def _state_file(self) -> Path:
+        ledger = self.me.ledger
+        return ledger.with_name(f"{ledger.stem}.{self.me.name}.run-{self.run_id}.state.pt")
+
+    def train(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        algorithm, silos = self.algorithm(fields)
+        round_ = int(fields["round"])
+        with self.open(algorithm, silos) as book:
+            why = self.refusal(book, algorithm, silos, round_)
+            if why is not None:
+                return {"refused": why}
+            like = parameters_of(algorithm.model)
+            sent = bytes(fields["params"])
+            params = None
+            if sent:
+                n = sum(v.numel() for v in like.values())
+                params = unflat(decode(Encoding.FLOAT32, sent, n), like)
+            names = {s.name: s for s in silos}
+            cohort = tuple(names[str(n)] for n in fields["cohort"])
+            saved = self._load()
+            local = saved["local"] if "local" in saved else algorithm.initial_local_state(like)
+            calls = saved.get("calls", {}) if saved.get("round") == round_ else {}
+            index = [s.name for s in silos].index(self.me.name)
+            streams = _MemberStreams(self.config.seed, round_, index, calls, self.me.research_noise)
+            label = f"{algorithm.name} deployment of {self.config.key()} run {self.run_id}"
+
+            def charge(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+                book.record_many(
+                    [(account(self.me.name, 0, view), event) for _, view, event in charges],
+                    label=label,
+                    round=round_,
+                )
+
+            ctx = HospitalContext(round_, streams.rng, streams.noise, charge)
+            try:
+                with _one_thread():
+                    reply, local = algorithm.client_update(
+                        Instruction(params, cohort), self.silo, local, ctx
+                    )
+            except BudgetExceededError as exc:
+                return {"refused": f"{self.account}: {exc}"}
+            self._save({"local": local, "round": round_, "calls": streams.calls})
+            spent = book.spent(self.account).epsilon
+        out: dict[str, Any] = {"epsilon": spent}
+        if reply is not None:
+            out.update(
+                {
+                    "vector": encode(reply.encoding, reply.vector),
+                    "encoding": reply.encoding.value,
+                    "length": reply.vector.numel(),
+                }
+            )
+        return out
+
+    def _load(self) -> dict[str, Any]:
+        if not self._state_file.exists():
+            return {}
+        saved: dict[str, Any] = torch.load(self._state_file, weights_only=True)
+        return saved
+
+    def _save(self, saved: Mapping[str, Any]) -> None:
+        """Atomically: a crash leaves the previous round's local state."""
+        partial = self._state_file.with_suffix(".partial")
+        torch.save(dict(saved), partial)
+        os.replace(partial, self._state_file)
+
+
+@dataclass
+class _MemberStreams:
+    """The hospital's randomness for one round: the CSPRNG's noise and OS-seeded
+    batches, or with research noise the simulator's streams for this member (keyed by
+    seed, trial 0, its index among the run's silos, round and call)."""
+
+    seed: int
+    round: int
+    index: int
+    calls: dict[str, int] = field(default_factory=dict)
+    research: bool = False
+
+    def _key(self, kind: str) -> tuple[int, ...]:
+        call = self.calls.get(kind, 0)
+        self.calls[kind] = call + 1
+        return (self.seed, 0, self.index + 1, self.round, call)
+
+    def rng(self) -> np.random.Generator:
+        if not self.research:
+            return np.random.default_rng()  # seeded from the OS: the server cannot know it
+        return _rng(self._key("rng"))
+
+    def noise(self) -> NoiseSource:
+        if not self.research:
+            return SecureNoise()
+        return _noise(True, self._key("noise"))
+
+
+def _handler(
+    work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]],
+) -> Callable[[Message, Context], Message]:
+    def handle(message: Message, context: Context) -> Message:
+        fields = _fields(message)
+        if fields.get("protocol") != PROTOCOL:
+            raise DeploymentError(
+                f"protocol {fields.get('protocol')!r}, this hospital speaks {PROTOCOL}"
+            )
+        return Message(_record(work(_Hospital.of(context), fields)), reply_to=message)
+
+    return handle
+
+
+def _hello(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    return hospital.hello()
+
+
+def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    algorithm, silos = hospital.algorithm(fields)
+    with hospital.open(algorithm, silos) as book:
+        why = hospital.refusal(book, algorithm, silos, int(fields["round"]))
+    return {"accepted": why is None, **({} if why is None else {"refused": why})}
+
+
+def _train(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    return hospital.train(fields)
+
+
+def client_app() -> ClientApp:
+    """The hospital half: answers hello, plan and train messages."""
+    app = ClientApp()
+    app.query("hello")(_handler(_hello))
+    app.query("plan")(_handler(_plan))
+    app.train()(_handler(_train))
+    return app
+
+
+# -- the server half --------------------------------------------------------------------
+
+
+@dataclass
+class DeploymentResult:
+    """What the server ends with: the model, how far it got, and why it stopped."""
+
+    rounds_completed: int
+    params: dict[str, torch.Tensor]
+    silos: list[SiloInfo]
+    epsilon: dict[str, float]
+    """Each hospital's ε as it reported it from its own ledger."""
+    refused: dict[str, str]
+    """Hospitals that refused, and why; the run stopped there."""
+
+    def save(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        torch.save(
+            {
+                "rounds_completed": self.rounds_completed,
+                "params": self.params,
+                "silos": [(s.name, s.public_size) for s in self.silos],
+                "epsilon": self.epsilon,
+                "refused": self.refused,
+            },
+            out / "result.pt",
+        )
+
+    @staticmethod
+    def load(out: Path) -> DeploymentResult:
+        saved = torch.load(out / "result.pt", weights_only=True)
+        return DeploymentResult(
+            saved["rounds_completed"],
+            saved["params"],
+            [SiloInfo(n, s) for n, s in saved["silos"]],
+            saved["epsilon"],
+            saved["refused"],
+        )
+
+
+@dataclass
+class _Server:
+    grid: Grid
+    config: StudyConfig
+    timeout: float
+
+    def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Send each node its fields; every node must reply in time."""
+        messages = [
+            Message(_record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
+            for node, fields in nodes.items()
+        ]
+        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
+        by_node = {r.metadata.src_node_id: r for r in replies}
+        missing = sorted(set(nodes) - set(by_node))
+        if missing:
+            raise DeploymentError(f"no {kind} reply within {self.timeout:g}s from nodes {missing}")
+        return {node: _fields(by_node[node]) for node in nodes}
+
+    def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Wait for `count` SuperNodes; each must answer hello as a dpfl hospital of this
+        study. By name: (node id, its hello)."""
+        deadline = time.monotonic() + wait
+        while len(nodes := sorted(self.grid.get_node_ids())) < count:
+            if time.monotonic() > deadline:
+                raise DeploymentError(f"{len(nodes)} of {count} hospitals connected in {wait:g}s")
+            time.sleep(0.2)
+        by_name: dict[str, tuple[int, dict[str, Any]]] = {}
+        for node, fields in self.ask("query.hello", {n: {} for n in nodes}).items():
+            if fields.get("protocol") != PROTOCOL or fields.get("study") != self.config.key():
+                raise DeploymentError(
+                    f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
+                    f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
+                    f"{self.config.key()}"
+                )
+            if fields["name"] in by_name:
+                raise DeploymentError(f"two hospitals call themselves {fields['name']!r}")
+            by_name[str(fields["name"])] = (node, fields)
+        return dict(sorted(by_name.items()))
+
+
+def serve(
+    grid: Grid, config: StudyConfig, *, hospitals: int, wait: float = 60.0, timeout: float = 600.0
+) -> DeploymentResult:
+    """Run the study's rounds over `hospitals` dpfl hospitals connected to the grid: the
+    algorithm's server half, each exchange's instructions sent as messages, its replies
+    summed in the clear (no study that needs a secure sum gets here)."""
+    check_deployable(config)
+    server = _Server(grid, config, timeout)
+    known = server.hospitals(hospitals, wait)
+    shapes = {tuple(hello["shape"]) for _, hello in known.values()}
+    if len(shapes) != 1:
+        raise DeploymentError(f"the hospitals' records have different shapes: {sorted(shapes)}")
+    shape = list(shapes.pop())
+    classes = max(int(hello["classes"]) for _, hello in known.values())
+    silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
+    node = {name: n for name, (n, _) in known.items()}
+    algorithm = algorithm_for(config, silos, shape, classes)
+    public = {
+        "study": config.key(),
+        "silos": [s.name for s in silos],
+        "sizes": [s.public_size for s in silos],
+        "shape": shape,
+        "classes": classes,
+    }
+    result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
+    plans = server.ask("query.plan", {n: {**public, "round": 0} for n in node.values()})
+    result.refused = {
+        name: str(plans[n]["refused"]) for name, n in node.items() if not plans[n]["accepted"]
+    }
+    if result.refused:
+        return result
+    state = algorithm.initial_state(silos)
+    for round_ in range(config.rounds):
+        rng = _Streams(config.seed, round_, _rng)
+        for exchange in range(algorithm.exchanges(silos)):
+            orders = algorithm.configure(state, round_, silos, partial(rng, 0, -1), exchange)
+            asked = {
+                node[name]: {
+                    **public,
+                    "round": round_,
+                    "exchange": exchange,
+                    "cohort": [s.name for s in order.cohort],
+                    "params": b""
+                    if order.params is None
+                    else encode(Encoding.FLOAT32, flat(order.params)),
+                }
+                for name, order in orders.items()
+            }
+            answers = server.ask("train", asked)
+            replies: dict[str, Reply] = {}
+            for name in orders:
+                fields = answers[node[name]]
+                if "refused" in fields:
+                    result.refused[name] = str(fields["refused"])
+                    continue
+                result.epsilon[name] = float(fields["epsilon"])
+                if "vector" in fields:
+                    encoding = Encoding(fields["encoding"])
+                    vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
+                    replies[name] = Reply(vector, encoding)
+            if result.refused:  # nothing of this round is aggregated
+                return result
+            state = algorithm.aggregate(state, replies, InTheClear())
+        result.rounds_completed, result.params = round_ + 1, state["global"]
+    return result
+
+
+def server_app() -> ServerApp:
+    """The server half. Run config: `study` (the study file, as the hospitals have it),
+    `hospitals` (how many to wait for), `out` (where `result.pt` goes), `wait` and
+    `timeout` (seconds for the hospitals to connect and to reply)."""
+    app = ServerApp()
+
+    @app.main()
+    def main(grid: Grid, context: Context) -> None:
+        run = context.run_config
+        config = study_point(str(run["study"]))
+        result = serve(
+            grid,
+            config,
+            hospitals=int(run["hospitals"]),
+            wait=float(run["wait"]),
+            timeout=float(run["timeout"]),
+        )
+        result.save(Path(str(run["out"])))
+        if result.refused:
+            raise DeploymentError(
+                f"stopped after {result.rounds_completed} rounds: "
+                + "; ".join(f"{name} refused: {why}" for name, why in result.refused.items())
+            )
+
+    return app
+
+
+APP_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "dpfl-deployment"
+version = "1.0.0"
+description = "dpfl's study deployment: the server half and the hospital half"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "dpfl"
+
+[tool.flwr.app.components]
+serverapp = "dpfl_app:server"
+clientapp = "dpfl_app:client"
+
+[tool.flwr.app.config]
+study = ""
+hospitals = 3
+out = ""
+wait = 60.0
+timeout = 600.0
+"""
+APP_MODULE = """\
+\"\"\"dpfl's Flower app: every hospital's SuperNode needs dpfl installed.\"\"\"
+
+from dpfl.engines.flower import client_app, server_app
+
+server = server_app()
+client = client_app()
+"""
+
+
+def write_app(folder: str | Path) -> Path:
+    """The Flower app folder `flwr run` ships (its code is dpfl's, installed at each
+    SuperNode and at the SuperLink: the app is two lines naming dpfl's halves)."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "pyproject.toml").write_text(APP_PYPROJECT, encoding="utf-8")
+    (folder / "dpfl_app.py").write_text(APP_MODULE, encoding="utf-8")
+    return folder
