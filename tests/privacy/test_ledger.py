@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.privacy import (
+    Budget,
     BudgetExceededError,
     DeltaTooLargeWarning,
     Ledger,
@@ -259,6 +260,25 @@ def test_record_many_commits_all_or_nothing(ledger: Ledger) -> None:
         ledger.record_many([("a", STEP), ("tight", STEP)], round=1)
     assert len(ledger.entries("a")) == 2  # the batch was refused whole
     assert ledger.entries("tight") == []
+
+
+def test_register_silos_opens_all_accounts_or_none(ledger: Ledger) -> None:
+    """A run's accounts in one commit: each as `register_silo` would open it, and a
+    refused one (a changed budget, a bad δ) leaves every other unopened."""
+    plain = Budget(1.0, 1e-5, Neighbouring.ADD_REMOVE, None)
+    stored = ledger.register_silos(
+        {"a": Budget(1, 1e-5, Neighbouring.ADD_REMOVE, 5000), "c": plain}
+    )
+    assert stored["a"] == ledger.budget("a") and stored["c"] == ledger.budget("c") == plain
+    for refused, error in [
+        (Budget(2.0, 1e-5, Neighbouring.ADD_REMOVE, 5000), "refusing to change"),
+        (Budget(1.0, 1.0, Neighbouring.ADD_REMOVE, None), "δ must lie"),
+    ]:
+        with pytest.raises((LedgerError, PrivacyParameterError), match=error):
+            ledger.register_silos({"d": plain, "a": refused})
+        assert ledger.silos() == ["a", "b", "c"]
+    with Ledger(ledger.path, create=False) as reader:  # committed: another connection sees it
+        assert reader.budget("c") == plain
 
 
 def _stamp(path: Path) -> tuple[bytes, int]:

@@ -21,7 +21,7 @@ import torch
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.noise import NoiseSource
-from dpfl.privacy import Accountant, Ledger, calibrate_noise, events
+from dpfl.privacy import Accountant, Budget, Ledger, Neighbouring, calibrate_noise, events
 
 DEFAULT_SIZE_NOISE = 20.0
 """Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
@@ -45,15 +45,14 @@ def register_accounts(book: Ledger, silos: Sequence[Silo], trials: int, budgets:
     """Open every (silo, trial) account with the silo's budget and declared size. A silo
     without an ε budget gets an account that records without limit (a research run at a
     fixed σ, its ε read off afterwards)."""
+    opened = {}
     for silo in silos:
         eps, delta = budgets[silo.name]
-        for trial in range(trials):
-            book.register_silo(
-                account(silo, trial),
-                epsilon=math.inf if eps is None else eps,
-                delta=delta,
-                size=silo.public_size,
-            )
+        budget = Budget(
+            math.inf if eps is None else eps, delta, Neighbouring.ADD_REMOVE, silo.public_size
+        )
+        opened.update({account(silo, trial): budget for trial in range(trials)})
+    book.register_silos(opened)
 
 
 def register_views(
@@ -65,15 +64,16 @@ def register_views(
     declared: Mapping[str, int | None],
 ) -> None:
     """Accounts for what observers other than the server learn: recorded, never binding."""
-    for silo in silos:
-        for view in algorithm.view_events(silo, silos):
-            for trial in range(trials):
-                book.register_silo(
-                    account(silo, trial, view),
-                    epsilon=math.inf,
-                    delta=budgets[silo.name][1],
-                    size=declared[silo.name],
-                )
+    book.register_silos(
+        {
+            account(silo, trial, view): Budget(
+                math.inf, budgets[silo.name][1], Neighbouring.ADD_REMOVE, declared[silo.name]
+            )
+            for silo in silos
+            for view in algorithm.view_events(silo, silos)
+            for trial in range(trials)
+        }
+    )
 
 
 def public_sizes(

@@ -236,14 +236,19 @@ class DPSGD:
         # the twinned tensors are the member's own parameters, updated in place
         twinned = _with_twin(params) if lone and pool is not None else params
         own = {k: v[:1] for k, v in twinned.items()} if twinned is not params else params
-        # per parameter: its members' rows, their normalisers, and (with noise) one buffer
-        # that each member's noise is drawn into, row by row
-        updates = []
-        for name, value in own.items():
-            buffer = torch.empty_like(value) if cfg.private else None
-            rows = [] if buffer is None else list(zip(buffer.unbind(0), noises, strict=True))
-            updates.append((name, value, scales[name], buffer, rows))
         members = len(samplers)
+        # with noise, one buffer [members, parameters]: each step, each member draws the
+        # noise of all its parameters into its row at once (one draw, not one per tensor);
+        # per parameter: its members' rows, their normalisers and its columns of the buffer
+        width = sum(v[0].numel() for v in own.values())
+        buffer = torch.empty(members, width, dtype=dtype) if cfg.private else None
+        rows = [] if buffer is None else list(zip(buffer.unbind(0), noises, strict=True))
+        updates, offset = [], 0
+        for name, value in own.items():
+            size = value[0].numel()
+            noise = None if buffer is None else buffer[:, offset : offset + size].view(value.shape)
+            updates.append((name, value, scales[name], noise))
+            offset += size
         stacked = self.clipped_sum.stacked
         for _ in range(steps):
             indices = [s.sample() for s in samplers]
@@ -260,14 +265,14 @@ class DPSGD:
                 for x, y, mask, norms in chunks[1:]:
                     part, _ = stacked(twinned, x, y, mask, clip_norm, input_norms=norms)
                     sums = {k: sums[k].add_(part[k]) for k in sums}
-            for name, value, scale, buffer, rows in updates:
+            for row, source in rows:
+                source.normal_into(row, std)
+            for name, value, scale, noise in updates:
                 g = sums[name]  # a fresh tensor per step: updated in place
                 if lone:
                     g = g[:members]
-                if buffer is not None:
-                    for row, source in rows:
-                        source.normal_into(row, std)
-                    g.add_(buffer)
+                if noise is not None:
+                    g.add_(noise)
                 g.div_(scale)
                 if momentum:
                     g.add_(velocity[name], alpha=momentum)
@@ -342,6 +347,7 @@ class _Pool:
             offsets = np.repeat(offsets, 2)
         # a chunk's rows before its batches are written in: each member's first record
         self._rows = np.repeat(offsets[:, None], width, axis=1)
+        self._columns = np.arange(width)
         self._mask_dtype = torch.empty(0, dtype=dtype).numpy().dtype
         self._x_shape = (*self._rows.shape, *self.x.shape[1:])
         self._y_shape = (*self._rows.shape, *self.y.shape[1:])
@@ -355,13 +361,14 @@ class _Pool:
         width = self.width
         longest = max(len(i) for i in indices)
         chunks = []
+        lengths = np.zeros(len(self._rows), np.int64)  # a twin's row stays empty
         for start in range(0, max(longest, 1), width):
+            parts = [idx[start : start + width] for idx in indices]
+            lengths[: len(parts)] = [len(part) for part in parts]
+            filled = self._columns < lengths[:, None]  # each member's first len(part) slots
             rows = self._rows.copy()
-            mask = np.zeros(rows.shape, self._mask_dtype)
-            for row, idx in enumerate(indices):
-                part = idx[start : start + width]
-                rows[row, : len(part)] += part
-                mask[row, : len(part)] = 1.0
+            rows[filled] += np.concatenate(parts)  # row-major: member by member, in order
+            mask = filled.astype(self._mask_dtype)
             flat = torch.from_numpy(rows.reshape(-1))
             x = self.x.index_select(0, flat).reshape(self._x_shape)
             y = self.y.index_select(0, flat).reshape(self._y_shape)

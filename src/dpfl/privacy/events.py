@@ -100,12 +100,23 @@ class PrivacyEvent:
 
     def describe(self) -> str:
         """One line a person can read, e.g. `300 × Poisson(q=0.0036) Gaussian(σ=1.08)`."""
+        return self._description
+
+    @functools.cached_property
+    def _description(self) -> str:
+        """Kept with the (immutable) event: a run describes each member's event."""
         return f"{_describe(self.dp_event)} [{self.neighbouring.description}]"
 
     def to_json(self) -> str:
+        return self._text
+
+    @functools.cached_property
+    def _text(self) -> str:
+        """Kept with the event (the ledger writes it for every account it charges), and
+        shared by equal events through `_serialise`."""
         try:
             hash(self)
-        except TypeError:  # a composition holds a list: not hashable, so not cached
+        except TypeError:  # a composition holds a list: not hashable, so not shared
             return _serialise.__wrapped__(self)
         return _serialise(self)
 
@@ -156,6 +167,13 @@ def poisson_gaussian(
     This is the Sampled Gaussian Mechanism of Mironov et al. 2019 (Owkin, Def. 7), analysed
     under add/remove-one; only a Poisson sampler may emit it.
     """
+    return _poisson_gaussian(sample_rate, noise_multiplier, steps)
+
+
+@functools.lru_cache(maxsize=4096, typed=True)
+def _poisson_gaussian(sample_rate: float, noise_multiplier: float, steps: int) -> PrivacyEvent:
+    """Cached (events are immutable; `typed`: 1 and 1.0 serialise differently): every
+    member of a round declares one of a few equal events."""
     step = dpe.PoissonSampledDpEvent(sample_rate, dpe.GaussianDpEvent(noise_multiplier))
     return PrivacyEvent(_repeat(step, steps), Neighbouring.ADD_REMOVE)
 

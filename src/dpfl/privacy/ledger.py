@@ -23,7 +23,7 @@ import math
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
@@ -152,7 +152,6 @@ class Ledger:
 
     # -- silos ----------------------------------------------------------------------
 
-    @_guarded
     def register_silo(
         self,
         silo: str,
@@ -166,36 +165,41 @@ class Ledger:
         no-op (a restarted run); a different budget is refused: budgets are fixed. An ε of
         `math.inf` opens an account that records and reports but never refuses (a
         research run at a fixed σ, whose ε is read off afterwards)."""
-        if not silo or not isinstance(silo, str):
-            raise PrivacyParameterError("a silo needs a non-empty name")
-        if not (isinstance(epsilon, int | float) and 0 < epsilon <= math.inf):
-            raise PrivacyParameterError(
-                f"silo {silo!r}: ε budget must be > 0 (math.inf: no budget, record only), "
-                f"got {epsilon!r}"
-            )
-        if size is not None and not (isinstance(size, int) and size > 0):
-            raise PrivacyParameterError(f"silo {silo!r}: size must be a positive integer")
-        check_delta(delta, dataset_size=size)
-        wanted = Budget(float(epsilon), float(delta), Neighbouring(neighbouring), size)
+        return self.register_silos({silo: Budget(epsilon, delta, neighbouring, size)})[silo]
+
+    @_guarded
+    def register_silos(self, budgets: Mapping[str, Budget]) -> dict[str, Budget]:
+        """Open several accounts, each as `register_silo` would, in ONE durable transaction:
+        all are opened or, if any is refused, none is (a run's accounts: one commit, not
+        one each). Returns the budgets as stored."""
+        wanted = {silo: _checked_budget(silo, budget) for silo, budget in budgets.items()}
         with write_transaction(self._db) as db:
-            existing = _budget_or_none(db, silo)
-            if existing is None:
-                db.execute(
-                    "INSERT INTO silos VALUES (?, ?, ?, ?, ?, ?)",
+            new = []
+            for silo, budget in wanted.items():
+                existing = _budget_or_none(db, silo)
+                if existing is None:
+                    new.append(silo)
+                elif existing != budget:
+                    raise LedgerError(
+                        f"silo {silo!r} is already registered with {_show_budget(existing)}; "
+                        f"refusing to change it to {_show_budget(budget)}"
+                    )
+            created = time.time()
+            db.executemany(
+                "INSERT INTO silos VALUES (?, ?, ?, ?, ?, ?)",
+                [
                     (
                         silo,
-                        wanted.epsilon,
-                        wanted.delta,
-                        size,
-                        wanted.neighbouring.value,
-                        time.time(),
-                    ),
-                )
-            elif existing != wanted:
-                raise LedgerError(
-                    f"silo {silo!r} is already registered with {_show_budget(existing)}; "
-                    f"refusing to change it to {_show_budget(wanted)}"
-                )
+                        wanted[silo].epsilon,
+                        wanted[silo].delta,
+                        wanted[silo].size,
+                        wanted[silo].neighbouring.value,
+                        created,
+                    )
+                    for silo in new
+                ],
+            )
+        self._budgets.update(wanted)  # committed, and budgets never change
         return wanted
 
     @_guarded
@@ -248,11 +252,11 @@ class Ledger:
     def can_afford(self, silo: str, event: PrivacyEvent) -> bool:
         """Whether `event` (e.g. every round still planned) fits in what is left."""
         budget = self._budget_for(silo, event)
+        if budget.epsilon == math.inf:  # never refuses: no history to read
+            return True
         after = _history(self._db, silo) + _leaves(event)
-        return (
-            budget.epsilon == math.inf
-            or self._known_within(silo, after)
-            or (self.projected(silo, event).epsilon <= budget.epsilon)
+        return self._known_within(silo, after) or (
+            self.projected(silo, event).epsilon <= budget.epsilon
         )
 
     @_guarded
@@ -543,6 +547,22 @@ def _histories(
         for leaf, times in leaves:
             totals[silo][leaf] += times * count
     return totals
+
+
+def _checked_budget(silo: str, budget: Budget) -> Budget:
+    """The budget as stored (floats, a `Neighbouring`), or an error saying what is wrong."""
+    if not silo or not isinstance(silo, str):
+        raise PrivacyParameterError("a silo needs a non-empty name")
+    epsilon, delta, size = budget.epsilon, budget.delta, budget.size
+    if not (isinstance(epsilon, int | float) and 0 < epsilon <= math.inf):
+        raise PrivacyParameterError(
+            f"silo {silo!r}: ε budget must be > 0 (math.inf: no budget, record only), "
+            f"got {epsilon!r}"
+        )
+    if size is not None and not (isinstance(size, int) and size > 0):
+        raise PrivacyParameterError(f"silo {silo!r}: size must be a positive integer")
+    check_delta(delta, dataset_size=size)
+    return Budget(float(epsilon), float(delta), Neighbouring(budget.neighbouring), size)
 
 
 def _fact(db: sqlite3.Connection, key: str) -> str | None:

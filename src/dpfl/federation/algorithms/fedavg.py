@@ -58,17 +58,28 @@ def update_replies(
     members: Sequence[Member], trained: Sequence[Params], weighting: str | None
 ) -> list[Reply]:
     """Each member's update from the model it was sent, times its share of the mean
-    (None: unscaled, for an aggregator that needs every update as it is)."""
-    replies, shares = [], {}  # the shares of each cohort, computed once
-    for member, params in zip(members, trained, strict=True):
-        update = flat(params) - flat(received(member))
-        if weighting is not None:
+    (None: unscaled, for an aggregator that needs every update as it is). Computed for
+    all members at once: elementwise, so each row has the bits it would have alone."""
+    if not members:
+        return []
+    sent: dict[int, Tensor] = {}  # each model sent, flattened once (a trial's members share it)
+    for member in members:
+        model = received(member)
+        if id(model) not in sent:
+            sent[id(model)] = flat(model)
+    updates = torch.cat(
+        [torch.stack([p[name] for p in trained]).flatten(1) for name in trained[0]], 1
+    )
+    updates -= torch.stack([sent[id(received(m))] for m in members])
+    if weighting is not None:
+        shares: dict[int, dict[str, Tensor]] = {}  # each cohort's, computed once
+        for member in members:
             cohort = member.instruction.cohort
-            if cohort not in shares:
-                shares[cohort] = size_weights(cohort, weighting)
-            update = shares[cohort][member.silo.name] * update
-        replies.append(Reply(update))
-    return replies
+            if id(cohort) not in shares:
+                shares[id(cohort)] = size_weights(cohort, weighting)
+        scale = [shares[id(m.instruction.cohort)][m.silo.name] for m in members]
+        updates *= torch.stack(scale).to(updates.dtype).unsqueeze(1)
+    return [Reply(update) for update in updates.unbind()]
 
 
 def apply_sum(state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
