@@ -6,7 +6,15 @@ the real thing: a SuperLink and three SuperNodes as separate processes on loopba
 
 from __future__ import annotations
 
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +30,7 @@ from dpfl.engines.flower import (
     client_app,
     serve,
     study_point,
+    write_app,
 )
 from dpfl.engines.simulation import simulate
 from dpfl.experiments.datasets import build_silos
@@ -86,6 +95,7 @@ class InProcessGrid(Grid):
 
     def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
         self.app = client_app()
+        self.replies: dict[str, Message] = {}
         self.contexts = {
             k + 2: Context(
                 run_id=7, node_id=k + 2, node_config=n, state=RecordDict(), run_config={}
@@ -107,21 +117,25 @@ class InProcessGrid(Grid):
         return list(self.contexts)
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        raise NotImplementedError
-
-    def send_and_receive(
-        self, messages: Iterable[Message], *, timeout: float | None = None
-    ) -> Iterator[Message]:
+        ids = []
         for message in messages:
+            ids.append(f"m{len(self.replies)}")
+            message.metadata.__dict__["_message_id"] = ids[-1]  # as Flower's InMemoryGrid
             node = message.metadata.dst_node_id
             try:
                 reply = self.app(message, self.contexts[node])
             except Exception as exc:  # what a SuperNode sends back
                 reply = Message(Error(0, f"{type(exc).__name__}: {exc}"), reply_to=message)
-            yield reply
+            self.replies[ids[-1]] = reply
+        return ids
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        return [self.replies.pop(i) for i in message_ids if i in self.replies]
+
+    def send_and_receive(
+        self, messages: Iterable[Message], *, timeout: float | None = None
+    ) -> Iterable[Message]:
+        raise NotImplementedError
 
 
 def simulated(study: Path, tmp_path: Path) -> tuple[dict[str, torch.Tensor], Ledger]:
@@ -189,3 +203,198 @@ def test_a_result_survives_its_file(tmp_path: Path) -> None:
     result.save(tmp_path)
     again = DeploymentResult.load(tmp_path)
     assert again.rounds_completed == 2 and again.epsilon == {"a": 1.5}
+
+
+# -- the real thing: separate processes on loopback ---------------------------------------
+
+BIN = Path(sys.executable).parent
+DEADLINE = 90.0
+"""Seconds a deployment test may take, start to finish (killed after)."""
+
+
+def flower_binaries() -> None:
+    missing = [
+        b for b in ("flower-superlink", "flower-supernode", "flwr") if not (BIN / b).exists()
+    ]
+    if not missing:
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"CI=true but Flower's {', '.join(missing)} are missing from {BIN}")
+    pytest.skip(f"Flower's {', '.join(missing)} are not installed in {BIN}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def node_config(node: dict[str, Any]) -> str:
+    """`--node-config` syntax: space separated key=value, values in TOML."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return f'"{v}"' if isinstance(v, str) else repr(v)
+
+    return " ".join(f"{k}={value(v)}" for k, v in node.items())
+
+
+@contextmanager
+def cluster(nodes: dict[str, dict[str, Any]], root: Path) -> Iterator[tuple[Path, dict[str, str]]]:
+    """A SuperLink and one SuperNode per hospital, each its own process (session) on
+    loopback; all of them killed on the way out, whatever happens."""
+    flower_binaries()
+    port = free_port()
+    home = root / "flwr-home"
+    home.mkdir()
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "loop"\n\n[superlink.loop]\naddress = "127.0.0.1:{port}"\n'
+        "insecure = true\n",
+        encoding="utf-8",
+    )
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_HOME": str(home),
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+    }
+    logs = root / "logs"
+    logs.mkdir()
+    commands = {
+        "superlink": [
+            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation",
+        ],
+        **{
+            name: [
+                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                "--port", str(free_port()), "--node-config", node_config(node),
+            ]
+            for name, node in nodes.items()
+        },
+    }  # fmt: skip
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, command in commands.items():
+            with open(logs / f"{name}.log", "wb") as log:
+                processes.append(
+                    subprocess.Popen(
+                        [str(BIN / command[0]), *command[1:]],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+            if name == "superlink":
+                wait_for(port, time.monotonic() + 20)
+        yield logs, env
+    finally:
+        stop(processes)
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate each process's session and every descendant (Flower detaches its
+    ServerApp into a session of its own), then kill what is left."""
+    started = {p.pid for p in processes}
+    family = started | descendants(started)
+    for pid in family:
+        with _gone():
+            os.kill(pid, signal.SIGTERM)
+    for process in processes:
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+    for pid in family:
+        with _gone():
+            os.kill(pid, signal.SIGKILL)
+    for process in processes:
+        process.wait()
+
+
+def descendants(roots: set[int]) -> set[int]:
+    """Processes whose ancestry leads to `roots` (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _gone() -> suppress:
+    return suppress(ProcessLookupError)  # it died on its own
+
+
+def wait_for(port: int, until: float) -> None:
+    """Until the SuperLink answers its health check (it takes seconds to start)."""
+    while True:
+        with (
+            suppress(OSError),
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r,
+        ):
+            if r.status == 200:
+                return
+        if time.monotonic() > until:
+            raise AssertionError(f"no SuperLink on port {port}")
+        time.sleep(0.2)
+
+
+def deploy(study: Path, nodes: dict[str, dict[str, Any]], root: Path) -> tuple[int, str, Path]:
+    """`flwr run` of the study over the hospitals' SuperNodes: exit code, output, out dir."""
+    began = time.monotonic()
+    app, out = write_app(root / "app"), root / "server-out"
+    with cluster(nodes, root) as (logs, env):
+        run_config = f'study="{study}" hospitals={len(nodes)} out="{out}" wait=30.0 timeout=30.0'
+        left = DEADLINE - (time.monotonic() - began)
+        try:
+            done = subprocess.run(
+                [str(BIN / "flwr"), "run", str(app), "loop", "--stream", "-c", run_config],
+                capture_output=True,
+                text=True,
+                env=env,
+                timeout=left,
+            )
+        except subprocess.TimeoutExpired as exc:
+            shown = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in logs.iterdir())
+            raise AssertionError(f"the deployment took over {DEADLINE:g}s\n{shown}") from exc
+    return done.returncode, done.stdout + done.stderr, out
+
+
+@pytest.mark.slow
+def test_three_hospitals_on_loopback_end_with_the_simulators_model(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    code, output, out = deploy(study, nodes, tmp_path)
+    assert (out / "result.pt").exists(), output
+    result = DeploymentResult.load(out)
+    expected, book = simulated(study, tmp_path)
+    assert result.rounds_completed == 3 and not result.refused, output
+    for name, value in expected.items():
+        assert torch.equal(result.params[name], value)  # bit for bit, across processes
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+        assert result.epsilon[name] == pytest.approx(book.spent(f"{name}/trial-0").epsilon)
+    book.close()
+    assert code == 0, output
+
+
+@pytest.mark.slow
+def test_on_loopback_a_hospital_whose_budget_is_too_small_refuses_and_the_run_says_so(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
+    _, output, out = deploy(study, nodes, tmp_path)
+    result = DeploymentResult.load(out)
+    assert result.rounds_completed == 0 and list(result.refused) == ["hospital-2"], output
+    assert "hospital-2 refused: hospital-2/trial-0: 3 more rounds" in output
+    for name, node in nodes.items():
+        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []

@@ -70,6 +70,8 @@ from dpfl.secure import InTheClear
 
 PROTOCOL = 1
 """Version of the messages below; a hospital on another version is refused."""
+POLL = 0.1
+"""Seconds between the server's pulls of replies."""
 RECORD = "dpfl"
 """The one ConfigRecord every message carries."""
 
@@ -473,8 +475,14 @@ class _Server:
             Message(_record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
             for node, fields in nodes.items()
         ]
-        replies = list(self.grid.send_and_receive(messages, timeout=self.timeout))
-        by_node = {r.metadata.src_node_id: r for r in replies}
+        waiting = dict(zip(self.grid.push_messages(messages), nodes, strict=True))
+        by_node: dict[int, Message] = {}
+        deadline = time.monotonic() + self.timeout
+        while waiting and time.monotonic() < deadline:
+            # every POLL seconds: Grid.send_and_receive waits 3 s between pulls
+            time.sleep(POLL)
+            for reply in self.grid.pull_messages(list(waiting)):
+                by_node[waiting.pop(reply.metadata.reply_to_message_id)] = reply
         missing = sorted(set(nodes) - set(by_node))
         if missing:
             raise DeploymentError(f"no {kind} reply within {self.timeout:g}s from nodes {missing}")
