@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from dpfl import __version__
-from dpfl.cli import demo, privacy, report, study
+from dpfl.cli import demo, deploy, privacy, report, study
 
 app = typer.Typer(
     name="dpfl",
@@ -14,6 +14,7 @@ app = typer.Typer(
     add_completion=False,
 )
 app.add_typer(privacy.app, name="privacy")
+app.add_typer(deploy.app, name="deploy")
 app.command("demo")(demo.demo)
 app.command("run")(study.run)
 app.command("sweep")(study.sweep)

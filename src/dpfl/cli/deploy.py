@@ -1,0 +1,141 @@
+"""`dpfl deploy`: a study on Flower's deployment runtime (see docs/deployment.md).
+
+`dpfl deploy hospital` starts this hospital's SuperNode with its own settings (data,
+public size, budget, ledger: never the server's); `dpfl deploy server` submits the
+study to a running SuperLink with `flwr run` and waits for its result. Both are thin
+over `dpfl.engines.flower` and Flower's own commands, which they print before running.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from .common import reported_errors
+
+app = typer.Typer(
+    help="Run a study across machines on Flower: a SuperLink, one SuperNode per hospital.",
+    no_args_is_help=True,
+)
+
+InsecureOpt = Annotated[
+    bool,
+    typer.Option(
+        "--insecure",
+        help="Talk to the SuperLink without TLS: everything on the wire is readable. TLS "
+        "(--root-certificates) is passed to Flower but not yet tested with dpfl.",
+    ),
+]
+RootCertOpt = Annotated[
+    Path | None,
+    typer.Option(help="The CA certificate (PEM) that signed the SuperLink's certificate."),
+]
+
+
+def _flower(command: str) -> str:
+    """Flower's command beside this Python (the venv dpfl runs in)."""
+    return str(Path(sys.executable).parent / command)
+
+
+def _transport(insecure: bool, root_certificates: Path | None) -> list[str]:
+    if insecure == (root_certificates is not None):
+        raise ValueError("give either --insecure or --root-certificates")
+    return ["--insecure"] if insecure else ["--root-certificates", str(root_certificates)]
+
+
+def _run(command: list[str], env: dict[str, str] | None = None) -> None:
+    typer.echo(shlex.join(command), err=True)
+    raise typer.Exit(subprocess.run(command, env=env, check=False).returncode)
+
+
+@app.command("hospital")
+def hospital(
+    study: Annotated[Path, typer.Argument(help="The study file, as the server has it.")],
+    name: Annotated[str, typer.Option(help="This hospital's name in the study.")],
+    data: Annotated[Path, typer.Option(help="Folder holding train.npz (arrays x, y).")],
+    public_size: Annotated[int, typer.Option(help="The record count this hospital declares.")],
+    epsilon: Annotated[float, typer.Option(help="This hospital's ε budget.")],
+    delta: Annotated[float, typer.Option(help="This hospital's δ.")],
+    ledger: Annotated[
+        Path, typer.Option(help="This hospital's ledger (SQLite), kept across runs.")
+    ],
+    superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
+    insecure: InsecureOpt = False,
+    root_certificates: RootCertOpt = None,
+    port: Annotated[int, typer.Option(help="Local port of the SuperNode's runtime API.")] = 9094,
+) -> None:
+    """Start this hospital's SuperNode; it trains only what its own budget affords."""
+    from dpfl.engines.flower import HospitalConfig, study_point
+
+    with reported_errors():
+        node = {
+            "name": name,
+            "study": str(study.resolve()),
+            "data": str(data.resolve()),
+            "public-size": public_size,
+            "epsilon": epsilon,
+            "delta": delta,
+            "ledger": str(ledger.resolve()),
+        }
+        me = HospitalConfig.from_node_config(node)
+        study_point(me.study)  # refuse a study that cannot be deployed before connecting
+        me.silo()  # and data that cannot be read
+        transport = _transport(insecure, root_certificates)
+    config = " ".join(
+        f"{k}={v}" if isinstance(v, int | float) else f'{k}="{v}"' for k, v in node.items()
+    )
+    _run(
+        [
+            _flower("flower-supernode"),
+            *transport,
+            "--superlink",
+            superlink,
+            "--port",
+            str(port),
+            "--node-config",
+            config,
+        ]
+    )
+
+
+@app.command("server")
+def server(
+    study: Annotated[Path, typer.Argument(help="The study file, as the hospitals have it.")],
+    hospitals: Annotated[int, typer.Option(help="How many hospitals to wait for.")],
+    superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
+    out: Annotated[Path, typer.Option(help="Folder for the server's result.pt.")],
+    insecure: InsecureOpt = False,
+    root_certificates: RootCertOpt = None,
+    wait: Annotated[float, typer.Option(help="Seconds to wait for the hospitals.")] = 600.0,
+    timeout: Annotated[float, typer.Option(help="Seconds to wait for each reply.")] = 3600.0,
+) -> None:
+    """Run the study on the SuperLink's hospitals; the result goes to OUT/result.pt."""
+    from dpfl.engines.flower import study_point, write_app
+
+    with reported_errors():
+        study_point(study)
+        transport = _transport(insecure, root_certificates)
+    home = Path(tempfile.mkdtemp(prefix="dpfl-deploy-"))
+    connection = (
+        "insecure = true"
+        if transport == ["--insecure"]
+        else f'root-certificates = "{transport[1]}"'
+    )
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "dpfl"\n\n[superlink.dpfl]\naddress = "{superlink}"\n'
+        f"{connection}\n",
+        encoding="utf-8",
+    )
+    run_config = (
+        f'study="{study.resolve()}" hospitals={hospitals} out="{out.resolve()}" '
+        f"wait={float(wait)} timeout={float(timeout)}"
+    )
+    command = [_flower("flwr"), "run", str(write_app(home / "app")), "dpfl", "--stream"]
+    _run([*command, "--run-config", run_config], env={**os.environ, "FLWR_HOME": str(home)})
