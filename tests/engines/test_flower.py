@@ -21,11 +21,13 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from flwr.app import Context, Error, Message, RecordDict
+from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from dpfl.engines.flower import (
+    DeploymentError,
     DeploymentResult,
     client_app,
     serve,
@@ -95,6 +97,8 @@ class InProcessGrid(Grid):
     def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
         self.app = client_app()
         self.replies: dict[str, Message] = {}
+        self.apps: dict[int, ClientApp] = {}
+        """Nodes that run another ClientApp than dpfl's."""
         self.contexts = {
             k + 2: Context(
                 run_id=7, node_id=k + 2, node_config=n, state=RecordDict(), run_config={}
@@ -122,7 +126,7 @@ class InProcessGrid(Grid):
             message.metadata.__dict__["_message_id"] = ids[-1]  # as Flower's InMemoryGrid
             node = message.metadata.dst_node_id
             try:
-                reply = self.app(message, self.contexts[node])
+                reply = self.apps.get(node, self.app)(message, self.contexts[node])
             except Exception as exc:  # what a SuperNode sends back
                 reply = Message(Error(0, f"{type(exc).__name__}: {exc}"), reply_to=message)
             self.replies[ids[-1]] = reply
@@ -195,6 +199,44 @@ def test_in_process_a_hospital_whose_budget_is_too_small_refuses_before_round_0(
     assert "would exceed ε=0.5" in result.refused["hospital-1"]
     for name, node in nodes.items():
         assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+
+
+def test_in_process_a_client_that_is_not_dpfls_is_rejected(study: Path, tmp_path: Path) -> None:
+    grid = InProcessGrid(hospitals(study, tmp_path / "hospitals").values())
+    grid.contexts[9] = grid.contexts[2]
+    plain = ClientApp()  # a Flower client with no privacy declaration to give
+    plain.train()(lambda message, context: Message(RecordDict(), reply_to=message))
+    grid.apps = {9: plain}
+    with pytest.raises(DeploymentError, match="No query function registered with name 'hello'"):
+        serve(grid, study_point(study), hospitals=4)
+
+
+def test_in_process_a_hospital_refuses_a_round_outside_the_study(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    grid = InProcessGrid(nodes.values())
+    silos = build_silos(study_point(study).data, 3)
+    public = {
+        "protocol": 1,
+        "study": study_point(study).key(),
+        "silos": [s.name for s in silos],
+        "sizes": [s.declared_size for s in silos],
+        "shape": [silos[0].x.shape[1]],
+        "classes": 2,
+        "round": 3,
+        "exchange": 0,
+        "cohort": [s.name for s in silos],
+        "params": b"",
+    }
+    message = Message(
+        RecordDict({"dpfl": ConfigRecord(public)}), dst_node_id=2, message_type="train"
+    )
+    (reply,) = grid.pull_messages(grid.push_messages([message]))
+    assert reply.content.config_records["dpfl"]["refused"] == (
+        "round 3 is not one of the study's 3 rounds"
+    )
+    assert entries(Path(nodes["hospital-0"]["ledger"]), "hospital-0/trial-0") == []
 
 
 def test_a_result_survives_its_file(tmp_path: Path) -> None:

@@ -277,7 +277,10 @@ class _Hospital:
         self, book: Ledger, algorithm: Algorithm, silos: Sequence[SiloInfo], round_: int
     ) -> str | None:
         """Why the rest of the plan from `round_` would pass this hospital's budget (for an
-        algorithm that stops at its budget: the next round), or None if it fits."""
+        algorithm that stops at its budget: the next round), or None if it fits. A round
+        outside the study's is refused: the plan this hospital agreed to is the study's."""
+        if not 0 <= round_ < self.config.rounds:
+            return f"round {round_} is not one of the study's {self.config.rounds} rounds"
         event = algorithm.participation_event(self.silo.info, silos)
         left = 1 if algorithm.stops_at_budget else self.config.rounds - round_
         plan = events.repeat(event, left)
