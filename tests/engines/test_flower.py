@@ -2,13 +2,17 @@
 ClientApps, each hospital enforcing its own budget from its own ledger.
 
 In process first (a grid that hands each message to the ClientApp, no network), then
-the real thing: a SuperLink and three SuperNodes as separate processes on loopback."""
+the real thing: a SuperLink and three SuperNodes as separate processes on loopback,
+over TLS with certificates made in the test."""
 
 from __future__ import annotations
 
+import datetime
+import ipaddress
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -21,6 +25,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
@@ -249,7 +257,7 @@ def test_a_result_survives_its_file(tmp_path: Path) -> None:
 # -- the real thing: separate processes on loopback ---------------------------------------
 
 BIN = Path(sys.executable).parent
-DEADLINE = 120.0
+DEADLINE = 180.0
 """Seconds a deployment test may take, start to finish (killed after)."""
 
 
@@ -290,9 +298,11 @@ def cluster(
 ) -> Iterator[tuple[int, Path, dict[str, str]]]:
     """A SuperLink and one SuperNode per hospital (`cli`: started by `dpfl deploy
     hospital`), each its own process on loopback; all killed on the way out, whatever
-    happens. Yields the SuperLink's port, the logs' folder and the environment."""
+    happens. Every link is TLS with a CA made for the test. Yields the SuperLink's port,
+    the logs' folder and the environment."""
     flower_binaries()
     port = free_port()
+    ca, cert, key = certificates(root / "tls")
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -303,7 +313,8 @@ def cluster(
     logs.mkdir()
     commands = {
         "superlink": [
-            "flower-superlink", "--insecure", "--host", "127.0.0.1", "--port", str(port),
+            "flower-superlink", "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
+            "--ssl-keyfile", str(key), "--host", "127.0.0.1", "--port", str(port),
             "--disable-runtime-dependency-installation",
         ],
         **{
@@ -312,11 +323,12 @@ def cluster(
                 "--data", node["data"], "--public-size", str(node["public-size"]),
                 "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
                 "--ledger", node["ledger"], "--superlink", f"127.0.0.1:{port}",
-                "--insecure", "--port", str(free_port()),
+                "--root-certificates", str(ca), "--port", str(free_port()),
             ]
             if cli
             else [
-                "flower-supernode", "--insecure", "--superlink", f"127.0.0.1:{port}",
+                "flower-supernode", "--root-certificates", str(ca), "--superlink",
+                f"127.0.0.1:{port}",
                 "--port", str(free_port()), "--node-config", node_config(node),
             ]
             for name, node in nodes.items()
@@ -336,7 +348,7 @@ def cluster(
                     )
                 )
             if name == "superlink":
-                wait_for(port, time.monotonic() + 20)
+                wait_for(port, ca, time.monotonic() + 20)
         yield port, logs, env
     finally:
         stop(processes)
@@ -379,18 +391,57 @@ def _gone() -> suppress:
     return suppress(ProcessLookupError)  # it died on its own
 
 
-def wait_for(port: int, until: float) -> None:
-    """Until the SuperLink answers its health check (it takes seconds to start)."""
+def wait_for(port: int, ca: Path, until: float) -> None:
+    """Until the SuperLink answers its health check over TLS (it takes seconds to start)."""
+    trusted = ssl.create_default_context(cafile=str(ca))
     while True:
         with (
             suppress(OSError),
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r,
+            urllib.request.urlopen(
+                f"https://127.0.0.1:{port}/health", timeout=1, context=trusted
+            ) as answer,
         ):
-            if r.status == 200:
+            if answer.status == 200:
                 return
         if time.monotonic() > until:
             raise AssertionError(f"no SuperLink on port {port}")
         time.sleep(0.2)
+
+
+def certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA made for the test and the SuperLink's certificate (for 127.0.0.1) and key."""
+    folder.mkdir()
+    now = datetime.datetime.now(datetime.UTC)
+
+    def signed(name: str, key: ec.EllipticCurvePrivateKey, ca: bool) -> x509.CertificateBuilder:
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dpfl test CA")]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = signed("dpfl test CA", ca_key, True).sign(ca_key, hashes.SHA256())
+    address = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    cert = signed("127.0.0.1", key, False).add_extension(address, critical=False)
+    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(
+        cert.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    )
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
 
 
 def deploy(
@@ -402,7 +453,8 @@ def deploy(
     with cluster(nodes, root, cli=cli) as (port, logs, env):
         command = [
             str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(len(nodes)),
-            "--superlink", f"127.0.0.1:{port}", "--out", str(out), "--insecure",
+            "--superlink", f"127.0.0.1:{port}", "--out", str(out), "--root-certificates",
+            str(root / "tls" / "ca.crt"),
             "--wait", "30", "--timeout", "30",
         ]  # fmt: skip
         left = DEADLINE - (time.monotonic() - began)

@@ -29,8 +29,7 @@ InsecureOpt = Annotated[
     bool,
     typer.Option(
         "--insecure",
-        help="Talk to the SuperLink without TLS: everything on the wire is readable. TLS "
-        "(--root-certificates) is passed to Flower but not yet tested with dpfl.",
+        help="Talk to the SuperLink without TLS: everything on the wire is readable.",
     ),
 ]
 RootCertOpt = Annotated[
