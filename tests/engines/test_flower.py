@@ -294,15 +294,18 @@ def node_config(node: dict[str, Any]) -> str:
 
 @contextmanager
 def cluster(
-    nodes: dict[str, dict[str, Any]], root: Path, *, cli: bool
+    nodes: dict[str, dict[str, Any]], root: Path, *, cli: bool, intruder: bool
 ) -> Iterator[tuple[int, Path, dict[str, str]]]:
     """A SuperLink and one SuperNode per hospital (`cli`: started by `dpfl deploy
     hospital`), each its own process on loopback; all killed on the way out, whatever
-    happens. Every link is TLS with a CA made for the test. Yields the SuperLink's port,
-    the logs' folder and the environment."""
+    happens. Every link is TLS with a CA made for the test; the SuperLink admits only
+    SuperNodes whose keys were registered (`dpfl deploy register`), which an `intruder`
+    SuperNode's is not. Yields the SuperLink's port, the logs' folder and the
+    environment."""
     flower_binaries()
     port = free_port()
     ca, cert, key = certificates(root / "tls")
+    auth = keys(root / "keys", [*nodes, "intruder"])
     env = {
         **os.environ,
         "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
@@ -315,7 +318,7 @@ def cluster(
         "superlink": [
             "flower-superlink", "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
             "--ssl-keyfile", str(key), "--host", "127.0.0.1", "--port", str(port),
-            "--disable-runtime-dependency-installation",
+            "--disable-runtime-dependency-installation", "--enable-supernode-auth",
         ],
         **{
             name: [
@@ -324,14 +327,18 @@ def cluster(
                 "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
                 "--ledger", node["ledger"], "--superlink", f"127.0.0.1:{port}",
                 "--root-certificates", str(ca), "--port", str(free_port()),
+                "--auth-key", str(auth[name]),
             ]
             if cli
             else [
                 "flower-supernode", "--root-certificates", str(ca), "--superlink",
                 f"127.0.0.1:{port}",
                 "--port", str(free_port()), "--node-config", node_config(node),
+                "--auth-supernode-private-key", str(auth[name]),
             ]
-            for name, node in nodes.items()
+            for name, node in {
+                **nodes, **({"intruder": next(iter(nodes.values()))} if intruder else {})
+            }.items()
         },
     }  # fmt: skip
     processes: list[subprocess.Popen[bytes]] = []
@@ -349,9 +356,48 @@ def cluster(
                 )
             if name == "superlink":
                 wait_for(port, ca, time.monotonic() + 20)
+                register(port, ca, [auth[n].with_suffix(".pub") for n in nodes], env)
         yield port, logs, env
     finally:
         stop(processes)
+
+
+def keys(folder: Path, names: list[str]) -> dict[str, Path]:
+    """Each SuperNode's private key (OpenSSH, P-384), its public key beside it (.pub)."""
+    folder.mkdir()
+    paths = {}
+    for name in names:
+        key = ec.generate_private_key(ec.SECP384R1())
+        paths[name] = folder / f"{name}.key"
+        paths[name].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
+        paths[name].with_suffix(".pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+        )
+    return paths
+
+
+def register(port: int, ca: Path, public_keys: list[Path], env: dict[str, str]) -> None:
+    """`dpfl deploy register` each key, all at once."""
+    commands = [
+        [str(BIN / "dpfl"), "deploy", "register", str(key), "--superlink", f"127.0.0.1:{port}",
+         "--root-certificates", str(ca)]
+        for key in public_keys
+    ]  # fmt: skip
+    running = [
+        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for c in commands
+    ]
+    for process in running:
+        output, _ = process.communicate(timeout=60)
+        assert process.returncode == 0, output.decode()
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:
@@ -445,12 +491,17 @@ def certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 def deploy(
-    study: Path, nodes: dict[str, dict[str, Any]], root: Path, *, cli: bool = False
-) -> tuple[str, Path]:
-    """`dpfl deploy server` of the study over the hospitals' SuperNodes: its output and
-    the server's out folder."""
+    study: Path,
+    nodes: dict[str, dict[str, Any]],
+    root: Path,
+    *,
+    cli: bool = False,
+    intruder: bool = False,
+) -> tuple[str, Path, Path]:
+    """`dpfl deploy server` of the study over the hospitals' SuperNodes: its output, the
+    server's out folder and the logs' folder."""
     began, out = time.monotonic(), root / "server-out"
-    with cluster(nodes, root, cli=cli) as (port, logs, env):
+    with cluster(nodes, root, cli=cli, intruder=intruder) as (port, logs, env):
         command = [
             str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(len(nodes)),
             "--superlink", f"127.0.0.1:{port}", "--out", str(out), "--root-certificates",
@@ -463,7 +514,7 @@ def deploy(
         except subprocess.TimeoutExpired as exc:
             shown = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in logs.iterdir())
             raise AssertionError(f"the deployment took over {DEADLINE:g}s\n{shown}") from exc
-    return done.stdout + done.stderr, out
+    return done.stdout + done.stderr, out, logs
 
 
 @pytest.mark.slow
@@ -471,7 +522,7 @@ def test_three_hospitals_on_loopback_end_with_the_simulators_model(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
-    output, out = deploy(study, nodes, tmp_path)
+    output, out, _ = deploy(study, nodes, tmp_path)
     assert (out / "result.pt").exists(), output
     result = DeploymentResult.load(out)
     expected, book = simulated(study, tmp_path)
@@ -486,13 +537,14 @@ def test_three_hospitals_on_loopback_end_with_the_simulators_model(
 
 
 @pytest.mark.slow
-def test_on_loopback_a_hospital_whose_budget_is_too_small_refuses_and_the_run_says_so(
+def test_on_loopback_a_hospital_over_budget_refuses_and_an_unregistered_node_is_kept_out(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
-    output, out = deploy(study, nodes, tmp_path, cli=True)
+    output, out, logs = deploy(study, nodes, tmp_path, cli=True, intruder=True)
     result = DeploymentResult.load(out)
     assert result.rounds_completed == 0 and list(result.refused) == ["hospital-2"], output
     assert "hospital-2 refused: hospital-2/trial-0: 3 more rounds" in output
     for name, node in nodes.items():
         assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+    assert "Failed to activate SuperNode" in (logs / "intruder.log").read_text()

@@ -1,8 +1,9 @@
 """`dpfl deploy`: a study on Flower's deployment runtime (see docs/deployment.md).
 
 `dpfl deploy hospital` starts this hospital's SuperNode with its own settings (data,
-public size, budget, ledger: never the server's); `dpfl deploy server` submits the
-study to a running SuperLink with `flwr run` and waits for its result. Both are thin
+public size, budget, ledger: never the server's); `dpfl deploy register` lets a
+hospital's key join a SuperLink that authenticates SuperNodes; `dpfl deploy server`
+submits the study to a running SuperLink with `flwr run` and waits for its result. Both are thin
 over `dpfl.engines.flower` and Flower's own commands, which they print before running.
 """
 
@@ -68,6 +69,10 @@ def hospital(
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
     insecure: InsecureOpt = False,
     root_certificates: RootCertOpt = None,
+    auth_key: Annotated[
+        Path | None,
+        typer.Option(help="This hospital's private key (OpenSSH), registered at the SuperLink."),
+    ] = None,
     port: Annotated[int, typer.Option(help="Local port of the SuperNode's runtime API.")] = 9094,
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords."""
@@ -94,6 +99,7 @@ def hospital(
         [
             _flower("flower-supernode"),
             *transport,
+            *([] if auth_key is None else ["--auth-supernode-private-key", str(auth_key)]),
             "--superlink",
             superlink,
             "--port",
@@ -121,20 +127,42 @@ def server(
     with reported_errors():
         study_point(study)
         transport = _transport(insecure, root_certificates)
-    home = Path(tempfile.mkdtemp(prefix="dpfl-deploy-"))
-    connection = (
-        "insecure = true"
-        if transport == ["--insecure"]
-        else f'root-certificates = "{transport[1]}"'
-    )
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "dpfl"\n\n[superlink.dpfl]\naddress = "{superlink}"\n'
-        f"{connection}\n",
-        encoding="utf-8",
-    )
+    home = _home(superlink, transport)
     run_config = (
         f'study="{study.resolve()}" hospitals={hospitals} out="{out.resolve()}" '
         f"wait={float(wait)} timeout={float(timeout)}"
     )
     command = [_flower("flwr"), "run", str(write_app(home / "app")), "dpfl", "--stream"]
     _run([*command, "--run-config", run_config], env={**os.environ, "FLWR_HOME": str(home)})
+
+
+@app.command("register")
+def register(
+    public_key: Annotated[Path, typer.Argument(help="A hospital's public key (OpenSSH, NIST EC).")],
+    superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
+    insecure: InsecureOpt = False,
+    root_certificates: RootCertOpt = None,
+) -> None:
+    """Let the hospital holding this key's private half join (a SuperLink started with
+    --enable-supernode-auth refuses every other SuperNode)."""
+    with reported_errors():
+        transport = _transport(insecure, root_certificates)
+    home = _home(superlink, transport)
+    command = [_flower("flwr"), "supernode", "register", str(public_key.resolve()), "dpfl"]
+    _run(command, env={**os.environ, "FLWR_HOME": str(home)})
+
+
+def _home(superlink: str, transport: list[str]) -> Path:
+    """A fresh FLWR_HOME whose default connection is the SuperLink."""
+    home = Path(tempfile.mkdtemp(prefix="dpfl-deploy-"))
+    connection = (
+        "insecure = true"
+        if transport == ["--insecure"]
+        else f'root-certificates = "{Path(transport[1]).resolve()}"'
+    )
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "dpfl"\n\n[superlink.dpfl]\naddress = "{superlink}"\n'
+        f"{connection}\n",
+        encoding="utf-8",
+    )
+    return home
