@@ -145,6 +145,30 @@ def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
     assert lo < var_stat < hi
 
 
+def test_every_parameter_tensor_gets_noise_of_std_sigma_times_c() -> None:
+    """Each step draws one member's noise for all its tensors at once: recovered as above,
+    every tensor's share is N(0, (σC)²), from the largest matrix to a single bias."""
+    d, sigma, clip, q, lr, steps = 40, 1.7, 0.3, 1e-12, 0.5, 5
+    model = mlp(d, (30,)).double()  # 30 × 40, 30, 1 × 30 and 1 parameters
+    x, y = _data(1, d, 3)
+    params = parameters_of(model)
+    result = DPSGD(model, bce, DPSGDConfig(clip, sigma, lr)).run(
+        params,
+        (x, y),
+        PoissonSampler(1, q, np.random.default_rng(0), public_size=1),
+        steps,
+        noise=SeededNoise(0),
+    )
+    samples = []
+    for name, start in params.items():
+        draws = ((start - result.params[name]) * q / lr / steps).flatten().numpy()
+        sample = draws * np.sqrt(steps) / (sigma * clip)
+        lo, hi = stats.chi2.ppf([0.0005, 0.9995], len(sample))
+        assert lo < (sample**2).sum() < hi, name
+        samples.append(sample)
+    assert stats.kstest(np.concatenate(samples), "norm").pvalue > 0.01
+
+
 def test_update_is_clipped_sum_over_expected_batch_size_with_momentum() -> None:
     """σ→0 and a huge C: two steps must equal autograd's Σ grads / (q·n) with momentum."""
     n, q, lr, beta = 40, 0.25, 0.2, 0.9
