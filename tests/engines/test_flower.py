@@ -31,6 +31,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
@@ -107,6 +108,8 @@ class InProcessGrid(Grid):
         self.replies: dict[str, Message] = {}
         self.apps: dict[int, ClientApp] = {}
         """Nodes that run another ClientApp than dpfl's."""
+        self.registered: dict[int, str] = {}
+        """Names the nodes' keys were registered with."""
         self.contexts = {
             k + 2: Context(
                 run_id=7, node_id=k + 2, node_config=n, state=RecordDict(), run_config={}
@@ -126,6 +129,9 @@ class InProcessGrid(Grid):
 
     def get_node_ids(self) -> Iterable[int]:
         return list(self.contexts)
+
+    def get_nodes(self) -> Iterable[NodeInfo]:
+        return [NodeInfo(node_id=n, name=self.registered.get(n, "")) for n in self.contexts]
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         ids = []
@@ -217,6 +223,17 @@ def test_in_process_a_client_that_is_not_dpfls_is_rejected(study: Path, tmp_path
     grid.apps = {9: plain}
     with pytest.raises(DeploymentError, match="No query function registered with name 'hello'"):
         serve(grid, study_point(study), hospitals=4)
+
+
+def test_in_process_a_hospital_cannot_claim_another_registered_name(
+    study: Path, tmp_path: Path
+) -> None:
+    grid = InProcessGrid(hospitals(study, tmp_path / "hospitals").values())
+    grid.registered = {2: "hospital-0", 3: "hospital-2", 4: "hospital-1"}
+    with pytest.raises(
+        DeploymentError, match="says it is 'hospital-1', its key is registered as 'hospital-2'"
+    ):
+        serve(grid, study_point(study), hospitals=3)
 
 
 def test_in_process_a_hospital_refuses_a_round_outside_the_study(
@@ -356,7 +373,7 @@ def cluster(
                 )
             if name == "superlink":
                 wait_for(port, ca, time.monotonic() + 20)
-                register(port, ca, [auth[n].with_suffix(".pub") for n in nodes], env)
+                register(port, ca, {n: auth[n].with_suffix(".pub") for n in nodes}, env)
         yield port, logs, env
     finally:
         stop(processes)
@@ -384,12 +401,12 @@ def keys(folder: Path, names: list[str]) -> dict[str, Path]:
     return paths
 
 
-def register(port: int, ca: Path, public_keys: list[Path], env: dict[str, str]) -> None:
-    """`dpfl deploy register` each key, all at once."""
+def register(port: int, ca: Path, public_keys: dict[str, Path], env: dict[str, str]) -> None:
+    """`dpfl deploy register` each hospital's key under its name, all at once."""
     commands = [
-        [str(BIN / "dpfl"), "deploy", "register", str(key), "--superlink", f"127.0.0.1:{port}",
-         "--root-certificates", str(ca)]
-        for key in public_keys
+        [str(BIN / "dpfl"), "deploy", "register", str(key), "--name", name,
+         "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(ca)]
+        for name, key in public_keys.items()
     ]  # fmt: skip
     running = [
         subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
@@ -527,6 +544,8 @@ def test_three_hospitals_on_loopback_end_with_the_simulators_model(
     result = DeploymentResult.load(out)
     expected, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused, output
+    for name in nodes:
+        assert f"its key registered as {name}" in output
     for name, value in expected.items():
         assert torch.equal(result.params[name], value)  # bit for bit, across processes
     for name, node in nodes.items():

@@ -139,6 +139,9 @@ def server(
 @app.command("register")
 def register(
     public_key: Annotated[Path, typer.Argument(help="A hospital's public key (OpenSSH, NIST EC).")],
+    name: Annotated[
+        str, typer.Option(help="The hospital's name in the study: the only one it may use.")
+    ],
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
     insecure: InsecureOpt = False,
     root_certificates: RootCertOpt = None,
@@ -148,7 +151,8 @@ def register(
     with reported_errors():
         transport = _transport(insecure, root_certificates)
     home = _home(superlink, transport)
-    command = [_flower("flwr"), "supernode", "register", str(public_key.resolve()), "dpfl"]
+    key = str(public_key.resolve())
+    command = [_flower("flwr"), "supernode", "register", key, "dpfl", "--name", name]
     _run(command, env={**os.environ, "FLWR_HOME": str(home)})
 
 

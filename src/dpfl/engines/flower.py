@@ -32,6 +32,7 @@ hospitals, the results store.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 import time
@@ -70,6 +71,8 @@ from dpfl.secure import InTheClear
 
 PROTOCOL = 1
 """Version of the messages below; a hospital on another version is refused."""
+LOG = logging.getLogger("flwr")
+"""Flower's logger: what the ServerApp logs, `flwr run --stream` shows."""
 POLL = 0.1
 """Seconds between the server's pulls of replies."""
 RECORD = "dpfl"
@@ -493,12 +496,14 @@ class _Server:
 
     def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
         """Wait for `count` SuperNodes; each must answer hello as a dpfl hospital of this
-        study. By name: (node id, its hello)."""
+        study, under the name its key was registered with, if any. By name: (node id,
+        its hello)."""
         deadline = time.monotonic() + wait
         while len(nodes := sorted(self.grid.get_node_ids())) < count:
             if time.monotonic() > deadline:
                 raise DeploymentError(f"{len(nodes)} of {count} hospitals connected in {wait:g}s")
             time.sleep(0.2)
+        registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
         by_name: dict[str, tuple[int, dict[str, Any]]] = {}
         for node, fields in self.ask("query.hello", {n: {} for n in nodes}).items():
             if fields.get("protocol") != PROTOCOL or fields.get("study") != self.config.key():
@@ -507,9 +512,22 @@ class _Server:
                     f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
                     f"{self.config.key()}"
                 )
-            if fields["name"] in by_name:
-                raise DeploymentError(f"two hospitals call themselves {fields['name']!r}")
-            by_name[str(fields["name"])] = (node, fields)
+            name = str(fields["name"])
+            if registered.get(node) and registered[node] != name:
+                raise DeploymentError(
+                    f"node {node} says it is {name!r}, its key is registered as "
+                    f"{registered[node]!r}"
+                )
+            if name in by_name:
+                raise DeploymentError(f"two hospitals call themselves {name!r}")
+            by_name[name] = (node, fields)
+            LOG.info(
+                "%s: node %d, public size %s%s",
+                name,
+                node,
+                fields["public-size"],
+                f", its key registered as {name}" if registered.get(node) else "",
+            )
         return dict(sorted(by_name.items()))
 
 
