@@ -42,7 +42,7 @@ from dpfl.engines.flower import (
     serve,
     study_point,
 )
-from dpfl.engines.simulation import simulate
+from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.runner import build_algorithm
 from dpfl.federation.silo import Silo
@@ -85,6 +85,8 @@ def hospitals(study: Path, root: Path, epsilon: dict[str, float] | None = None) 
         folder = root / silo.name
         folder.mkdir(parents=True)
         np.savez(folder / "train.npz", x=silo.x.numpy(), y=silo.y.numpy())
+        assert silo.x_test is not None and silo.y_test is not None
+        np.savez(folder / "test.npz", x=silo.x_test.numpy(), y=silo.y_test.numpy())
         nodes[silo.name] = {
             "name": silo.name,
             "study": str(study),
@@ -155,7 +157,7 @@ class InProcessGrid(Grid):
         raise NotImplementedError
 
 
-def simulated(study: Path, tmp_path: Path) -> tuple[dict[str, torch.Tensor], Ledger]:
+def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:
     config = study_point(study)
     silos = build_silos(config.data, config.seed)
     book = Ledger(tmp_path / "simulated.sqlite")
@@ -169,7 +171,7 @@ def simulated(study: Path, tmp_path: Path) -> tuple[dict[str, torch.Tensor], Led
         ledger=book,
         progress=False,
     )
-    return {k: v[0] for k, v in result.params.items()}, book
+    return result, book
 
 
 def accuracy(params: dict[str, torch.Tensor], silos: list[Silo]) -> float:
@@ -190,11 +192,12 @@ def test_in_process_the_deployment_ends_with_the_simulators_model(
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
     result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
-    expected, book = simulated(study, tmp_path)
+    simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused
     assert accuracy(result.params, build_silos(study_point(study).data, 3)) > 0.8
-    for name, value in expected.items():
-        assert torch.equal(result.params[name], value)  # bit for bit
+    assert result.metrics == simulation.silo_metrics[0]  # each hospital's, on its test set
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])  # bit for bit
     for name, node in nodes.items():
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
         assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
@@ -542,12 +545,13 @@ def test_three_hospitals_on_loopback_end_with_the_simulators_model(
     output, out, _ = deploy(study, nodes, tmp_path)
     assert (out / "result.pt").exists(), output
     result = DeploymentResult.load(out)
-    expected, book = simulated(study, tmp_path)
+    simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused, output
     for name in nodes:
         assert f"its key registered as {name}" in output
-    for name, value in expected.items():
-        assert torch.equal(result.params[name], value)  # bit for bit, across processes
+    assert result.metrics == simulation.silo_metrics[0]  # each hospital's, on its test set
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])  # bit for bit, across processes
     for name, node in nodes.items():
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
         assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]

@@ -21,17 +21,19 @@ deployment repeats a simulation exactly).
 
 Messages: "query.hello" (the hospital's public facts), "query.plan" (the run's silos
 and rounds: each hospital checks its plan), "train" (one exchange of one round: the
-cohort and the flat float32 model). Replies carry the encoded vector
-(`messages.encode`) or `refused`, the reason.
+cohort and the flat float32 model), "evaluate" (the final model: each hospital scores
+the model it uses on its own test set, outside ε as in the simulator). Replies carry
+the encoded vector (`messages.encode`) or `refused`, the reason.
 
 Not yet: secure aggregation (Flower's SecAgg+ workflow and mod; until then a study
-whose ε assumes the server sees only a sum is refused, on both sides), TLS and
-SuperNode authentication, dropouts and retries, server checkpoints, evaluation at the
-hospitals, the results store.
+whose ε assumes the server sees only a sum is refused, on both sides), dropouts and
+retries, server checkpoints, the results store. TLS and SuperNode authentication are
+Flower's (`dpfl deploy`, docs/deployment.md).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -50,6 +52,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from dpfl.engines.accounts import account, register_accounts
+from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import _noise, _rng, _Streams
 from dpfl.experiments.config import StudyConfig, load
 from dpfl.experiments.runner import build_algorithm
@@ -63,6 +66,7 @@ from dpfl.federation.algorithms.base import (
 )
 from dpfl.federation.messages import Encoding, decode, encode
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.privacy import Budget, Ledger, Neighbouring, events
@@ -308,11 +312,7 @@ class _Hospital:
             if why is not None:
                 return {"refused": why}
             like = parameters_of(algorithm.model)
-            sent = bytes(fields["params"])
-            params = None
-            if sent:
-                n = sum(v.numel() for v in like.values())
-                params = unflat(decode(Encoding.FLOAT32, sent, n), like)
+            params = _received(fields, like)
             names = {s.name: s for s in silos}
             cohort = tuple(names[str(n)] for n in fields["cohort"])
             saved = self._load()
@@ -349,6 +349,27 @@ class _Hospital:
                 }
             )
         return out
+
+    def evaluate(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Metrics of the model this hospital uses (its personal one if it keeps one) on its
+        own test set, `test.npz` beside its training records; released outside ε, as the
+        simulator's are. None without a test set."""
+        test = self.me.data / "test.npz"
+        if not test.exists():
+            return {"metrics": False}
+        algorithm, _ = self.algorithm(fields)
+        sent = _received(fields, parameters_of(algorithm.model))
+        if sent is None:
+            raise DeploymentError("an evaluation needs the model")
+        local = self._load().get("local", {})
+        with np.load(test) as arrays:
+            tested = Silo.from_arrays(self.me.name, arrays["x"], arrays["y"])
+        silo = dataclasses.replace(self.silo, x_test=tested.x, y_test=tested.y)
+        with _one_thread():
+            model = algorithm.model_of({"global": sent}, local)
+            (row,) = evaluate(algorithm.model, [[model]], [silo], int(fields["round"]))
+        metrics: dict[str, float] = row["silos"][self.me.name]
+        return {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
 
     def _load(self) -> dict[str, Any]:
         if not self._state_file.exists():
@@ -391,6 +412,15 @@ class _MemberStreams:
         return _noise(True, self._key("noise"))
 
 
+def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
+    """The model the server sent (None: none was)."""
+    sent = bytes(fields["params"])
+    if not sent:
+        return None
+    n = sum(v.numel() for v in like.values())
+    return unflat(decode(Encoding.FLOAT32, sent, n), like)
+
+
 def _handler(
     work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]],
 ) -> Callable[[Message, Context], Message]:
@@ -420,12 +450,17 @@ def _train(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.train(fields)
 
 
+def _evaluate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    return hospital.evaluate(fields)
+
+
 def client_app() -> ClientApp:
-    """The hospital half: answers hello, plan and train messages."""
+    """The hospital half: answers hello, plan, train and evaluate messages."""
     app = ClientApp()
     app.query("hello")(_handler(_hello))
     app.query("plan")(_handler(_plan))
     app.train()(_handler(_train))
+    app.evaluate()(_handler(_evaluate))
     return app
 
 
@@ -443,30 +478,21 @@ class DeploymentResult:
     """Each hospital's ε as it reported it from its own ledger."""
     refused: dict[str, str]
     """Hospitals that refused, and why; the run stopped there."""
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each hospital's metrics of its final model on its own test set, as it reported
+    them (hospitals without a test set report none)."""
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
+        saved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         torch.save(
-            {
-                "rounds_completed": self.rounds_completed,
-                "params": self.params,
-                "silos": [(s.name, s.public_size) for s in self.silos],
-                "epsilon": self.epsilon,
-                "refused": self.refused,
-            },
-            out / "result.pt",
+            {**saved, "silos": [(s.name, s.public_size) for s in self.silos]}, out / "result.pt"
         )
 
     @staticmethod
     def load(out: Path) -> DeploymentResult:
         saved = torch.load(out / "result.pt", weights_only=True)
-        return DeploymentResult(
-            saved["rounds_completed"],
-            saved["params"],
-            [SiloInfo(n, s) for n, s in saved["silos"]],
-            saved["epsilon"],
-            saved["refused"],
-        )
+        return DeploymentResult(**{**saved, "silos": [SiloInfo(n, s) for n, s in saved["silos"]]})
 
 
 @dataclass
@@ -595,6 +621,14 @@ def serve(
                 return result
             state = algorithm.aggregate(state, replies, InTheClear())
         result.rounds_completed, result.params = round_ + 1, state["global"]
+    final = encode(Encoding.FLOAT32, flat(result.params))
+    asked = {n: {**public, "round": config.rounds - 1, "params": final} for n in node.values()}
+    scored = server.ask("evaluate", asked)
+    result.metrics = {
+        name: dict(zip(scored[n]["names"], scored[n]["values"], strict=True))
+        for name, n in node.items()
+        if scored[n]["metrics"]
+    }
     return result
 
 
