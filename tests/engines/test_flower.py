@@ -206,6 +206,34 @@ def test_in_process_the_deployment_ends_with_the_simulators_model(
     book.close()
 
 
+@pytest.mark.parametrize(
+    "algorithm",
+    [
+        'name = "mrmtl"\nstrength = 0.5',
+        'name = "ditto"\nstrength = 0.5',
+        'name = "finetune"\nfederated_rounds = 2',
+        'name = "local"',
+        'name = "sign"',
+        'name = "cyclic"\nsteps_per_visit = 3',
+        'name = "fedavg"\nclients_per_round = 2',
+    ],
+)
+def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
+    study: Path, tmp_path: Path, algorithm: str
+) -> None:
+    """Personal models and momentum stay at the hospitals between rounds (a file beside
+    each ledger), hand-offs and sampled cohorts go through the same messages."""
+    study.write_text(STUDY.replace('name = "fedavg"', algorithm), encoding="utf-8")
+    nodes = hospitals(study, tmp_path / "hospitals")
+    result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
+    simulation, book = simulated(study, tmp_path)
+    book.close()
+    assert result.rounds_completed == 3 and not result.refused
+    assert result.metrics == simulation.silo_metrics[0]
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])
+
+
 def test_in_process_a_hospital_whose_budget_is_too_small_refuses_before_round_0(
     study: Path, tmp_path: Path
 ) -> None:
