@@ -12,6 +12,7 @@ import torch
 from scipy import stats
 
 from dpfl.federation.messages import SecureSum
+from dpfl.secure import masking as masking_module
 from dpfl.secure.masking import (
     AdvertiseKeys,
     EncryptedShare,
@@ -332,3 +333,32 @@ def test_a_sum_smaller_than_the_callers_minimum_is_never_unmasked():
     forged = PairwiseMasking(threshold=3, network=lose_two, random_bytes=seeded(2))
     with pytest.raises(SecureAggregationError, match="3 masked inputs, fewer than the 5"):
         forged(vectors, at_least=5)
+
+
+def test_shamir_any_threshold_of_shares_reconstructs_and_fewer_do_not():
+    rng = seeded(15)
+    secret = rng(32)
+    shares = masking_module._split(secret, 3, 5, rng)
+    assert len(shares) == 5 and {len(s) for s in shares} == {4 + 66}
+    for subset in ((0, 1, 2), (4, 2, 0), (1, 3, 4), (0, 1, 2, 3, 4)):
+        assert masking_module._combine([shares[i] for i in subset]) == secret
+    with pytest.raises(SecureAggregationError, match="not a 32-byte secret"):
+        masking_module._combine(shares[:2])  # t − 1 shares: some other field element
+    for bad in ([shares[0], shares[0], shares[1]], [shares[0][:-1], shares[1], shares[2]]):
+        with pytest.raises(SecureAggregationError, match="malformed share"):
+            masking_module._combine(bad)
+    # the same secret shared twice: fresh coefficients, different shares
+    assert masking_module._split(secret, 3, 5, rng) != shares
+
+
+def test_float32_replies_encode_to_the_words_of_their_float64_values():
+    codec = FixedPoint()
+    g = np.random.default_rng(16)
+    ties = (np.arange(-8, 8) + 0.5) / codec.scale  # rint's ties, to even in both formats
+    x = np.concatenate(
+        [g.uniform(-128, 128, 1000), ties, [-128.0, 128.0, 1e-30, -1e-40, 0.0]]
+    ).astype(np.float32)
+    words = codec.encode(x)
+    assert words.dtype == np.uint32
+    assert np.array_equal(words, codec.encode(x.astype(np.float64)))
+    assert np.array_equal(codec.decode(words, 1), np.rint(x.astype(np.float64) * 2**16) / 2**16)
