@@ -267,6 +267,32 @@ def test_in_process_a_hospital_cannot_claim_another_registered_name(
         serve(grid, study_point(study), hospitals=3)
 
 
+def test_in_process_a_hospital_gone_mid_run_stops_it_with_what_is_done(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    grid = InProcessGrid(nodes.values())
+    answered, gone = grid.app, ClientApp()
+    gone.query("hello")(answered)
+    gone.query("plan")(answered)
+    gone.evaluate()(answered)
+
+    def crash_in_round_1(message: Message, context: Context) -> Message:
+        if message.metadata.message_type == "train" and message.content["dpfl"]["round"] == 1:
+            raise ConnectionError("the machine went away")
+        return answered(message, context)
+
+    gone.train()(crash_in_round_1)
+    grid.apps = {3: gone}  # hospital-1
+    result = serve(grid, study_point(study), hospitals=3, timeout=5)
+    assert result.rounds_completed == 1 and not result.refused
+    assert result.stopped.startswith("round 1: hospital-1: error 0: ConnectionError")
+    for name, node in nodes.items():  # the others paid for round 1, whose sum never came
+        assert len(entries(Path(node["ledger"]), f"{name}/trial-0")) == (
+            1 if name == "hospital-1" else 2
+        )
+
+
 def test_in_process_a_hospital_refuses_a_round_outside_the_study(
     study: Path, tmp_path: Path
 ) -> None:

@@ -478,6 +478,9 @@ class DeploymentResult:
     """Each hospital's ε as it reported it from its own ledger."""
     refused: dict[str, str]
     """Hospitals that refused, and why; the run stopped there."""
+    stopped: str = ""
+    """Why the run stopped before its last round otherwise (a hospital that did not
+    reply in time, or failed); its hospitals keep what they were charged."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each hospital's metrics of its final model on its own test set, as it reported
     them (hospitals without a test set report none)."""
@@ -500,6 +503,8 @@ class _Server:
     grid: Grid
     config: StudyConfig
     timeout: float
+    names: dict[int, str] = field(default_factory=dict)
+    """The hospitals' names by node, once they said hello."""
 
     def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         """Send each node its fields; every node must reply in time."""
@@ -515,10 +520,16 @@ class _Server:
             time.sleep(POLL)
             for reply in self.grid.pull_messages(list(waiting)):
                 by_node[waiting.pop(reply.metadata.reply_to_message_id)] = reply
-        missing = sorted(set(nodes) - set(by_node))
+        missing = [self.names.get(n, str(n)) for n in nodes if n not in by_node]
         if missing:
-            raise DeploymentError(f"no {kind} reply within {self.timeout:g}s from nodes {missing}")
-        return {node: _fields(by_node[node]) for node in nodes}
+            raise DeploymentError(f"no {kind} reply within {self.timeout:g}s from {missing}")
+        fields = {}
+        for node in nodes:
+            try:
+                fields[node] = _fields(by_node[node])
+            except DeploymentError as exc:
+                raise DeploymentError(f"{self.names.get(node, node)}: {exc}") from exc
+        return fields
 
     def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
         """Wait for `count` SuperNodes; each must answer hello as a dpfl hospital of this
@@ -573,6 +584,7 @@ def serve(
     classes = max(int(hello["classes"]) for _, hello in known.values())
     silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
     node = {name: n for name, (n, _) in known.items()}
+    server.names = {n: name for name, n in node.items()}
     algorithm = algorithm_for(config, silos, shape, classes)
     public = {
         "study": config.key(),
@@ -605,7 +617,11 @@ def serve(
                 }
                 for name, order in orders.items()
             }
-            answers = server.ask("train", asked)
+            try:
+                answers = server.ask("train", asked)
+            except DeploymentError as exc:  # a hospital gone or failing: keep what is done
+                result.stopped = f"round {round_}: {exc}"
+                return result
             replies: dict[str, Reply] = {}
             for name in orders:
                 fields = answers[node[name]]
@@ -650,10 +666,11 @@ def server_app() -> ServerApp:
             timeout=float(run["timeout"]),
         )
         result.save(Path(str(run["out"])))
-        if result.refused:
+        reasons = [f"{name} refused: {why}" for name, why in result.refused.items()]
+        if reasons or result.stopped:
             raise DeploymentError(
                 f"stopped after {result.rounds_completed} rounds: "
-                + "; ".join(f"{name} refused: {why}" for name, why in result.refused.items())
+                + "; ".join([*reasons, *([result.stopped] if result.stopped else [])])
             )
 
     return app
