@@ -46,15 +46,12 @@ observer; numpy's Philox is fast too but is not a cryptographic PRG and takes a 
 key. The masks are generated 64 Ki words at a time into one reusable buffer
 (`update_into`) and added in place to that block of the vector, which stays in cache
 while all K are added (AES-256-CTR would be ~15% faster on this CPU, 0.45 against
-0.53 ms per 4 MB: not worth a second primitive). Shamir over GF(p), p the
-Mersenne prime 2^521 − 1, with Python integers: f(0) is the 32-byte secret, the other
-t − 1 coefficients uniform (521 random bits, the single value ≥ p rejected), share j is
-(j, f(j)) in 4 + 66 bytes, reconstruction is Lagrange interpolation at 0 and refuses a
-result that is not a 32-byte value. Any t − 1 shares are uniform whatever the secret.
-Flower's SecAgg+ helpers are not used: its Shamir (pycryptodome's GF(2^128) in pure
-Python with a thread pool per call) took 4 to 5 ms a split and a reconstruction, 46 ms
-of the server's 75 ms at 10 clients whatever n; its Fernet encryption has no associated
-data and its mask PRG is `np.random.RandomState` seeded with 32 bits.
+0.53 ms per 4 MB: not worth a second primitive). Shamir: pycryptodome's
+`Crypto.Protocol.SecretSharing.Shamir` over GF(2^128), the scheme Flower's SecAgg+ uses,
+on each 16-byte half of a 32-byte secret (Flower's own wrapper starts a thread pool at
+every call, 4-5 ms a split or reconstruction; direct calls take 0.5 and 3 ms). Flower's
+Fernet encryption has no associated data and its mask PRG is `np.random.RandomState`
+seeded with 32 bits: neither is used.
 
 Fixed point (`FixedPoint`). A float x with |x| ≤ clip is encoded as rint(x·scale) mod 2^k
 (k = `bits`, 32 or 64; scale a power of two, so x·scale is exact and the only error is the
@@ -80,22 +77,20 @@ with fewer than t clients; dropouts up to K − t are tolerated. A caller's `at_
 unmask a sum of fewer than max(t, m) inputs, so a DP algorithm whose hospitals charged
 the event of m noise shares never sees a sum with fewer.
 
-Cost (`.venv/bin/python benchmarks/bench_secure.py`, one thread, 2 CPUs shared with other
-work, load ≈ 3, medians of 3; the figures move by tens of percent between runs). At 10
-clients × 1,000,001 parameters a client spends 16 ms (keys, shares, encoding, 10 masks,
-tags) and the server 21 ms (checks, sum, 10 self masks, decoding); the deployment's
-critical path is 31 ms against 29 ms for dpfl's plaintext sum (`plain_sum`, which
-stacks the replies) and 4.4 ms for a one-pass sum: 1.1× and 7.1×. Dopamine's full round
-(one DP-SGD step of the 1M-parameter MLP at each hospital, then the sum) takes 64 ms
-against 56 and 37 ms: 1.14× and 1.73×, within issue 13's 3×. In one process every
-party's work adds up to 125 ms (4.0× and 16×): each client draws K words of keystream a
-parameter and the server K more, where the plaintext sum reads each reply once. The
-masked vector is the float32 size plus a 28-byte tag (expansion 1.0008 with the key
-messages: 3 kB a client at K = 10). At 4,926,201 parameters: critical path 0.16 s
-(0.86× `plain_sum`, 7.9× one pass), full round 0.93× and 1.72×. Before this
-implementation (mask arrays allocated and copied per stream, float64 encoding,
-HMAC-SHA256, Flower's Shamir) `PairwiseMasking()` took 446 ms of CPU at 10 × 1M and
-4.0 s at 10 × 4.9M, now 117 ms and 0.51 s.
+Cost (`.venv/bin/python benchmarks/bench_secure.py --quick`, one thread, 2 CPUs shared
+with other work at load ≈ 3.4; figures move by tens of percent between runs). At 10
+clients × 1,000,001 parameters the deployment's critical path (a client's keys, shares,
+encoding, 10 masks and tags, then the server's checks, sum, 10 Shamir reconstructions,
+10 self masks and decoding) is 53 ms against 33 ms for dpfl's plaintext sum
+(`plain_sum`, which stacks the replies) and 5 ms for a one-pass sum. Dopamine's full
+round (one DP-SGD step of the 1M-parameter MLP at each hospital, then the sum) takes 76
+ms against 57 and 28 ms: 1.35× and 2.7×, within issue 13's 3×. In one process every
+party's work adds up to 147 ms (4.1× `plain_sum`): each client draws K words of
+keystream a parameter and the server K more, where the plaintext sum reads each reply
+once. The masked vector is the float32 size plus a 28-byte tag (expansion 1.001 with the
+key messages: about 2 kB a client at K = 10). Before the keystream was generated in
+blocks into one buffer (mask arrays allocated per stream, float64 encoding,
+HMAC-SHA256, Flower's Shamir wrapper) `PairwiseMasking()` took 446 ms of CPU at 10 × 1M.
 """
 
 from __future__ import annotations
@@ -110,6 +105,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from Crypto.Protocol.SecretSharing import Shamir
 from cryptography.exceptions import InvalidSignature, InvalidTag
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import (
@@ -305,56 +301,36 @@ def _public_raw(key: X25519PublicKey | Ed25519PublicKey) -> bytes:
     return key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
 
 
-SHAMIR_PRIME = (1 << 521) - 1
-"""The field of the Shamir shares: the Mersenne prime 2^521 − 1, above every 32-byte secret."""
-_SECRET_BYTES, _SHARE_BYTES = 32, 66
+_SECRET_BYTES, _HALF = 32, 16
+"""Secrets (mask seeds, X25519 keys) are 32 bytes; pycryptodome's Shamir shares 16."""
 
 
-def _field_element(random_bytes: RandomBytes) -> int:
-    """Uniform in GF(p): 521 random bits, rejecting the one value ≥ p (p is all ones)."""
-    while True:
-        value = int.from_bytes(random_bytes(_SHARE_BYTES), "little") & SHAMIR_PRIME
-        if value != SHAMIR_PRIME:
-            return value
-
-
-def _split(secret: bytes, threshold: int, n: int, random_bytes: RandomBytes) -> list[bytes]:
-    """Shamir shares (x, f(x)) for x = 1..n of a 32-byte secret: f(0) = the secret and the
-    other t − 1 coefficients uniform in GF(p), so any t − 1 shares are uniform and
-    independent of the secret."""
+def _split(secret: bytes, threshold: int, n: int) -> list[bytes]:
+    """Shamir shares for x = 1..n of a 32-byte secret: pycryptodome's scheme over
+    GF(2^128) (the one Flower's SecAgg+ uses) on each 16-byte half; share x is
+    x ‖ its shares of the two halves."""
     if len(secret) != _SECRET_BYTES:
         raise ValueError(f"secrets are {_SECRET_BYTES} bytes, got {len(secret)}")
-    coefficients = [int.from_bytes(secret, "little")]
-    coefficients += [_field_element(random_bytes) for _ in range(threshold - 1)]
-    shares = []
-    for x in range(1, n + 1):
-        y = 0
-        for c in reversed(coefficients):
-            y = (y * x + c) % SHAMIR_PRIME
-        shares.append(_idx(x) + y.to_bytes(_SHARE_BYTES, "little"))
-    return shares
+    halves = [Shamir.split(threshold, n, secret[i : i + _HALF], ssss=False) for i in (0, _HALF)]
+    return [_idx(x) + b"".join(dict(half)[x] for half in halves) for x in range(1, n + 1)]
 
 
 def _combine(shares: Sequence[bytes]) -> bytes:
-    """The secret f(0) from shares of distinct x, by Lagrange interpolation in GF(p)."""
-    points: dict[int, int] = {}
+    """The secret from shares of distinct x (fewer than t give a wrong secret, which the
+    caller's commitment or public key check catches)."""
+    points: dict[int, bytes] = {}
     for share in shares:
         x = int.from_bytes(share[:4], "little")
-        y = int.from_bytes(share[4:], "little")
-        if len(share) != 4 + _SHARE_BYTES or x == 0 or x in points or y >= SHAMIR_PRIME:
+        if len(share) != 4 + _SECRET_BYTES or x == 0 or x in points:
             raise SecureAggregationError("Shamir reconstruction failed: a malformed share")
-        points[x] = y
-    secret = 0
-    for xj, yj in points.items():
-        num = den = 1
-        for xm in points:
-            if xm != xj:
-                num = num * xm % SHAMIR_PRIME
-                den = den * (xm - xj) % SHAMIR_PRIME
-        secret = (secret + yj * num * pow(den, -1, SHAMIR_PRIME)) % SHAMIR_PRIME
-    if secret >> (8 * _SECRET_BYTES):
-        raise SecureAggregationError("Shamir reconstruction failed: not a 32-byte secret")
-    return secret.to_bytes(_SECRET_BYTES, "little")
+        points[x] = share[4:]
+    try:
+        return b"".join(
+            Shamir.combine([(x, y[i : i + _HALF]) for x, y in points.items()], ssss=False)
+            for i in (0, _HALF)
+        )
+    except ValueError as error:
+        raise SecureAggregationError(f"Shamir reconstruction failed: {error}") from None
 
 
 ROUND_SHARE_KEYS, ROUND_MASKED_INPUT, ROUND_UNMASK = 1, 2, 3
@@ -567,8 +543,8 @@ class Client:
         names = tuple(self._roster)
         self._b = self._rng(32)
         t = self.setup.threshold
-        b_shares = _split(self._b, t, len(names), self._rng)
-        s_shares = _split(_x25519_raw(self._s), t, len(names), self._rng)
+        b_shares = _split(self._b, t, len(names))
+        s_shares = _split(_x25519_raw(self._s), t, len(names))
         out = []
         for v, b_share, s_share in zip(names, b_shares, s_shares, strict=True):
             if v == self.name:
