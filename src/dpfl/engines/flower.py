@@ -267,17 +267,19 @@ class _Hospital:
         """The hospital's ledger with its accounts (its budget binds the server's view;
         other views are recorded, never binding)."""
         book = Ledger(self.me.ledger, accountant=self.config.privacy.accountant)
-        register_accounts(book, [self.silo], 1, {self.me.name: (self.me.epsilon, self.me.delta)})
-        info = self.silo.info
-        views = algorithm.view_events(info, silos)
-        book.register_silos(
-            {
-                account(info, 0, view): Budget(
-                    math.inf, self.me.delta, Neighbouring.ADD_REMOVE, self.me.public_size
-                )
-                for view in views
-            }
-        )
+        budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
+        views = {
+            account(self.me.name, 0, view): Budget(
+                math.inf, self.me.delta, Neighbouring.ADD_REMOVE, self.me.public_size
+            )
+            for view in algorithm.view_events(self.silo.info, silos)
+        }
+        try:  # a budget other than the one registered before is refused
+            register_accounts(book, [self.silo], 1, budgets)
+            book.register_silos(views)
+        except BaseException:
+            book.close()
+            raise
         return book
 
     def refusal(
