@@ -234,6 +234,25 @@ def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
         assert torch.equal(result.params[name], value[0])
 
 
+def test_in_process_aop_sets_its_noise_from_the_study_and_deploys_as_simulated(
+    study: Path, tmp_path: Path
+) -> None:
+    study.write_text(
+        STUDY.replace('name = "fedavg"', 'name = "aop"').replace("noise_multiplier = 1.0\n", ""),
+        encoding="utf-8",
+    )
+    nodes = hospitals(study, tmp_path / "hospitals")
+    result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
+    simulation, book = simulated(study, tmp_path)
+    assert result.rounds_completed == 3 and result.metrics == simulation.silo_metrics[0]
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    book.close()
+
+
 def test_in_process_a_hospital_whose_budget_is_too_small_refuses_before_round_0(
     study: Path, tmp_path: Path
 ) -> None:
