@@ -35,7 +35,8 @@ def dropped(dropouts: Dropouts, names: tuple[str, ...]) -> frozenset[str]:
 
 
 def plain_sum(vectors: Mapping[str, Tensor], at_least: int = 1) -> Summed:
-    """The sum of the vectors, in their order, and who is in it (at least `at_least`)."""
+    """The sum of the vectors, added in their order, and who is in it (at least
+    `at_least`)."""
     if not vectors:
         raise ValueError("nothing to sum: no replies")
     if len(vectors) < at_least:
@@ -45,7 +46,10 @@ def plain_sum(vectors: Mapping[str, Tensor], at_least: int = 1) -> Summed:
     shapes = {tuple(v.shape) for v in vectors.values()}
     if len(shapes) != 1 or len(next(iter(shapes))) != 1:
         raise ValueError(f"replies must be flat vectors of one length, got shapes {shapes}")
-    total = torch.stack(list(vectors.values())).sum(0)
+    replies = iter(vectors.values())
+    total = next(replies).clone()
+    for vector in replies:  # one pass over each reply (stacking first copies them all)
+        total += vector
     if not bool(torch.isfinite(total).all()):
         raise ValueError("a reply contains NaN or infinity; refusing to sum it")
     return Summed(total, tuple(vectors))
