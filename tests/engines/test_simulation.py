@@ -101,22 +101,22 @@ def test_random_streams_are_keyed_repeatable_and_independent() -> None:
     """The n-th call of a (trial, silo) pair gets the n-th stream of that pair, whatever
     the other pairs draw; keys that differ anywhere give uncorrelated uniform streams;
     research noise is seeded by the key, and without it the noise is the CSPRNG's."""
-    rng = simulation._Streams(3, 2, simulation._rng)
+    rng = simulation.Streams(3, 2, simulation.stream_rng)
     first = [rng(0, 0).random(4) for _ in range(2)]
-    again = simulation._Streams(3, 2, simulation._rng)
+    again = simulation.Streams(3, 2, simulation.stream_rng)
     again(1, 0)  # another member and the server draw first: nothing moves
     again(0, -1)
     assert all(np.array_equal(a, again(0, 0).random(4)) for a in first)
     keys = [(3, 0, 1, 2, 0), (3, 0, 1, 2, 1), (3, 1, 1, 2, 0), (3, 0, 2, 2, 0), (3, 0, 1, 3, 0)]
     keys += [(4, 0, 1, 2, 0), (30, 1, 2, 0, 0), (3, 0, 12, 0, 0), (3, 1, 20, 0, 0)]
-    draws = np.stack([simulation._rng(key).random(20_000) for key in keys])
+    draws = np.stack([simulation.stream_rng(key).random(20_000) for key in keys])
     assert np.abs(draws.mean(1) - 0.5).max() < 0.01  # uniform: std of a mean 0.002
     correlations = np.corrcoef(draws)[np.triu_indices(len(keys), 1)]
     assert np.abs(correlations).max() < 0.04  # independent: std 0.007
-    seeded = [simulation._noise(True, key) for key in keys]
+    seeded = [simulation.stream_noise(True, key) for key in keys]
     assert isinstance(seeded[0], SeededNoise) and len({n.seed for n in seeded}) == len(keys)
-    assert simulation._noise(True, keys[0]).seed == seeded[0].seed
-    assert isinstance(simulation._noise(False, keys[0]), SecureNoise)
+    assert simulation.stream_noise(True, keys[0]).seed == seeded[0].seed
+    assert isinstance(simulation.stream_noise(False, keys[0]), SecureNoise)
 
 
 def test_resuming_from_a_checkpoint_ends_with_the_same_model(tmp_path: Path) -> None:

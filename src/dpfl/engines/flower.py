@@ -53,7 +53,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpfl.engines.accounts import account, register_accounts
 from dpfl.engines.evaluation import evaluate
-from dpfl.engines.simulation import _noise, _rng, _Streams
+from dpfl.engines.simulation import Streams, stream_noise, stream_rng
 from dpfl.experiments.config import StudyConfig, load
 from dpfl.experiments.runner import build_algorithm
 from dpfl.federation.algorithms.base import (
@@ -406,12 +406,12 @@ class _MemberStreams:
     def rng(self) -> np.random.Generator:
         if not self.research:
             return np.random.default_rng()  # seeded from the OS: the server cannot know it
-        return _rng(self._key("rng"))
+        return stream_rng(self._key("rng"))
 
     def noise(self) -> NoiseSource:
         if not self.research:
             return SecureNoise()
-        return _noise(True, self._key("noise"))
+        return stream_noise(True, self._key("noise"))
 
 
 def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
@@ -604,7 +604,7 @@ def serve(
         return result
     state = algorithm.initial_state(silos)
     for round_ in range(config.rounds):
-        rng = _Streams(config.seed, round_, _rng)
+        rng = Streams(config.seed, round_, stream_rng)
         for exchange in range(algorithm.exchanges(silos)):
             orders = algorithm.configure(state, round_, silos, partial(rng, 0, -1), exchange)
             asked = {

@@ -200,8 +200,8 @@ class _RunState:
         curator: Silo | None,
         round_: int,
         exchange: int,
-        rng: _Streams[np.random.Generator],
-        noise: _Streams[NoiseSource],
+        rng: Streams[np.random.Generator],
+        noise: Streams[NoiseSource],
         ledger: Charges,
         secure_sum: SecureSum,
     ) -> list[dict[str, Any]]:
@@ -375,8 +375,8 @@ def simulate(
             task = bar.add_task("rounds", total=rounds, completed=start, status="")
             try:
                 for current in range(start, rounds):
-                    rng = _Streams(seed, current, _rng)
-                    noise = _Streams(seed, current, functools.partial(_noise, research_noise))
+                    rng = Streams(seed, current, stream_rng)
+                    noise = Streams(seed, current, functools.partial(stream_noise, research_noise))
                     for exchange in range(algorithm.exchanges(infos)):
                         messages += run.exchange(
                             algorithm,
@@ -555,10 +555,12 @@ def _stacked(params: Sequence[Params]) -> Params:
     return {name: torch.stack([p[name] for p in params]) for name in params[0]}
 
 
-class _Streams(Generic[_T]):
+class Streams(Generic[_T]):
     """Independent random streams for one round: the n-th call for (trial, silo) gets the
     n-th stream of that pair, so no two draws (batches, noise) of a round ever share
-    randomness, and the same calls in the same order repeat exactly (and on resume)."""
+    randomness, and the same calls in the same order repeat exactly (and on resume).
+    Every engine keys its research streams so, which makes a deployment with research
+    noise repeat the simulator's draws."""
 
     def __init__(self, seed: int, round_: int, make: Callable[[tuple[int, ...]], _T]) -> None:
         self._seed, self._round, self._make = seed, round_, make
@@ -595,7 +597,7 @@ def _digest(key: tuple[int, ...], size: int) -> bytes:
     return hashlib.blake2b(text, digest_size=size, person=b"dpfl.streams").digest()
 
 
-def _rng(key: tuple[int, ...]) -> np.random.Generator:
+def stream_rng(key: tuple[int, ...]) -> np.random.Generator:
     """PCG64 with all 256 bits of its seed (state and stream increment) from the key."""
     # bit generators take any ISeedSequence (numpy's documented interface); its stubs
     # name only SeedSequence
@@ -603,7 +605,7 @@ def _rng(key: tuple[int, ...]) -> np.random.Generator:
     return np.random.Generator(seeded)
 
 
-def _noise(research: bool, key: tuple[int, ...]) -> NoiseSource:
+def stream_noise(research: bool, key: tuple[int, ...]) -> NoiseSource:
     """Seeded noise from the key, or with `research` False the CSPRNG (no key at all)."""
     if not research:
         return SecureNoise()
@@ -613,7 +615,7 @@ def _noise(research: bool, key: tuple[int, ...]) -> NoiseSource:
 
 def _count_noise(research: bool, seed: int, k: int) -> NoiseSource:
     """The noise of silo k's released record count (drawn once, before round 0)."""
-    return _noise(research, (seed, 0, k + 1, 0, 0, 2))
+    return stream_noise(research, (seed, 0, k + 1, 0, 0, 2))
 
 
 def _status(
