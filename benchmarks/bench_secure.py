@@ -105,7 +105,6 @@ import json
 import logging
 import os
 import statistics
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -120,6 +119,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from torch import Tensor, nn
 
+from bench_common import log_to_stderr
 from dpfl.data.sampling import PoissonSampler
 from dpfl.federation.messages import Encoding as Wire
 from dpfl.federation.messages import decode, encode
@@ -538,11 +538,7 @@ def main() -> None:
     args = parser.parse_args()
     repeats = 1 if args.quick else args.repeats
     torch.set_num_threads(args.threads)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    log_to_stderr(log)
     warnings.filterwarnings("ignore")
 
     figures: dict[str, Any] = {

@@ -96,6 +96,8 @@ from sklearn.model_selection import StratifiedKFold, train_test_split
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from bench_common import log_to_stderr
+
 log = logging.getLogger("bench_vs_flower")
 
 # Standardisation constants: the per-feature mean and (population, ddof=0) standard
@@ -577,11 +579,7 @@ def main() -> None:
         help="runners to leave out: flower, plain, dpfl",
     )
     args = parser.parse_args()
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    log_to_stderr(log)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting's RDP convergence notes
 
     work = load_workload(args.rounds)

@@ -96,6 +96,8 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from bench_common import log_to_stderr
+
 log = logging.getLogger("bench_vs_torch")
 
 DATA = Path("/work/shared/data/uci_heart_disease")
@@ -364,11 +366,7 @@ def main() -> None:
     parser.add_argument("--data", type=Path, default=DATA, help="the UCI heart-disease folder")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(message)s"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-    log.propagate = False
+    log_to_stderr(log)
     logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting's RDP notes
     warnings.filterwarnings("ignore")
 

@@ -122,10 +122,11 @@ def test_batchnorm_models_are_refused() -> None:
         DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1))
 
 
-def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
-    """With an (almost surely) empty batch the update is −η·noise/(q·n): recover the noise."""
-    d, sigma, clip, q, lr, steps = 2000, 1.7, 0.3, 1e-12, 0.5, 5
-    model = logistic_regression(d).double()
+def _recovered_noise(model: nn.Module, d: int, seed: int) -> dict[str, np.ndarray]:
+    """With an (almost surely) empty batch the update is −η·noise/(q·n): each tensor's
+    noise over 5 steps, standardised (the mean of `steps` independent N(0, (σC)²) has
+    std σC/√steps), so that N(0, 1) is expected."""
+    sigma, clip, q, lr, steps = 1.7, 0.3, 1e-12, 0.5, 5
     x, y = _data(1, d, 3)
     params = parameters_of(model)
     result = DPSGD(model, bce, DPSGDConfig(clip, sigma, lr)).run(
@@ -133,11 +134,18 @@ def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
         (x, y),
         PoissonSampler(1, q, np.random.default_rng(0), public_size=1),
         steps,
-        noise=SeededNoise(7),
+        noise=SeededNoise(seed),
     )
-    draws = ((params["weight"] - result.params["weight"]) * q / lr / steps).flatten().numpy()
-    # The mean of `steps` independent N(0, (σC)²) has std σC/√steps.
-    sample = draws * np.sqrt(steps) / (sigma * clip)
+    return {
+        name: ((start - result.params[name]) * q / lr / steps).flatten().numpy()
+        * np.sqrt(steps)
+        / (sigma * clip)
+        for name, start in params.items()
+    }
+
+
+def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
+    sample = _recovered_noise(logistic_regression(2000).double(), 2000, 7)["weight"]
     assert stats.kstest(sample, "norm").pvalue > 0.01
     # Variance: (N-1)s² ~ χ²(N-1); a two-sided 99% interval.
     var_stat = (len(sample) - 1) * sample.var(ddof=1)
@@ -148,21 +156,9 @@ def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
 def test_every_parameter_tensor_gets_noise_of_std_sigma_times_c() -> None:
     """Each step draws one member's noise for all its tensors at once: recovered as above,
     every tensor's share is N(0, (σC)²), from the largest matrix to a single bias."""
-    d, sigma, clip, q, lr, steps = 40, 1.7, 0.3, 1e-12, 0.5, 5
-    model = mlp(d, (30,)).double()  # 30 × 40, 30, 1 × 30 and 1 parameters
-    x, y = _data(1, d, 3)
-    params = parameters_of(model)
-    result = DPSGD(model, bce, DPSGDConfig(clip, sigma, lr)).run(
-        params,
-        (x, y),
-        PoissonSampler(1, q, np.random.default_rng(0), public_size=1),
-        steps,
-        noise=SeededNoise(0),
-    )
     samples = []
-    for name, start in params.items():
-        draws = ((start - result.params[name]) * q / lr / steps).flatten().numpy()
-        sample = draws * np.sqrt(steps) / (sigma * clip)
+    # 30 × 40, 30, 1 × 30 and 1 parameters
+    for name, sample in _recovered_noise(mlp(40, (30,)).double(), 40, 0).items():
         lo, hi = stats.chi2.ppf([0.0005, 0.9995], len(sample))
         assert lo < (sample**2).sum() < hi, name
         samples.append(sample)
