@@ -62,14 +62,17 @@ def register_views(
     trials: int,
     budgets: Budgets,
     declared: Mapping[str, int | None],
+    observed: Sequence[SiloInfo] | None = None,
 ) -> None:
-    """Accounts for what observers other than the server learn: recorded, never binding."""
+    """Accounts for what observers other than the server learn: recorded, never binding.
+    `observed`: the silos whose views to open (default every silo; a hospital opens its
+    own)."""
     book.register_silos(
         {
             account(silo, trial, view): Budget(
                 math.inf, budgets[silo.name][1], Neighbouring.ADD_REMOVE, declared[silo.name]
             )
-            for silo in silos
+            for silo in (silos if observed is None else observed)
             for view in algorithm.view_events(silo, silos)
             for trial in range(trials)
         }
@@ -224,18 +227,27 @@ def check_plans(
     accounts_paid = {name for name, _, _ in paid}
     for silo in silos:
         event = algorithm.participation_event(silo, silos)
-        eps, delta = budgets[silo.name]
-        budget = math.inf if eps is None else eps
         for trial in range(trials):
             name = account(silo, trial)
-            plan = events.repeat(event, rounds_left - (name in accounts_paid))
-            if not book.can_afford(name, plan):
+            why = unaffordable(book, name, event, rounds_left - (name in accounts_paid))
+            if why is not None:
                 raise ValueError(
-                    f"{name}: {rounds_left} more rounds of {plan.describe()} would exceed "
-                    f"ε={budget:g} at δ={delta:g} (ε would be "
-                    f"{book.projected(name, plan).epsilon:.4g}); add noise, run fewer "
-                    "rounds, or calibrate the noise to the budget"
+                    f"{why}; add noise, run fewer rounds, or calibrate the noise to the budget"
                 )
+
+
+def unaffordable(book: Ledger, name: str, event: events.PrivacyEvent, rounds: int) -> str | None:
+    """Why `rounds` more rounds of `event` would pass account `name`'s budget, or None
+    if they fit."""
+    plan = events.repeat(event, rounds)
+    if book.can_afford(name, plan):
+        return None
+    budget = book.budget(name)
+    return (
+        f"{name}: {rounds} more rounds of {event.describe()} would exceed "
+        f"ε={budget.epsilon:g} at δ={budget.delta:g} (ε would be "
+        f"{book.projected(name, plan).epsilon:.4g})"
+    )
 
 
 def worst_spent(book: Ledger, silos: Sequence[SiloInfo], trials: int) -> str:

@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -51,7 +50,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from dpfl.engines.accounts import account, register_accounts
+from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import Streams, stream_noise, stream_rng
 from dpfl.experiments.config import StudyConfig, load
@@ -69,7 +68,7 @@ from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource, SecureNoise
-from dpfl.privacy import Budget, Ledger, Neighbouring, events
+from dpfl.privacy import Ledger, events
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.secure import InTheClear
 
@@ -268,15 +267,10 @@ class _Hospital:
         other views are recorded, never binding)."""
         book = Ledger(self.me.ledger, accountant=self.config.privacy.accountant)
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
-        views = {
-            account(self.me.name, 0, view): Budget(
-                math.inf, self.me.delta, Neighbouring.ADD_REMOVE, self.me.public_size
-            )
-            for view in algorithm.view_events(self.silo.info, silos)
-        }
+        declared = {self.me.name: self.me.public_size}
         try:  # a budget other than the one registered before is refused
             register_accounts(book, [self.silo], 1, budgets)
-            book.register_silos(views)
+            register_views(book, algorithm, silos, 1, budgets, declared, [self.silo.info])
         except BaseException:
             book.close()
             raise
@@ -292,14 +286,7 @@ class _Hospital:
             return f"round {round_} is not one of the study's {self.config.rounds} rounds"
         event = algorithm.participation_event(self.silo.info, silos)
         left = 1 if algorithm.stops_at_budget else self.config.rounds - round_
-        plan = events.repeat(event, left)
-        if book.can_afford(self.account, plan):
-            return None
-        return (
-            f"{self.account}: {left} more rounds of {event.describe()} would exceed "
-            f"ε={self.me.epsilon:g} at δ={self.me.delta:g} (ε would be "
-            f"{book.projected(self.account, plan).epsilon:.4g})"
-        )
+        return unaffordable(book, self.account, event, left)
 
     @property
     def _state_file(self) -> Path:
