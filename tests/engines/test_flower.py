@@ -35,15 +35,10 @@ from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
-from dpfl.engines.flower import (
-    DeploymentError,
-    DeploymentResult,
-    client_app,
-    serve,
-    study_point,
-)
+from dpfl.engines.flower import DeploymentError, DeploymentResult, serve
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
+from dpfl.experiments.deploy import client_app, deployment_of, study_point
 from dpfl.experiments.runner import build_algorithm
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger
@@ -191,7 +186,7 @@ def test_in_process_the_deployment_ends_with_the_simulators_model(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
-    result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused
     assert accuracy(result.params, build_silos(study_point(study).data, 3)) > 0.8
@@ -225,7 +220,7 @@ def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
     each ledger), hand-offs and sampled cohorts go through the same messages."""
     study.write_text(STUDY.replace('name = "fedavg"', algorithm), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
-    result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
     simulation, book = simulated(study, tmp_path)
     book.close()
     assert result.rounds_completed == 3 and not result.refused
@@ -242,7 +237,7 @@ def test_in_process_aop_sets_its_noise_from_the_study_and_deploys_as_simulated(
         encoding="utf-8",
     )
     nodes = hospitals(study, tmp_path / "hospitals")
-    result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and result.metrics == simulation.silo_metrics[0]
     for name, value in simulation.params.items():
@@ -257,7 +252,7 @@ def test_in_process_a_hospital_whose_budget_is_too_small_refuses_before_round_0(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals", {"hospital-1": 0.5})
-    result = serve(InProcessGrid(nodes.values()), study_point(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
     assert result.rounds_completed == 0
     assert list(result.refused) == ["hospital-1"]
     assert "would exceed ε=0.5" in result.refused["hospital-1"]
@@ -272,7 +267,7 @@ def test_in_process_a_client_that_is_not_dpfls_is_rejected(study: Path, tmp_path
     plain.train()(lambda message, context: Message(RecordDict(), reply_to=message))
     grid.apps = {9: plain}
     with pytest.raises(DeploymentError, match="No query function registered with name 'hello'"):
-        serve(grid, study_point(study), hospitals=4)
+        serve(grid, deployment_of(study), hospitals=4)
 
 
 def test_in_process_a_hospital_cannot_claim_another_registered_name(
@@ -283,7 +278,7 @@ def test_in_process_a_hospital_cannot_claim_another_registered_name(
     with pytest.raises(
         DeploymentError, match="says it is 'hospital-1', its key is registered as 'hospital-2'"
     ):
-        serve(grid, study_point(study), hospitals=3)
+        serve(grid, deployment_of(study), hospitals=3)
 
 
 def test_in_process_a_hospital_gone_mid_run_stops_it_with_what_is_done(
@@ -303,7 +298,7 @@ def test_in_process_a_hospital_gone_mid_run_stops_it_with_what_is_done(
 
     gone.train()(crash_in_round_1)
     grid.apps = {3: gone}  # hospital-1
-    result = serve(grid, study_point(study), hospitals=3, timeout=5)
+    result = serve(grid, deployment_of(study), hospitals=3, timeout=5)
     assert result.rounds_completed == 1 and not result.refused
     assert result.stopped.startswith("round 1: hospital-1: error 0: ConnectionError")
     for name, node in nodes.items():  # the others paid for round 1, whose sum never came

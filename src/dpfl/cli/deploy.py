@@ -4,7 +4,7 @@
 public size, budget, ledger: never the server's); `dpfl deploy register` lets a
 hospital's key join a SuperLink that authenticates SuperNodes; `dpfl deploy server`
 submits the study to a running SuperLink with `flwr run` and waits for its result. Both are thin
-over `dpfl.engines.flower` and Flower's own commands, which they print before running.
+over `dpfl.experiments.deploy` and Flower's own commands, which they print before running.
 """
 
 from __future__ import annotations
@@ -76,7 +76,8 @@ def hospital(
     port: Annotated[int, typer.Option(help="Local port of the SuperNode's runtime API.")] = 9094,
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords."""
-    from dpfl.engines.flower import HospitalConfig, study_point
+    from dpfl.engines.flower import HospitalConfig
+    from dpfl.experiments.deploy import study_point
 
     with reported_errors():
         node = {
@@ -122,7 +123,7 @@ def server(
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each reply.")] = 3600.0,
 ) -> None:
     """Run the study on the SuperLink's hospitals; the result goes to OUT/result.pt."""
-    from dpfl.engines.flower import study_point, write_app
+    from dpfl.experiments.deploy import study_point, write_app
 
     with reported_errors():
         study_point(study)

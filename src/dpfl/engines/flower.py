@@ -5,10 +5,11 @@ The same algorithm objects as the simulator, split where they belong: the server
 a ClientApp at each hospital, beside its records and its own ledger. Nothing here is
 algorithm logic; this module only carries instructions and replies between the halves.
 
-Both halves build the algorithm from the same study file (the public design: model,
-σ, clip norm, batch size, rounds) and from public facts only: each hospital's name and
-declared public size, the feature shape and the number of classes, which the hospitals
-announce in reply to a first "hello". The server never sees a record.
+Both halves build the algorithm from the same `Deployment` (the public design each
+machine reads from its copy of the study file: `dpfl.experiments.deploy`) and from
+public facts only: each hospital's name and declared public size, the feature shape and
+the number of classes, which the hospitals announce in reply to a first "hello". The
+server never sees a record.
 
 A hospital's node config (never the server) gives its data folder, public size,
 (ε, δ) and ledger. It registers its own account, checks its whole remaining plan before
@@ -48,13 +49,11 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
-from flwr.serverapp import Grid, ServerApp
+from flwr.serverapp import Grid
 
 from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import Streams, stream_noise, stream_rng
-from dpfl.experiments.config import StudyConfig, load
-from dpfl.experiments.runner import build_algorithm
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
@@ -90,60 +89,24 @@ class DeploymentError(RuntimeError):
 # -- what both halves agree on ----------------------------------------------------------
 
 
-def study_point(path: str | Path) -> StudyConfig:
-    """The study to deploy: one point (a grid is a sweep, run by the simulator), one
-    trial, and nothing whose accounting the deployment cannot yet uphold."""
-    study = load(path)
-    if len(study.points) != 1:
-        raise ValueError(
-            f"{path}: a deployment runs one point, the study has a grid of {len(study.points)}"
-        )
-    config = study.points[0][1]
-    check_deployable(config)
-    return config
+@dataclass(frozen=True)
+class Deployment:
+    """The public design of one run, which the server and every hospital build from the
+    same study file (`dpfl.experiments.deploy`): nothing in it is a private fact."""
+
+    key: str
+    """The study's id: a hospital of another study is refused."""
+    rounds: int
+    seed: int
+    accountant: str
+    build: Callable[[Sequence[SiloInfo], Sequence[int], int], Algorithm]
+    """The algorithm from public facts only: each silo's name and public size, the
+    feature shape and the number of classes."""
 
 
-def check_deployable(config: StudyConfig) -> None:
-    """Refuse what would break an accounting assumption, or is not deployed yet."""
-    from dpfl.federation.algorithms import BY_NAME
-
-    kind = BY_NAME[config.algorithm.name]
-    problems = []
-    if config.trials != 1:
-        problems.append("trials must be 1 (a deployment is one run on the hospitals' records)")
-    if not config.privacy.private:
-        problems.append("privacy.private must be true (hospitals enforce their budgets)")
-    if kind.pools_data:
-        problems.append(f"{kind.name} pools every hospital's records: it cannot be deployed")
-    if config.privacy.noise_multiplier is None and not kind.sets_own_noise:
-        problems.append(
-            "give privacy.noise_multiplier: calibrating σ to the hospitals' budgets is not "
-            "deployed yet"
-        )
-    if config.summing != "none":
-        problems.append(
-            f"secure_aggregation {config.summing!r}: the server would see each reply; "
-            "Flower's SecAgg+ is not wired yet, so a study whose ε assumes a secure sum "
-            "cannot be deployed"
-        )
-    if config.data.public_sizes != "declared":
-        problems.append("data.public_sizes must be 'declared' (each hospital declares its own)")
-    if problems:
-        raise ValueError(f"study {config.name!r} cannot be deployed: " + "; ".join(problems))
-
-
-def algorithm_for(
-    config: StudyConfig, silos: Sequence[SiloInfo], shape: Sequence[int], classes: int
-) -> Algorithm:
-    """The study's algorithm as the simulator builds it, from public facts only: each
-    silo's name and public size, the feature shape and the number of classes."""
-    placeholders = [
-        Silo(
-            s.name, torch.zeros((1, *shape)), torch.tensor([classes - 1]), public_size=s.public_size
-        )
-        for s in silos
-    ]
-    return build_algorithm(config, placeholders)
+DeploymentOf = Callable[[Path], Deployment]
+"""How a half reads a study file (the hospital's from its node config, the server's
+from its run config) into its `Deployment`; refuses one that cannot be deployed."""
 
 
 @contextmanager
@@ -224,14 +187,14 @@ class _Hospital:
     """One hospital's half for one message: its config, study, records and ledger."""
 
     me: HospitalConfig
-    config: StudyConfig
+    run: Deployment
     silo: Silo
     run_id: int
 
     @classmethod
-    def of(cls, context: Context) -> _Hospital:
+    def of(cls, context: Context, deployment_of: DeploymentOf) -> _Hospital:
         me = HospitalConfig.from_node_config(context.node_config)
-        return cls(me, study_point(me.study), me.silo(), context.run_id)
+        return cls(me, deployment_of(me.study), me.silo(), context.run_id)
 
     @property
     def account(self) -> str:
@@ -241,7 +204,7 @@ class _Hospital:
         classes = int(self.silo.y.max()) + 1
         return {
             "protocol": PROTOCOL,
-            "study": self.config.key(),
+            "study": self.run.key,
             "name": self.me.name,
             "public-size": self.me.public_size,
             "shape": list(self.silo.x.shape[1:]),
@@ -251,7 +214,7 @@ class _Hospital:
     def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
         """The study's algorithm over the run's silos, after checking that the server
         declares this hospital as it declares itself."""
-        if fields.get("study") != self.config.key():
+        if fields.get("study") != self.run.key:
             raise DeploymentError("the server runs another study than this hospital's")
         silos = _silos_of(fields)
         mine = [s for s in silos if s.name == self.me.name]
@@ -260,12 +223,12 @@ class _Hospital:
                 f"the server declares {self.me.name} as {mine}, not with public size "
                 f"{self.me.public_size}"
             )
-        return algorithm_for(self.config, silos, fields["shape"], int(fields["classes"])), silos
+        return self.run.build(silos, fields["shape"], int(fields["classes"])), silos
 
     def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
         """The hospital's ledger with its accounts (its budget binds the server's view;
         other views are recorded, never binding)."""
-        book = Ledger(self.me.ledger, accountant=self.config.privacy.accountant)
+        book = Ledger(self.me.ledger, accountant=self.run.accountant)
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         declared = {self.me.name: self.me.public_size}
         try:  # a budget other than the one registered before is refused
@@ -282,10 +245,10 @@ class _Hospital:
         """Why the rest of the plan from `round_` would pass this hospital's budget (for an
         algorithm that stops at its budget: the next round), or None if it fits. A round
         outside the study's is refused: the plan this hospital agreed to is the study's."""
-        if not 0 <= round_ < self.config.rounds:
-            return f"round {round_} is not one of the study's {self.config.rounds} rounds"
+        if not 0 <= round_ < self.run.rounds:
+            return f"round {round_} is not one of the study's {self.run.rounds} rounds"
         event = algorithm.participation_event(self.silo.info, silos)
-        left = 1 if algorithm.stops_at_budget else self.config.rounds - round_
+        left = 1 if algorithm.stops_at_budget else self.run.rounds - round_
         return unaffordable(book, self.account, event, left)
 
     @property
@@ -308,8 +271,8 @@ class _Hospital:
             local = saved["local"] if "local" in saved else algorithm.initial_local_state(like)
             calls = saved.get("calls", {}) if saved.get("round") == round_ else {}
             index = [s.name for s in silos].index(self.me.name)
-            streams = _MemberStreams(self.config.seed, round_, index, calls, self.me.research_noise)
-            label = f"{algorithm.name} deployment of {self.config.key()} run {self.run_id}"
+            streams = _MemberStreams(self.run.seed, round_, index, calls, self.me.research_noise)
+            label = f"{algorithm.name} deployment of {self.run.key} run {self.run_id}"
 
             def charge(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
                 book.record_many(
@@ -411,7 +374,7 @@ def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
 
 
 def _handler(
-    work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]],
+    work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]], deployment_of: DeploymentOf
 ) -> Callable[[Message, Context], Message]:
     def handle(message: Message, context: Context) -> Message:
         fields = _fields(message)
@@ -419,7 +382,8 @@ def _handler(
             raise DeploymentError(
                 f"protocol {fields.get('protocol')!r}, this hospital speaks {PROTOCOL}"
             )
-        return Message(_record(work(_Hospital.of(context), fields)), reply_to=message)
+        hospital = _Hospital.of(context, deployment_of)
+        return Message(_record(work(hospital, fields)), reply_to=message)
 
     return handle
 
@@ -443,13 +407,14 @@ def _evaluate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.evaluate(fields)
 
 
-def client_app() -> ClientApp:
-    """The hospital half: answers hello, plan, train and evaluate messages."""
+def client_app(deployment_of: DeploymentOf) -> ClientApp:
+    """The hospital half: answers hello, plan, train and evaluate messages, for the study
+    file its node config names, read by `deployment_of`."""
     app = ClientApp()
-    app.query("hello")(_handler(_hello))
-    app.query("plan")(_handler(_plan))
-    app.train()(_handler(_train))
-    app.evaluate()(_handler(_evaluate))
+    app.query("hello")(_handler(_hello, deployment_of))
+    app.query("plan")(_handler(_plan, deployment_of))
+    app.train()(_handler(_train, deployment_of))
+    app.evaluate()(_handler(_evaluate, deployment_of))
     return app
 
 
@@ -490,7 +455,7 @@ class DeploymentResult:
 @dataclass
 class _Server:
     grid: Grid
-    config: StudyConfig
+    run: Deployment
     timeout: float
     names: dict[int, str] = field(default_factory=dict)
     """The hospitals' names by node, once they said hello."""
@@ -532,11 +497,11 @@ class _Server:
         registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
         by_name: dict[str, tuple[int, dict[str, Any]]] = {}
         for node, fields in self.ask("query.hello", {n: {} for n in nodes}).items():
-            if fields.get("protocol") != PROTOCOL or fields.get("study") != self.config.key():
+            if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
                 raise DeploymentError(
                     f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
                     f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
-                    f"{self.config.key()}"
+                    f"{self.run.key}"
                 )
             name = str(fields["name"])
             if registered.get(node) and registered[node] != name:
@@ -558,13 +523,12 @@ class _Server:
 
 
 def serve(
-    grid: Grid, config: StudyConfig, *, hospitals: int, wait: float = 60.0, timeout: float = 600.0
+    grid: Grid, run: Deployment, *, hospitals: int, wait: float = 60.0, timeout: float = 600.0
 ) -> DeploymentResult:
     """Run the study's rounds over `hospitals` dpfl hospitals connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
     summed in the clear (no study that needs a secure sum gets here)."""
-    check_deployable(config)
-    server = _Server(grid, config, timeout)
+    server = _Server(grid, run, timeout)
     known = server.hospitals(hospitals, wait)
     shapes = {tuple(hello["shape"]) for _, hello in known.values()}
     if len(shapes) != 1:
@@ -574,9 +538,9 @@ def serve(
     silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
     node = {name: n for name, (n, _) in known.items()}
     server.names = {n: name for name, n in node.items()}
-    algorithm = algorithm_for(config, silos, shape, classes)
+    algorithm = run.build(silos, shape, classes)
     public = {
-        "study": config.key(),
+        "study": run.key,
         "silos": [s.name for s in silos],
         "sizes": [s.public_size for s in silos],
         "shape": shape,
@@ -590,8 +554,8 @@ def serve(
     if result.refused:
         return result
     state = algorithm.initial_state(silos)
-    for round_ in range(config.rounds):
-        rng = Streams(config.seed, round_, stream_rng)
+    for round_ in range(run.rounds):
+        rng = Streams(run.seed, round_, stream_rng)
         for exchange in range(algorithm.exchanges(silos)):
             orders = algorithm.configure(state, round_, silos, partial(rng, 0, -1), exchange)
             asked = {
@@ -627,7 +591,7 @@ def serve(
             state = algorithm.aggregate(state, replies, InTheClear())
         result.rounds_completed, result.params = round_ + 1, state["global"]
     final = encode(Encoding.FLOAT32, flat(result.params))
-    asked = {n: {**public, "round": config.rounds - 1, "params": final} for n in node.values()}
+    asked = {n: {**public, "round": run.rounds - 1, "params": final} for n in node.values()}
     scored = server.ask("evaluate", asked)
     result.metrics = {
         name: dict(zip(scored[n]["names"], scored[n]["values"], strict=True))
@@ -635,77 +599,3 @@ def serve(
         if scored[n]["metrics"]
     }
     return result
-
-
-def server_app() -> ServerApp:
-    """The server half. Run config: `study` (the study file, as the hospitals have it),
-    `hospitals` (how many to wait for), `out` (where `result.pt` goes), `wait` and
-    `timeout` (seconds for the hospitals to connect and to reply)."""
-    app = ServerApp()
-
-    @app.main()
-    def main(grid: Grid, context: Context) -> None:
-        run = context.run_config
-        config = study_point(str(run["study"]))
-        result = serve(
-            grid,
-            config,
-            hospitals=int(run["hospitals"]),
-            wait=float(run["wait"]),
-            timeout=float(run["timeout"]),
-        )
-        result.save(Path(str(run["out"])))
-        reasons = [f"{name} refused: {why}" for name, why in result.refused.items()]
-        if reasons or result.stopped:
-            raise DeploymentError(
-                f"stopped after {result.rounds_completed} rounds: "
-                + "; ".join([*reasons, *([result.stopped] if result.stopped else [])])
-            )
-
-    return app
-
-
-APP_PYPROJECT = """\
-[build-system]
-requires = ["hatchling"]
-build-backend = "hatchling.build"
-
-[project]
-name = "dpfl-deployment"
-version = "1.0.0"
-description = "dpfl's study deployment: the server half and the hospital half"
-license = "Apache-2.0"
-dependencies = []
-
-[tool.flwr.app]
-publisher = "dpfl"
-
-[tool.flwr.app.components]
-serverapp = "dpfl_app:server"
-clientapp = "dpfl_app:client"
-
-[tool.flwr.app.config]
-study = ""
-hospitals = 3
-out = ""
-wait = 60.0
-timeout = 600.0
-"""
-APP_MODULE = """\
-\"\"\"dpfl's Flower app: every hospital's SuperNode needs dpfl installed.\"\"\"
-
-from dpfl.engines.flower import client_app, server_app
-
-server = server_app()
-client = client_app()
-"""
-
-
-def write_app(folder: str | Path) -> Path:
-    """The Flower app folder `flwr run` ships (its code is dpfl's, installed at each
-    SuperNode and at the SuperLink: the app is two lines naming dpfl's halves)."""
-    folder = Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    (folder / "pyproject.toml").write_text(APP_PYPROJECT, encoding="utf-8")
-    (folder / "dpfl_app.py").write_text(APP_MODULE, encoding="utf-8")
-    return folder
