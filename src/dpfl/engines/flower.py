@@ -51,6 +51,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
+from dpfl.engines import flower_masking
 from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import Streams, stream_noise, stream_rng
@@ -62,7 +63,7 @@ from dpfl.federation.algorithms.base import (
     flat,
     unflat,
 )
-from dpfl.federation.messages import Encoding, decode, encode
+from dpfl.federation.messages import Encoding, SecureSum, decode, encode
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
@@ -70,6 +71,7 @@ from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.privacy import Ledger, events
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.secure import InTheClear
+from dpfl.secure.masking import SecureAggregationError
 
 PROTOCOL = 1
 """Version of the messages below; a hospital on another version is refused."""
@@ -102,6 +104,9 @@ class Deployment:
     build: Callable[[Sequence[SiloInfo], Sequence[int], int], Algorithm]
     """The algorithm from public facts only: each silo's name and public size, the
     feature shape and the number of classes."""
+    masked: bool = False
+    """Replies leave each hospital masked (`flower_masking`), the server learns only
+    their sum; else in the clear."""
 
 
 DeploymentOf = Callable[[Path], Deployment]
@@ -190,11 +195,13 @@ class _Hospital:
     run: Deployment
     silo: Silo
     run_id: int
+    state: RecordDict
+    """The node's context state: kept by the SuperNode between this run's messages."""
 
     @classmethod
     def of(cls, context: Context, deployment_of: DeploymentOf) -> _Hospital:
         me = HospitalConfig.from_node_config(context.node_config)
-        return cls(me, deployment_of(me.study), me.silo(), context.run_id)
+        return cls(me, deployment_of(me.study), me.silo(), context.run_id, context.state)
 
     @property
     def account(self) -> str:
@@ -209,7 +216,15 @@ class _Hospital:
             "public-size": self.me.public_size,
             "shape": list(self.silo.x.shape[1:]),
             "classes": classes,
+            **({"identity": flower_masking.identity_public(self.state)} if self.run.masked else {}),
         }
+
+    def masking(self, fields: Mapping[str, Any]) -> flower_masking.HospitalSide:
+        """This hospital's side of the exchange's masking session."""
+        algorithm, silos = self.algorithm(fields)
+        length = flat(parameters_of(algorithm.model)).numel()
+        fewest = algorithm.fewest_replies(len(silos))
+        return flower_masking.HospitalSide(self.state, self.me.name, length, fewest)
 
     def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
         """The study's algorithm over the run's silos, after checking that the server
@@ -261,6 +276,11 @@ class _Hospital:
         round_ = int(fields["round"])
         with self.open(algorithm, silos) as book:
             why = self.refusal(book, algorithm, silos, round_)
+            if why is None and self.run.masked:
+                try:
+                    self.masking(fields).check_cohort(fields)
+                except SecureAggregationError as exc:
+                    why = str(exc)
             if why is not None:
                 return {"refused": why}
             like = parameters_of(algorithm.model)
@@ -292,7 +312,9 @@ class _Hospital:
             self._save({"local": local, "round": round_, "calls": streams.calls})
             spent = book.spent(self.account).epsilon
         out: dict[str, Any] = {"epsilon": spent}
-        if reply is not None:
+        if reply is not None and self.run.masked:
+            out.update(self.masking(fields).masked(fields, reply.vector))
+        elif reply is not None:
             out.update(
                 {
                     "vector": encode(reply.encoding, reply.vector),
@@ -403,6 +425,17 @@ def _train(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.train(fields)
 
 
+def _secagg(
+    step: Callable[[flower_masking.HospitalSide, Mapping[str, Any]], dict[str, Any]],
+) -> Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]]:
+    def work(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+        if not hospital.run.masked:
+            raise DeploymentError("this study's replies are not masked")
+        return step(hospital.masking(fields), fields)
+
+    return work
+
+
 def _evaluate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.evaluate(fields)
 
@@ -414,6 +447,9 @@ def client_app(deployment_of: DeploymentOf) -> ClientApp:
     app.query("hello")(_handler(_hello, deployment_of))
     app.query("plan")(_handler(_plan, deployment_of))
     app.train()(_handler(_train, deployment_of))
+    for step in ("keys", "shares", "unmask"):
+        work = _secagg(getattr(flower_masking.HospitalSide, step))
+        app.query(f"secagg_{step}")(_handler(work, deployment_of))
     app.evaluate()(_handler(_evaluate, deployment_of))
     return app
 
@@ -459,6 +495,20 @@ class _Server:
     timeout: float
     names: dict[int, str] = field(default_factory=dict)
     """The hospitals' names by node, once they said hello."""
+    identities: dict[str, bytes] = field(default_factory=dict)
+    """The identity keys the hospitals announced at hello (masked studies)."""
+
+    def ask_named(
+        self,
+        kind: str,
+        by_name: Mapping[str, Mapping[str, Any]],
+        *,
+        common: Mapping[str, Any],
+    ) -> dict[str, dict[str, Any]]:
+        """`ask` by hospital name, each message with the `common` fields too."""
+        node = {name: n for n, name in self.names.items()}
+        answers = self.ask(kind, {node[name]: {**common, **f} for name, f in by_name.items()})
+        return {name: answers[node[name]] for name in by_name}
 
     def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         """Send each node its fields; every node must reply in time."""
@@ -522,12 +572,57 @@ class _Server:
         return dict(sorted(by_name.items()))
 
 
+def _exchange(
+    server: _Server,
+    run: Deployment,
+    algorithm: Algorithm,
+    orders: Mapping[str, Instruction],
+    common: Mapping[str, Any],
+    result: DeploymentResult,
+) -> tuple[SecureSum, dict[str, Reply]]:
+    """One exchange: its instructions sent, the replies received (masked, after the
+    session's first two rounds, if the study masks them), each hospital's ε and any
+    refusal noted in `result`; how the algorithm will learn the replies' sum."""
+    ask = partial(server.ask_named, common=common)
+    summing: SecureSum = InTheClear()
+    extra: dict[str, dict[str, Any]] = {name: {} for name in orders}
+    if run.masked:
+        identities = {name: server.identities[name] for name in orders}
+        length = flat(result.params).numel()
+        fewest = algorithm.fewest_replies(len(result.silos))
+        summing = session = flower_masking.MaskedSum.open(ask, identities, length, fewest)
+        extra = {name: session.train_fields(name) for name in orders}
+    asked = {
+        name: {
+            "cohort": [s.name for s in order.cohort],
+            "params": b"" if order.params is None else encode(Encoding.FLOAT32, flat(order.params)),
+            **extra[name],
+        }
+        for name, order in orders.items()
+    }
+    replies: dict[str, Reply] = {}
+    for name, fields in ask("train", asked).items():
+        if "refused" in fields:
+            result.refused[name] = str(fields["refused"])
+            continue
+        result.epsilon[name] = float(fields["epsilon"])
+        if "vector" in fields and not run.masked:
+            encoding = Encoding(fields["encoding"])
+            vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
+            replies[name] = Reply(vector, encoding)
+        elif "words" in fields and isinstance(summing, flower_masking.MaskedSum):
+            replies[name] = Reply(summing.received(name, fields))
+        elif {"vector", "words"} & fields.keys():
+            raise DeploymentError(f"{name} replied {'in the clear' if run.masked else 'masked'}")
+    return summing, replies
+
+
 def serve(
     grid: Grid, run: Deployment, *, hospitals: int, wait: float = 60.0, timeout: float = 600.0
 ) -> DeploymentResult:
     """Run the study's rounds over `hospitals` dpfl hospitals connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
-    summed in the clear (no study that needs a secure sum gets here)."""
+    summed in the clear or, if the study masks them, by pairwise masking."""
     server = _Server(grid, run, timeout)
     known = server.hospitals(hospitals, wait)
     shapes = {tuple(hello["shape"]) for _, hello in known.values()}
@@ -538,6 +633,8 @@ def serve(
     silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
     node = {name: n for name, (n, _) in known.items()}
     server.names = {n: name for name, n in node.items()}
+    if run.masked:
+        server.identities = {name: bytes(hello["identity"]) for name, (_, hello) in known.items()}
     algorithm = run.build(silos, shape, classes)
     public = {
         "study": run.key,
@@ -558,37 +655,15 @@ def serve(
         rng = Streams(run.seed, round_, stream_rng)
         for exchange in range(algorithm.exchanges(silos)):
             orders = algorithm.configure(state, round_, silos, partial(rng, 0, -1), exchange)
-            asked = {
-                node[name]: {
-                    **public,
-                    "round": round_,
-                    "exchange": exchange,
-                    "cohort": [s.name for s in order.cohort],
-                    "params": b""
-                    if order.params is None
-                    else encode(Encoding.FLOAT32, flat(order.params)),
-                }
-                for name, order in orders.items()
-            }
-            try:
-                answers = server.ask("train", asked)
-            except DeploymentError as exc:  # a hospital gone or failing: keep what is done
+            common = {**public, "round": round_, "exchange": exchange}
+            try:  # a hospital gone, failing or refusing: keep what is done
+                summing, replies = _exchange(server, run, algorithm, orders, common, result)
+                if result.refused:  # nothing of this round is aggregated
+                    return result
+                state = algorithm.aggregate(state, replies, summing)
+            except (DeploymentError, SecureAggregationError) as exc:
                 result.stopped = f"round {round_}: {exc}"
                 return result
-            replies: dict[str, Reply] = {}
-            for name in orders:
-                fields = answers[node[name]]
-                if "refused" in fields:
-                    result.refused[name] = str(fields["refused"])
-                    continue
-                result.epsilon[name] = float(fields["epsilon"])
-                if "vector" in fields:
-                    encoding = Encoding(fields["encoding"])
-                    vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
-                    replies[name] = Reply(vector, encoding)
-            if result.refused:  # nothing of this round is aggregated
-                return result
-            state = algorithm.aggregate(state, replies, InTheClear())
         result.rounds_completed, result.params = round_ + 1, state["global"]
     final = encode(Encoding.FLOAT32, flat(result.params))
     asked = {n: {**public, "round": run.rounds - 1, "params": final} for n in node.values()}

@@ -99,7 +99,7 @@ import hashlib
 import hmac
 import math
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -492,13 +492,22 @@ class Client:
     """One hospital's side of the protocol: its secrets never leave it except as shares."""
 
     def __init__(
-        self, setup: Setup, name: str, identity: Ed25519PrivateKey, random_bytes: RandomBytes
+        self,
+        setup: Setup,
+        name: str,
+        identity: Ed25519PrivateKey,
+        random_bytes: RandomBytes,
+        *,
+        saved: Mapping[str, Any] | None = None,
     ) -> None:
+        """A new client, or with `saved` (what `saved()` returned) the same client resumed
+        where it stopped: a deployed hospital answers each round in a new process."""
         if name not in setup.names:
             raise SecureAggregationError(f"{name!r} is not in the session's roster")
         self.setup, self.name, self._identity, self._rng = setup, name, identity, random_bytes
-        self._c = X25519PrivateKey.from_private_bytes(random_bytes(32))
-        self._s = X25519PrivateKey.from_private_bytes(random_bytes(32))
+        c, s = (saved["c"], saved["s"]) if saved else (random_bytes(32), random_bytes(32))
+        self._c = X25519PrivateKey.from_private_bytes(c)
+        self._s = X25519PrivateKey.from_private_bytes(s)
         server = X25519PublicKey.from_public_bytes(setup.server_public)
         self._channel = _hkdf(
             self._c.exchange(server), setup.session, b"dpfl/secagg/channel" + name.encode()
@@ -519,6 +528,28 @@ class Client:
         self._advert = AdvertiseKeys(
             setup.session, name, unsigned.c_public, unsigned.s_public, signature
         )
+        if saved:
+            self._roster = {m.sender: m for m in roster_of(setup.session, saved)}
+            self._u2, self._b = tuple(saved["u2"]), saved["b"]
+            self._held = dict(
+                zip(saved["held"], zip(saved["held-b"], saved["held-s"], strict=True), strict=True)
+            )
+            self._answered = bool(saved["answered"])
+
+    def saved(self) -> dict[str, Any]:
+        """The client's secrets and progress as flat fields (bytes, strings and lists of
+        them), to resume it with `Client(..., saved=)`; they must stay with the client."""
+        return {
+            "c": _x25519_raw(self._c),
+            "s": _x25519_raw(self._s),
+            "b": self._b,
+            "u2": list(self._u2),
+            "held": list(self._held),
+            "held-b": [b for b, _ in self._held.values()],
+            "held-s": [s for _, s in self._held.values()],
+            "answered": self._answered,
+            **roster_fields(self._roster.values()),
+        }
 
     def _index(self, name: str) -> int:
         return self.setup.names.index(name)
@@ -653,6 +684,26 @@ class Client:
         s_part = tuple((v, self._held[v][1]) for v in request.dropped)
         reply = UnmaskReply(self.setup.session, self.name, b_part, s_part, b"")
         return replace(reply, tag=self._tag(ROUND_UNMASK, reply.parts()))
+
+
+def roster_fields(roster: Iterable[AdvertiseKeys]) -> dict[str, list[Any]]:
+    """Advertised keys as parallel lists (a roster on the wire, or in a saved client)."""
+    roster = list(roster)
+    return {
+        "senders": [m.sender for m in roster],
+        "c-public": [m.c_public for m in roster],
+        "s-public": [m.s_public for m in roster],
+        "signatures": [m.signature for m in roster],
+    }
+
+
+def roster_of(session: bytes, fields: Mapping[str, Any]) -> list[AdvertiseKeys]:
+    """The advertised keys of `roster_fields` (checked later, by `Client.share_keys`)."""
+    columns = [fields[k] for k in ("senders", "c-public", "s-public", "signatures")]
+    return [
+        AdvertiseKeys(session, str(n), bytes(c), bytes(s), bytes(g))
+        for n, c, s, g in zip(*columns, strict=True)
+    ]
 
 
 def _unframe_pair(data: bytes) -> tuple[bytes, bytes]:

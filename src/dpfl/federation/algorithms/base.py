@@ -191,6 +191,12 @@ class Algorithm(ABC):
         `participation_event` (which binds the budget). Recorded, never enforced."""
         return {}
 
+    def fewest_replies(self, hospitals: int) -> int:
+        """The fewest of `hospitals` replies a revealed sum may hold: the charged events
+        assume that many noise shares in it (Dopamine); the parties that can reveal a
+        secure sum refuse one with fewer."""
+        return 1
+
     # -- server half -------------------------------------------------------------------
 
     def initial_state(self, silos: Sequence[SiloInfo], start: Params | None = None) -> State:

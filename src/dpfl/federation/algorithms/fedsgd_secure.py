@@ -80,7 +80,7 @@ class FedSGDSecure(DPSGDAlgorithm):
         return 1
 
     def fewest_replies(self, hospitals: int) -> int:
-        """K − d: the fewest replies a revealed sum holds."""
+        """K − d."""
         fewest = hospitals - self.tolerated_dropouts
         if fewest < 1:
             raise ValueError(
