@@ -320,6 +320,7 @@ def test_in_process_a_hospital_refuses_a_round_outside_the_study(
         "sizes": [s.declared_size for s in silos],
         "shape": [silos[0].x.shape[1]],
         "classes": 2,
+        "instance": "0123456789abcdef",
         "round": 3,
         "exchange": 0,
         "cohort": [s.name for s in silos],

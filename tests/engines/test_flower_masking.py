@@ -108,6 +108,7 @@ def test_a_hospital_never_sends_a_masked_studys_reply_without_a_session(
         "sizes": [s.declared_size for s in silos],
         "shape": [silos[0].x.shape[1]],
         "classes": 2,
+        "instance": "0123456789abcdef",
         "round": 0,
         "exchange": 0,
         "cohort": [s.name for s in silos],

@@ -37,7 +37,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import re
 import time
+import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -78,6 +80,8 @@ PROTOCOL = 1
 LOG = logging.getLogger("flwr")
 """Flower's logger: what the ServerApp logs, `flwr run --stream` shows."""
 POLL = 0.1
+INSTANCE = re.compile(r"[0-9a-f]{16}")
+"""A run instance's id (hex): it names files at the hospitals."""
 """Seconds between the server's pulls of replies."""
 RECORD = "dpfl"
 """The one ConfigRecord every message carries."""
@@ -194,14 +198,21 @@ class _Hospital:
     me: HospitalConfig
     run: Deployment
     silo: Silo
-    run_id: int
+    instance: str
+    """The server's run instance: the same across a restart from its checkpoint (a new
+    Flower run), so local state and cached replies carry over."""
     state: RecordDict
     """The node's context state: kept by the SuperNode between this run's messages."""
 
     @classmethod
-    def of(cls, context: Context, deployment_of: DeploymentOf) -> _Hospital:
+    def of(
+        cls, context: Context, deployment_of: DeploymentOf, fields: Mapping[str, Any]
+    ) -> _Hospital:
         me = HospitalConfig.from_node_config(context.node_config)
-        return cls(me, deployment_of(me.study), me.silo(), context.run_id, context.state)
+        instance = str(fields.get("instance", ""))
+        if not INSTANCE.fullmatch(instance) and "study" in fields:
+            raise DeploymentError(f"a malformed run instance {instance!r}")
+        return cls(me, deployment_of(me.study), me.silo(), instance, context.state)
 
     @property
     def account(self) -> str:
@@ -269,11 +280,21 @@ class _Hospital:
     @property
     def _state_file(self) -> Path:
         ledger = self.me.ledger
-        return ledger.with_name(f"{ledger.stem}.{self.me.name}.run-{self.run_id}.state.pt")
+        return ledger.with_name(f"{ledger.stem}.{self.me.name}.run-{self.instance}.state.pt")
 
     def train(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Train for one exchange: refuse what its budget cannot afford, charge its ledger,
+        then reply (masked, if the study masks replies). Asked again for an exchange it
+        answered (a retry, or a server resumed from its checkpoint), it sends the same
+        reply again, which releases nothing new; a masked reply is never re-sent (in a new
+        session beside other inputs it could be told apart), so it trains again from its
+        state before that exchange, and pays again."""
         algorithm, silos = self.algorithm(fields)
-        round_ = int(fields["round"])
+        round_, exchange = int(fields["round"]), int(fields["exchange"])
+        saved = self._load()
+        again = saved.get("at") == [round_, exchange]
+        if again and "reply" in saved:
+            return dict(saved["reply"])
         with self.open(algorithm, silos) as book:
             why = self.refusal(book, algorithm, silos, round_)
             if why is None and self.run.masked:
@@ -287,12 +308,15 @@ class _Hospital:
             params = _received(fields, like)
             names = {s.name: s for s in silos}
             cohort = tuple(names[str(n)] for n in fields["cohort"])
-            saved = self._load()
-            local = saved["local"] if "local" in saved else algorithm.initial_local_state(like)
-            calls = saved.get("calls", {}) if saved.get("round") == round_ else {}
+            before = (
+                saved["before"]
+                if again
+                else saved.get("local", algorithm.initial_local_state(like))
+            )
+            calls = saved.get("calls", {}) if saved.get("at", [None])[0] == round_ else {}
             index = [s.name for s in silos].index(self.me.name)
             streams = _MemberStreams(self.run.seed, round_, index, calls, self.me.research_noise)
-            label = f"{algorithm.name} deployment of {self.run.key} run {self.run_id}"
+            label = f"{algorithm.name} deployment of {self.run.key} instance {self.instance}"
 
             def charge(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
                 book.record_many(
@@ -305,13 +329,11 @@ class _Hospital:
             try:
                 with _one_thread():
                     reply, local = algorithm.client_update(
-                        Instruction(params, cohort), self.silo, local, ctx
+                        Instruction(params, cohort), self.silo, before, ctx
                     )
             except BudgetExceededError as exc:
                 return {"refused": f"{self.account}: {exc}"}
-            self._save({"local": local, "round": round_, "calls": streams.calls})
-            spent = book.spent(self.account).epsilon
-        out: dict[str, Any] = {"epsilon": spent}
+            out: dict[str, Any] = {"epsilon": book.spent(self.account).epsilon}
         if reply is not None and self.run.masked:
             out.update(self.masking(fields).masked(fields, reply.vector))
         elif reply is not None:
@@ -322,6 +344,8 @@ class _Hospital:
                     "length": reply.vector.numel(),
                 }
             )
+        kept = {"local": local, "before": before, "at": [round_, exchange], "calls": streams.calls}
+        self._save({**kept, **({} if self.run.masked else {"reply": out})})
         return out
 
     def evaluate(self, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -404,7 +428,7 @@ def _handler(
             raise DeploymentError(
                 f"protocol {fields.get('protocol')!r}, this hospital speaks {PROTOCOL}"
             )
-        hospital = _Hospital.of(context, deployment_of)
+        hospital = _Hospital.of(context, deployment_of, fields)
         return Message(_record(work(hospital, fields)), reply_to=message)
 
     return handle
@@ -467,13 +491,18 @@ class DeploymentResult:
     epsilon: dict[str, float]
     """Each hospital's ε as it reported it from its own ledger."""
     refused: dict[str, str]
-    """Hospitals that refused, and why; the run stopped there."""
+    """Hospitals that refused, and why (with `missing="stop"`, the run stopped there)."""
     stopped: str = ""
     """Why the run stopped before its last round otherwise (a hospital that did not
     reply in time, or failed); its hospitals keep what they were charged."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each hospital's metrics of its final model on its own test set, as it reported
     them (hospitals without a test set report none)."""
+    absent: list[tuple[int, str, str]] = field(default_factory=list)
+    """With `missing="continue"`: (round, hospital, why) for each hospital left out of a
+    round (it refused, failed or did not reply in time); the run went on without it."""
+    instance: str = ""
+    """The run instance: kept in the checkpoint, the same across a restart."""
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -504,14 +533,31 @@ class _Server:
         by_name: Mapping[str, Mapping[str, Any]],
         *,
         common: Mapping[str, Any],
+        absent: list[tuple[str, str]] | None = None,
     ) -> dict[str, dict[str, Any]]:
-        """`ask` by hospital name, each message with the `common` fields too."""
+        """`ask` by hospital name, each message with the `common` fields too. With an
+        `absent` list, hospitals that fail or do not reply in time are noted there,
+        (name, why), and left out of the answers instead."""
         node = {name: n for n, name in self.names.items()}
-        answers = self.ask(kind, {node[name]: {**common, **f} for name, f in by_name.items()})
-        return {name: answers[node[name]] for name in by_name}
+        answers, failed = self.collect(kind, {node[n]: {**common, **f} for n, f in by_name.items()})
+        if failed and absent is None:
+            raise DeploymentError("; ".join(failed.values()))
+        if absent is not None:
+            absent += [(self.names[n], why) for n, why in failed.items()]
+        return {name: answers[node[name]] for name in by_name if node[name] in answers}
 
     def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         """Send each node its fields; every node must reply in time."""
+        answers, failed = self.collect(kind, nodes)
+        if failed:
+            raise DeploymentError("; ".join(failed.values()))
+        return answers
+
+    def collect(
+        self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+        """Send each node its fields: the fields of the nodes that replied in time, and
+        why each other did not (no reply, an error, not dpfl's)."""
         messages = [
             Message(_record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
             for node, fields in nodes.items()
@@ -524,16 +570,17 @@ class _Server:
             time.sleep(POLL)
             for reply in self.grid.pull_messages(list(waiting)):
                 by_node[waiting.pop(reply.metadata.reply_to_message_id)] = reply
-        missing = [self.names.get(n, str(n)) for n in nodes if n not in by_node]
-        if missing:
-            raise DeploymentError(f"no {kind} reply within {self.timeout:g}s from {missing}")
-        fields = {}
+        answers, failed = {}, {}
         for node in nodes:
+            name = self.names.get(node, str(node))
+            if node not in by_node:
+                failed[node] = f"{name}: no {kind} reply within {self.timeout:g}s"
+                continue
             try:
-                fields[node] = _fields(by_node[node])
+                answers[node] = _fields(by_node[node])
             except DeploymentError as exc:
-                raise DeploymentError(f"{self.names.get(node, node)}: {exc}") from exc
-        return fields
+                failed[node] = f"{name}: {exc}"
+        return answers, failed
 
     def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
         """Wait for `count` SuperNodes; each must answer hello as a dpfl hospital of this
@@ -579,11 +626,13 @@ def _exchange(
     orders: Mapping[str, Instruction],
     common: Mapping[str, Any],
     result: DeploymentResult,
+    absent: list[tuple[str, str]] | None,
 ) -> tuple[SecureSum, dict[str, Reply]]:
     """One exchange: its instructions sent, the replies received (masked, after the
-    session's first two rounds, if the study masks them), each hospital's ε and any
-    refusal noted in `result`; how the algorithm will learn the replies' sum."""
-    ask = partial(server.ask_named, common=common)
+    session's first two rounds, if the study masks them), each hospital's ε noted in
+    `result`; how the algorithm will learn the replies' sum. A refusal goes to
+    `result.refused`, or with an `absent` list there, as a failure does."""
+    ask = partial(server.ask_named, common=common, absent=absent)
     summing: SecureSum = InTheClear()
     extra: dict[str, dict[str, Any]] = {name: {} for name in orders}
     if run.masked:
@@ -591,7 +640,7 @@ def _exchange(
         length = flat(result.params).numel()
         fewest = algorithm.fewest_replies(len(result.silos))
         summing = session = flower_masking.MaskedSum.open(ask, identities, length, fewest)
-        extra = {name: session.train_fields(name) for name in orders}
+        extra = {name: session.train_fields(name) for name in session.inboxes}
     asked = {
         name: {
             "cohort": [s.name for s in order.cohort],
@@ -599,11 +648,15 @@ def _exchange(
             **extra[name],
         }
         for name, order in orders.items()
+        if name in extra
     }
     replies: dict[str, Reply] = {}
     for name, fields in ask("train", asked).items():
         if "refused" in fields:
-            result.refused[name] = str(fields["refused"])
+            if absent is None:
+                result.refused[name] = str(fields["refused"])
+            else:
+                absent.append((name, f"refused: {fields['refused']}"))
             continue
         result.epsilon[name] = float(fields["epsilon"])
         if "vector" in fields and not run.masked:
@@ -617,12 +670,60 @@ def _exchange(
     return summing, replies
 
 
+@dataclass(frozen=True)
+class Checkpoint:
+    """The server's state after a completed round, written atomically to one file; a
+    server restarted on it (a new Flower run) continues as the same run instance."""
+
+    path: Path
+
+    def load(self, run: Deployment, silos: Sequence[SiloInfo]) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        saved: dict[str, Any] = torch.load(self.path, weights_only=True)
+        if saved["study"] != run.key or saved["silos"] != [[s.name, s.public_size] for s in silos]:
+            raise DeploymentError(
+                f"checkpoint {self.path} is of another study or other hospitals: "
+                f"{saved['study']} over {saved['silos']}"
+            )
+        return saved
+
+    def save(self, run: Deployment, result: DeploymentResult, state: Mapping[str, Any]) -> None:
+        saved = {
+            "study": run.key,
+            "silos": [[s.name, s.public_size] for s in result.silos],
+            "instance": result.instance,
+            "round": result.rounds_completed,
+            "state": dict(state),
+            "epsilon": result.epsilon,
+            "absent": result.absent,
+        }
+        partial = self.path.with_suffix(self.path.suffix + ".partial")
+        torch.save(saved, partial)
+        os.replace(partial, self.path)
+
+
 def serve(
-    grid: Grid, run: Deployment, *, hospitals: int, wait: float = 60.0, timeout: float = 600.0
+    grid: Grid,
+    run: Deployment,
+    *,
+    hospitals: int,
+    wait: float = 60.0,
+    timeout: float = 600.0,
+    missing: str = "stop",
+    checkpoint: Path | None = None,
 ) -> DeploymentResult:
     """Run the study's rounds over `hospitals` dpfl hospitals connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
-    summed in the clear or, if the study masks them, by pairwise masking."""
+    summed in the clear or, if the study masks them, by pairwise masking.
+
+    `missing`: what a hospital that refuses, fails or does not reply within `timeout`
+    seconds does to the run: "stop" it after the rounds done, or "continue" without that
+    hospital's reply in that round (it is asked again the next; a masked round still
+    needs the sum's quorum, else the run stops). `checkpoint`: a file the server's state
+    is written to after each round, and resumed from if it exists."""
+    if missing not in ("stop", "continue"):
+        raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
     server = _Server(grid, run, timeout)
     known = server.hospitals(hospitals, wait)
     shapes = {tuple(hello["shape"]) for _, hello in known.values()}
@@ -636,41 +737,62 @@ def serve(
     if run.masked:
         server.identities = {name: bytes(hello["identity"]) for name, (_, hello) in known.items()}
     algorithm = run.build(silos, shape, classes)
+    result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
+    state = algorithm.initial_state(silos)
+    result.instance = uuid.uuid4().hex[:16]
+    saved = None if checkpoint is None else Checkpoint(checkpoint).load(run, silos)
+    if saved is not None:
+        result.instance, result.rounds_completed = saved["instance"], saved["round"]
+        state, result.epsilon, result.absent = saved["state"], saved["epsilon"], saved["absent"]
+        result.params = state["global"]
+        LOG.info("resuming instance %s after round %d", result.instance, result.rounds_completed)
     public = {
         "study": run.key,
+        "instance": result.instance,
         "silos": [s.name for s in silos],
         "sizes": [s.public_size for s in silos],
         "shape": shape,
         "classes": classes,
     }
-    result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
-    plans = server.ask("query.plan", {n: {**public, "round": 0} for n in node.values()})
-    result.refused = {
-        name: str(plans[n]["refused"]) for name, n in node.items() if not plans[n]["accepted"]
-    }
-    if result.refused:
-        return result
-    state = algorithm.initial_state(silos)
-    for round_ in range(run.rounds):
+    start = result.rounds_completed
+    if start < run.rounds:
+        asked = {n: {**public, "round": start} for n in node.values()}
+        for n, plan in server.ask("query.plan", asked).items():
+            if not plan["accepted"] and missing == "stop":
+                result.refused[server.names[n]] = str(plan["refused"])
+        if result.refused:
+            return result
+    for round_ in range(start, run.rounds):
         rng = Streams(run.seed, round_, stream_rng)
+        absent: list[tuple[str, str]] | None = None if missing == "stop" else []
         for exchange in range(algorithm.exchanges(silos)):
             orders = algorithm.configure(state, round_, silos, partial(rng, 0, -1), exchange)
             common = {**public, "round": round_, "exchange": exchange}
             try:  # a hospital gone, failing or refusing: keep what is done
-                summing, replies = _exchange(server, run, algorithm, orders, common, result)
+                summing, replies = _exchange(server, run, algorithm, orders, common, result, absent)
                 if result.refused:  # nothing of this round is aggregated
                     return result
-                state = algorithm.aggregate(state, replies, summing)
+                if replies:
+                    state = algorithm.aggregate(state, replies, summing)
             except (DeploymentError, SecureAggregationError) as exc:
                 result.stopped = f"round {round_}: {exc}"
                 return result
+        for name, why in absent or []:
+            LOG.warning("round %d goes on without %s", round_, why)
+            result.absent.append((round_, name, why))
         result.rounds_completed, result.params = round_ + 1, state["global"]
+        if checkpoint is not None:
+            Checkpoint(checkpoint).save(run, result, state)
     final = encode(Encoding.FLOAT32, flat(result.params))
-    asked = {n: {**public, "round": run.rounds - 1, "params": final} for n in node.values()}
-    scored = server.ask("evaluate", asked)
+    scored = server.ask_named(
+        "evaluate",
+        {name: {"params": final} for name in node},
+        common={**public, "round": run.rounds - 1},
+        absent=None if missing == "stop" else [],
+    )
     result.metrics = {
-        name: dict(zip(scored[n]["names"], scored[n]["values"], strict=True))
-        for name, n in node.items()
-        if scored[n]["metrics"]
+        name: dict(zip(fields["names"], fields["values"], strict=True))
+        for name, fields in scored.items()
+        if fields["metrics"]
     }
     return result

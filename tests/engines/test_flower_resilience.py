@@ -1,0 +1,162 @@
+"""A deployment that loses a hospital or its server: with `missing="continue"` a round
+goes on without a hospital that failed or refused (which is asked again the next round);
+a server restarted from its checkpoint continues the same run instance, and hospitals
+answer a round they already answered with the reply they sent (nothing new released,
+nothing charged twice), except a masked reply, which is trained and paid for anew. In
+process."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from flwr.app import Context, Message
+from flwr.clientapp import ClientApp
+
+from dpfl.engines.flower import DeploymentError, serve
+from dpfl.experiments.deploy import deployment_of
+
+from .test_flower import STUDY, InProcessGrid, entries, hospitals, simulated, study
+from .test_flower_masking import DOPAMINE
+
+__all__ = ["study"]  # the fixture, used by name
+
+
+def crashing_in(grid: InProcessGrid, name: str, round_: int) -> None:
+    """`name`'s ClientApp fails every train message of `round_` (its machine is away)."""
+    node = next(n for n, c in grid.contexts.items() if c.node_config["name"] == name)
+    answered, gone = grid.app, ClientApp()
+    for kind in ("hello", "plan", "secagg_keys", "secagg_shares", "secagg_unmask"):
+        gone.query(kind)(answered)
+    gone.evaluate()(answered)
+
+    def train(message: Message, context: Context) -> Message:
+        if message.content["dpfl"]["round"] == round_:
+            raise ConnectionError("the machine went away")
+        return answered(message, context)
+
+    gone.train()(train)
+    grid.apps = {node: gone}
+
+
+class ServerKilled(InProcessGrid):
+    """The grid of a server killed once the hospitals answered `round_`'s train."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]], round_: int) -> None:
+        super().__init__(nodes)
+        self.round, self.trained = round_, False
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        self.trained = any(
+            m.metadata.message_type == "train" and m.content["dpfl"]["round"] == self.round
+            for m in messages
+        )
+        return super().push_messages(messages)
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        if self.trained:
+            raise KeyboardInterrupt  # the server's process dies with the replies unread
+        return super().pull_messages(message_ids)
+
+
+def rounds_charged(node: dict[str, Any]) -> int:
+    return len(entries(Path(node["ledger"]), f"{node['name']}/trial-0"))
+
+
+def test_a_round_goes_on_without_a_hospital_that_failed_and_asks_it_again(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    grid = InProcessGrid(nodes.values())
+    crashing_in(grid, "hospital-1", 1)
+    result = serve(grid, deployment_of(study), hospitals=3, timeout=5, missing="continue")
+    assert result.rounds_completed == 3 and not result.stopped and not result.refused
+    assert [(r, n) for r, n, _ in result.absent] == [(1, "hospital-1")]
+    assert "ConnectionError: the machine went away" in result.absent[0][2]
+    # it had paid for nothing in round 1 (it failed before training), and came back in 2
+    assert [rounds_charged(nodes[n]) for n in nodes] == [3, 2, 3]
+    assert set(result.metrics) == set(nodes)
+
+
+def test_a_hospital_over_budget_refuses_and_the_run_goes_on_without_it(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
+    result = serve(
+        InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, missing="continue"
+    )
+    assert result.rounds_completed == 3 and not result.refused
+    assert [(r, n) for r, n, _ in result.absent] == [(r, "hospital-2") for r in range(3)]
+    assert all("would exceed ε=0.5" in why for _, _, why in result.absent)
+    assert [rounds_charged(nodes[n]) for n in nodes] == [3, 3, 0]
+
+
+def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
+    study: Path, tmp_path: Path
+) -> None:
+    """Killed with round 1's replies unread: the restarted server (a new Flower run, new
+    node contexts) asks round 1 again and the hospitals send the same replies, uncharged."""
+    nodes = hospitals(study, tmp_path / "hospitals")
+    checkpoint = tmp_path / "server" / "checkpoint.pt"
+    checkpoint.parent.mkdir()
+    with pytest.raises(KeyboardInterrupt):
+        serve(
+            ServerKilled(nodes.values(), 1),
+            deployment_of(study),
+            hospitals=3,
+            checkpoint=checkpoint,
+        )
+    assert [rounds_charged(node) for node in nodes.values()] == [2, 2, 2]
+    result = serve(
+        InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint
+    )
+    simulation, book = simulated(study, tmp_path)
+    assert result.rounds_completed == 3 and not result.stopped
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    book.close()
+
+
+def test_a_masked_round_asked_again_is_trained_and_paid_for_again(
+    study: Path, tmp_path: Path
+) -> None:
+    study.write_text(DOPAMINE, encoding="utf-8")
+    nodes = hospitals(study, tmp_path / "hospitals")
+    checkpoint = tmp_path / "checkpoint.pt"
+    with pytest.raises(KeyboardInterrupt):
+        serve(
+            ServerKilled(nodes.values(), 1),
+            deployment_of(study),
+            hospitals=3,
+            checkpoint=checkpoint,
+        )
+    result = serve(
+        InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint
+    )
+    assert result.rounds_completed == 3 and not result.stopped
+    for node in nodes.values():  # rounds 0, 1 (lost with the server), 1 again, 2
+        charged = rounds_charged(node)
+        assert charged == 4
+        with_view = entries(Path(node["ledger"]), f"{node['name']}/trial-0/hospitals")
+        assert len(with_view) == charged
+
+
+def test_a_checkpoint_of_another_study_is_refused(study: Path, tmp_path: Path) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    checkpoint = tmp_path / "checkpoint.pt"
+    serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint)
+    study.write_text(STUDY.replace("rounds = 3", "rounds = 4"), encoding="utf-8")
+    with pytest.raises(DeploymentError, match="is of another study or other hospitals"):
+        serve(
+            InProcessGrid(hospitals(study, tmp_path / "others").values()),
+            deployment_of(study),
+            hospitals=3,
+            checkpoint=checkpoint,
+        )
