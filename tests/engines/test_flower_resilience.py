@@ -99,8 +99,11 @@ def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
     study: Path, tmp_path: Path
 ) -> None:
     """Killed with round 1's replies unread: the restarted server (a new Flower run, new
-    node contexts) asks round 1 again and the hospitals send the same replies, uncharged."""
-    nodes = hospitals(study, tmp_path / "hospitals")
+    node contexts) asks round 1 again and the hospitals send the same replies, uncharged.
+    Their budgets afford exactly the study's 3 rounds: round 1 is not planned twice."""
+    simulation, book = simulated(study, tmp_path)
+    exact = {n: book.spent(f"{n}/trial-0").epsilon * 1.001 for n in simulation.silo_metrics[0]}
+    nodes = hospitals(study, tmp_path / "hospitals", exact)
     checkpoint = tmp_path / "server" / "checkpoint.pt"
     checkpoint.parent.mkdir()
     with pytest.raises(KeyboardInterrupt):
@@ -114,8 +117,7 @@ def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
     result = serve(
         InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint
     )
-    simulation, book = simulated(study, tmp_path)
-    assert result.rounds_completed == 3 and not result.stopped
+    assert result.rounds_completed == 3 and not result.stopped and not result.refused
     for name, value in simulation.params.items():
         assert torch.equal(result.params[name], value[0])
     for name, node in nodes.items():

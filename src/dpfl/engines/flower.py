@@ -270,12 +270,15 @@ class _Hospital:
     ) -> str | None:
         """Why the rest of the plan from `round_` would pass this hospital's budget (for an
         algorithm that stops at its budget: the next round), or None if it fits. A round
-        outside the study's is refused: the plan this hospital agreed to is the study's."""
+        outside the study's is refused: the plan this hospital agreed to is the study's. A
+        round already paid for, whose reply is kept to be sent again, is not paid twice."""
         if not 0 <= round_ < self.run.rounds:
             return f"round {round_} is not one of the study's {self.run.rounds} rounds"
         event = algorithm.participation_event(self.silo.info, silos)
+        saved = self._load()
+        paid = "reply" in saved and saved["at"][0] == round_
         left = 1 if algorithm.stops_at_budget else self.run.rounds - round_
-        return unaffordable(book, self.account, event, left)
+        return None if paid and left == 1 else unaffordable(book, self.account, event, left - paid)
 
     @property
     def _state_file(self) -> Path:
