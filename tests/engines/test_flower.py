@@ -3,39 +3,27 @@ ClientApps, each hospital enforcing its own budget from its own ledger.
 
 In process first (a grid that hands each message to the ClientApp, no network), then
 the real thing: a SuperLink and three SuperNodes as separate processes on loopback,
-over TLS with certificates made in the test."""
+over TLS with certificates made on the spot (`dpfl.engines.loopback`)."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
-import signal
-import socket
-import ssl
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterable, Iterator
-from contextlib import contextmanager, suppress
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 import torch
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from dpfl.engines import loopback
 from dpfl.engines.flower import DeploymentError, DeploymentResult, serve
+from dpfl.engines.loopback import deploy
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import client_app, deployment_of, study_point
@@ -345,268 +333,20 @@ def test_a_result_survives_its_file(tmp_path: Path) -> None:
 
 # -- the real thing: separate processes on loopback ---------------------------------------
 
-BIN = Path(sys.executable).parent
-DEADLINE = 180.0
-"""Seconds a deployment test may take, start to finish (killed after)."""
 
-
-def flower_binaries() -> None:
-    missing = [
-        b
-        for b in ("flower-superlink", "flower-supernode", "flwr", "dpfl")
-        if not (BIN / b).exists()
-    ]
+@pytest.fixture
+def flower_installed() -> None:
+    """Flower's commands must be installed: skipped without them, failed under CI=true."""
+    missing = loopback.missing_binaries()
     if not missing:
         return
     if os.environ.get("CI") == "true":
-        pytest.fail(f"CI=true but Flower's {', '.join(missing)} are missing from {BIN}")
-    pytest.skip(f"Flower's {', '.join(missing)} are not installed in {BIN}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
-def node_config(node: dict[str, Any]) -> str:
-    """`--node-config` syntax: space separated key=value, values in TOML."""
-
-    def value(v: Any) -> str:
-        if isinstance(v, bool):
-            return "true" if v else "false"
-        return f'"{v}"' if isinstance(v, str) else repr(v)
-
-    return " ".join(f"{k}={value(v)}" for k, v in node.items())
-
-
-@contextmanager
-def cluster(
-    nodes: dict[str, dict[str, Any]], root: Path, *, cli: bool, intruder: bool
-) -> Iterator[tuple[int, Path, dict[str, str]]]:
-    """A SuperLink and one SuperNode per hospital (`cli`: started by `dpfl deploy
-    hospital`), each its own process on loopback; all killed on the way out, whatever
-    happens. Every link is TLS with a CA made for the test; the SuperLink admits only
-    SuperNodes whose keys were registered (`dpfl deploy register`), which an `intruder`
-    SuperNode's is not. Yields the SuperLink's port, the logs' folder and the
-    environment."""
-    flower_binaries()
-    port = free_port()
-    ca, cert, key = certificates(root / "tls")
-    auth = keys(root / "keys", [*nodes, "intruder"])
-    env = {
-        **os.environ,
-        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
-        "FLWR_DISABLE_UPDATE_CHECK": "1",
-        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",  # 1 s by default, at every message
-    }
-    logs = root / "logs"
-    logs.mkdir()
-    commands = {
-        "superlink": [
-            "flower-superlink", "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
-            "--ssl-keyfile", str(key), "--host", "127.0.0.1", "--port", str(port),
-            "--disable-runtime-dependency-installation", "--enable-supernode-auth",
-        ],
-        **{
-            name: [
-                "dpfl", "deploy", "hospital", node["study"], "--name", name,
-                "--data", node["data"], "--public-size", str(node["public-size"]),
-                "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
-                "--ledger", node["ledger"], "--superlink", f"127.0.0.1:{port}",
-                "--root-certificates", str(ca), "--port", str(free_port()),
-                "--auth-key", str(auth[name]),
-            ]
-            if cli
-            else [
-                "flower-supernode", "--root-certificates", str(ca), "--superlink",
-                f"127.0.0.1:{port}",
-                "--port", str(free_port()), "--node-config", node_config(node),
-                "--auth-supernode-private-key", str(auth[name]),
-            ]
-            for name, node in {
-                **nodes, **({"intruder": next(iter(nodes.values()))} if intruder else {})
-            }.items()
-        },
-    }  # fmt: skip
-    processes: list[subprocess.Popen[bytes]] = []
-    try:
-        for name, command in commands.items():
-            with open(logs / f"{name}.log", "wb") as log:
-                processes.append(
-                    subprocess.Popen(
-                        [str(BIN / command[0]), *command[1:]],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        start_new_session=True,
-                    )
-                )
-            if name == "superlink":
-                wait_for(port, ca, time.monotonic() + 20)
-                register(port, ca, {n: auth[n].with_suffix(".pub") for n in nodes}, env)
-        yield port, logs, env
-    finally:
-        stop(processes)
-
-
-def keys(folder: Path, names: list[str]) -> dict[str, Path]:
-    """Each SuperNode's private key (OpenSSH, P-384), its public key beside it (.pub)."""
-    folder.mkdir()
-    paths = {}
-    for name in names:
-        key = ec.generate_private_key(ec.SECP384R1())
-        paths[name] = folder / f"{name}.key"
-        paths[name].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            )
-        )
-        paths[name].with_suffix(".pub").write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-            )
-        )
-    return paths
-
-
-def register(port: int, ca: Path, public_keys: dict[str, Path], env: dict[str, str]) -> None:
-    """`dpfl deploy register` each hospital's key under its name, all at once."""
-    commands = [
-        [str(BIN / "dpfl"), "deploy", "register", str(key), "--name", name,
-         "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(ca)]
-        for name, key in public_keys.items()
-    ]  # fmt: skip
-    running = [
-        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-        for c in commands
-    ]
-    for process in running:
-        output, _ = process.communicate(timeout=60)
-        assert process.returncode == 0, output.decode()
-
-
-def stop(processes: list[subprocess.Popen[bytes]]) -> None:
-    """Terminate each process's session and every descendant (Flower detaches its
-    ServerApp into a session of its own), then kill what is left."""
-    started = {p.pid for p in processes}
-    family = started | descendants(started)
-    for pid in family:
-        with _gone():
-            os.kill(pid, signal.SIGTERM)
-    for process in processes:
-        with suppress(subprocess.TimeoutExpired):
-            process.wait(timeout=10)
-    for pid in family:
-        with _gone():
-            os.kill(pid, signal.SIGKILL)
-    for process in processes:
-        process.wait()
-
-
-def descendants(roots: set[int]) -> set[int]:
-    """Processes whose ancestry leads to `roots` (from /proc)."""
-    parents = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with suppress(OSError, IndexError, ValueError):
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            parents[int(stat.parent.name)] = int(fields[1])
-    found: set[int] = set()
-    frontier = set(roots)
-    while frontier:
-        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
-        found |= frontier
-    return found
-
-
-def _gone() -> suppress:
-    return suppress(ProcessLookupError)  # it died on its own
-
-
-def wait_for(port: int, ca: Path, until: float) -> None:
-    """Until the SuperLink answers its health check over TLS (it takes seconds to start)."""
-    trusted = ssl.create_default_context(cafile=str(ca))
-    while True:
-        with (
-            suppress(OSError),
-            urllib.request.urlopen(
-                f"https://127.0.0.1:{port}/health", timeout=1, context=trusted
-            ) as answer,
-        ):
-            if answer.status == 200:
-                return
-        if time.monotonic() > until:
-            raise AssertionError(f"no SuperLink on port {port}")
-        time.sleep(0.2)
-
-
-def certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A CA made for the test and the SuperLink's certificate (for 127.0.0.1) and key."""
-    folder.mkdir()
-    now = datetime.datetime.now(datetime.UTC)
-
-    def signed(name: str, key: ec.EllipticCurvePrivateKey, ca: bool) -> x509.CertificateBuilder:
-        return (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "dpfl test CA")]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = signed("dpfl test CA", ca_key, True).sign(ca_key, hashes.SHA256())
-    address = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-    cert = signed("127.0.0.1", key, False).add_extension(address, critical=False)
-    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(
-        cert.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-    )
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
-
-
-def deploy(
-    study: Path,
-    nodes: dict[str, dict[str, Any]],
-    root: Path,
-    *,
-    cli: bool = False,
-    intruder: bool = False,
-) -> tuple[str, Path, Path]:
-    """`dpfl deploy server` of the study over the hospitals' SuperNodes: its output, the
-    server's out folder and the logs' folder."""
-    began, out = time.monotonic(), root / "server-out"
-    with cluster(nodes, root, cli=cli, intruder=intruder) as (port, logs, env):
-        command = [
-            str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(len(nodes)),
-            "--superlink", f"127.0.0.1:{port}", "--out", str(out), "--root-certificates",
-            str(root / "tls" / "ca.crt"),
-            "--wait", "30", "--timeout", "30",
-        ]  # fmt: skip
-        left = DEADLINE - (time.monotonic() - began)
-        try:
-            done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=left)
-        except subprocess.TimeoutExpired as exc:
-            shown = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in logs.iterdir())
-            raise AssertionError(f"the deployment took over {DEADLINE:g}s\n{shown}") from exc
-    return done.stdout + done.stderr, out, logs
+        pytest.fail(f"CI=true but Flower's {', '.join(missing)} are missing from {loopback.BIN}")
+    pytest.skip(f"Flower's {', '.join(missing)} are not installed in {loopback.BIN}")
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
 def test_three_hospitals_on_loopback_end_with_the_simulators_model(
     study: Path, tmp_path: Path
 ) -> None:
@@ -629,6 +369,7 @@ def test_three_hospitals_on_loopback_end_with_the_simulators_model(
 
 
 @pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
 def test_on_loopback_a_hospital_over_budget_refuses_and_an_unregistered_node_is_kept_out(
     study: Path, tmp_path: Path
 ) -> None:

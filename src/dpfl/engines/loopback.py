@@ -1,0 +1,359 @@
+"""A whole deployment on one machine: a SuperLink and one SuperNode per hospital as
+separate processes on loopback, TLS with a CA made on the spot, SuperNode keys
+registered: for trying a deployment before the real machines, its tests and its benchmark.
+
+Every process is Flower's or dpfl's own command, run from the binaries beside this
+Python (`BIN`), as docs/deployment.md runs them on real machines; only the addresses
+(127.0.0.1) and the certificates and keys (made here, valid for an hour) differ. The
+SuperNodes may be pointed at another address than the SuperLink's (`fleet`), e.g. a
+relay that counts the bytes between them; TLS stays end to end through it."""
+
+from __future__ import annotations
+
+import datetime
+import ipaddress
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any, NamedTuple, TypedDict, Unpack
+
+import numpy as np
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+from dpfl.federation.silo import Silo
+
+BIN = Path(sys.executable).parent
+"""Where Flower's commands and `dpfl` are: beside the Python that runs dpfl (its venv)."""
+BINARIES = ("flower-superlink", "flower-supernode", "flwr", "dpfl")
+CA_NAME = "dpfl loopback CA"
+
+
+class LoopbackError(RuntimeError):
+    """The loopback deployment could not start or did not finish in time."""
+
+
+class Layout(TypedDict, total=False):
+    """How a `cluster` is laid out; every key may be left out."""
+
+    cli: bool
+    """SuperNodes started by `dpfl deploy hospital` (default: `flower-supernode` itself)."""
+    intruder: bool
+    """One more SuperNode, as the first hospital but with a key nobody registered."""
+    port: int
+    """The SuperLink's port (default: a free one)."""
+    fleet: str
+    """HOST:PORT the SuperNodes connect to (default: the SuperLink's), e.g. a relay's."""
+
+
+class Cluster(NamedTuple):
+    port: int
+    """The SuperLink's port on 127.0.0.1 (Fleet, Control and Runtime APIs)."""
+    ca: Path
+    """The CA certificate every client trusts."""
+    logs: Path
+    """One log file per process: superlink.log, NAME.log."""
+    env: dict[str, str]
+    """The environment the processes run in (BIN first on the PATH)."""
+
+
+class Deployed(NamedTuple):
+    output: str
+    """`dpfl deploy server`'s output and error streams, in that order."""
+    out: Path
+    """The server's out folder (result.pt)."""
+    logs: Path
+
+
+def missing_binaries() -> list[str]:
+    """The commands a loopback deployment runs that are not installed in BIN."""
+    return [b for b in BINARIES if not (BIN / b).exists()]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 nobody listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def node_config(node: Mapping[str, Any]) -> str:
+    """`--node-config` syntax: space separated key=value, values in TOML."""
+
+    def value(v: Any) -> str:
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return f'"{v}"' if isinstance(v, str) else repr(v)
+
+    return " ".join(f"{k}={value(v)}" for k, v in node.items())
+
+
+def hospital_node(
+    silo: Silo, study: Path, folder: Path, *, epsilon: float, delta: float
+) -> dict[str, Any]:
+    """Write `silo` as a hospital's data folder (train.npz, test.npz if it has a test
+    set) and return its node config: its budget, its ledger in that folder, and the
+    simulator's seeded noise, so that its updates can be compared with a simulation."""
+    folder.mkdir(parents=True)
+    np.savez(folder / "train.npz", x=silo.x.numpy(), y=silo.y.numpy())
+    if silo.x_test is not None and silo.y_test is not None:
+        np.savez(folder / "test.npz", x=silo.x_test.numpy(), y=silo.y_test.numpy())
+    return {
+        "name": silo.name,
+        "study": str(study),
+        "data": str(folder),
+        "public-size": silo.declared_size,
+        "epsilon": epsilon,
+        "delta": delta,
+        "ledger": str(folder / "ledger.sqlite"),
+        "research-noise": True,
+    }
+
+
+@contextmanager
+def cluster(
+    nodes: Mapping[str, Mapping[str, Any]],
+    root: Path,
+    **layout: Unpack[Layout],
+) -> Iterator[Cluster]:
+    """A SuperLink and one SuperNode per hospital of `nodes` (name: node config), each
+    its own process on loopback, laid out as `layout` says; all killed on the way out,
+    whatever happens. Every link is TLS with a CA made here (in `root`/tls); the
+    SuperLink admits only SuperNodes whose keys were registered (`dpfl deploy
+    register`), which an intruder's is not."""
+    missing = missing_binaries()
+    if missing:
+        raise LoopbackError(f"Flower's {', '.join(missing)} are not installed in {BIN}")
+    cli, intruder = layout.get("cli", False), layout.get("intruder", False)
+    port = layout.get("port") or free_port()
+    fleet = layout.get("fleet", f"127.0.0.1:{port}")
+    ca, cert, key = certificates(root / "tls")
+    auth = keys(root / "keys", [*nodes, "intruder"])
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "FLWR_DISABLE_UPDATE_CHECK": "1",
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": "0.1",  # 1 s by default, at every message
+    }
+    logs = root / "logs"
+    logs.mkdir()
+    commands = {
+        "superlink": [
+            "flower-superlink", "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
+            "--ssl-keyfile", str(key), "--host", "127.0.0.1", "--port", str(port),
+            "--disable-runtime-dependency-installation", "--enable-supernode-auth",
+        ],
+        **{
+            name: [
+                "dpfl", "deploy", "hospital", node["study"], "--name", name,
+                "--data", node["data"], "--public-size", str(node["public-size"]),
+                "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
+                "--ledger", node["ledger"], "--superlink", fleet,
+                "--root-certificates", str(ca), "--port", str(free_port()),
+                "--auth-key", str(auth[name]),
+            ]
+            if cli
+            else [
+                "flower-supernode", "--root-certificates", str(ca), "--superlink", fleet,
+                "--port", str(free_port()), "--node-config", node_config(node),
+                "--auth-supernode-private-key", str(auth[name]),
+            ]
+            for name, node in {
+                **nodes, **({"intruder": next(iter(nodes.values()))} if intruder else {})
+            }.items()
+        },
+    }  # fmt: skip
+    processes: list[subprocess.Popen[bytes]] = []
+    try:
+        for name, command in commands.items():
+            with open(logs / f"{name}.log", "wb") as log:
+                processes.append(
+                    subprocess.Popen(
+                        [str(BIN / command[0]), *command[1:]],
+                        stdout=log,
+                        stderr=subprocess.STDOUT,
+                        env=env,
+                        start_new_session=True,
+                    )
+                )
+            if name == "superlink":
+                wait_for(port, ca, time.monotonic() + 20)
+                register(port, ca, {n: auth[n].with_suffix(".pub") for n in nodes}, env)
+        yield Cluster(port, ca, logs, env)
+    finally:
+        stop(processes)
+
+
+def deploy(
+    study: Path,
+    nodes: Mapping[str, Mapping[str, Any]],
+    root: Path,
+    *,
+    deadline: float = 180.0,
+    wait: float = 30.0,
+    timeout: float = 30.0,
+    **layout: Unpack[Layout],
+) -> Deployed:
+    """`dpfl deploy server` of the study over the hospitals' SuperNodes of a `cluster`
+    in `root` laid out as `layout` says, waiting `wait` seconds for the hospitals and
+    `timeout` for each reply; everything is killed if it takes over `deadline` seconds,
+    start to finish (LoopbackError, with the logs' tails)."""
+    began, out = time.monotonic(), root / "server-out"
+    with cluster(nodes, root, **layout) as running:
+        command = [
+            str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(len(nodes)),
+            "--superlink", f"127.0.0.1:{running.port}", "--out", str(out),
+            "--root-certificates", str(running.ca),
+            "--wait", str(wait), "--timeout", str(timeout),
+        ]  # fmt: skip
+        left = deadline - (time.monotonic() - began)
+        try:
+            done = subprocess.run(
+                command, capture_output=True, text=True, env=running.env, timeout=left
+            )
+        except subprocess.TimeoutExpired as exc:
+            shown = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in running.logs.iterdir())
+            raise LoopbackError(f"the deployment took over {deadline:g}s\n{shown}") from exc
+    return Deployed(done.stdout + done.stderr, out, running.logs)
+
+
+def keys(folder: Path, names: list[str]) -> dict[str, Path]:
+    """Each SuperNode's private key (OpenSSH, P-384), its public key beside it (.pub)."""
+    folder.mkdir()
+    paths = {}
+    for name in names:
+        key = ec.generate_private_key(ec.SECP384R1())
+        paths[name] = folder / f"{name}.key"
+        paths[name].write_bytes(
+            key.private_bytes(
+                serialization.Encoding.PEM,
+                serialization.PrivateFormat.OpenSSH,
+                serialization.NoEncryption(),
+            )
+        )
+        paths[name].with_suffix(".pub").write_bytes(
+            key.public_key().public_bytes(
+                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
+            )
+        )
+    return paths
+
+
+def register(port: int, ca: Path, public_keys: Mapping[str, Path], env: dict[str, str]) -> None:
+    """`dpfl deploy register` each hospital's key under its name, all at once."""
+    commands = [
+        [str(BIN / "dpfl"), "deploy", "register", str(key), "--name", name,
+         "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(ca)]
+        for name, key in public_keys.items()
+    ]  # fmt: skip
+    running = [
+        subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+        for c in commands
+    ]
+    for process in running:
+        output, _ = process.communicate(timeout=60)
+        if process.returncode != 0:
+            raise LoopbackError(f"registering a key failed:\n{output.decode()}")
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    """Terminate each process's session and every descendant (Flower detaches its
+    ServerApp into a session of its own), then kill what is left."""
+    started = {p.pid for p in processes}
+    family = started | descendants(started)
+    for pid in family:
+        with _gone():
+            os.kill(pid, signal.SIGTERM)
+    for process in processes:
+        with suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+    for pid in family:
+        with _gone():
+            os.kill(pid, signal.SIGKILL)
+    for process in processes:
+        process.wait()
+
+
+def descendants(roots: set[int]) -> set[int]:
+    """Processes whose ancestry leads to `roots` (from /proc)."""
+    parents = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with suppress(OSError, IndexError, ValueError):
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            parents[int(stat.parent.name)] = int(fields[1])
+    found: set[int] = set()
+    frontier = set(roots)
+    while frontier:
+        frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
+        found |= frontier
+    return found
+
+
+def _gone() -> suppress:
+    return suppress(ProcessLookupError)  # it died on its own
+
+
+def wait_for(port: int, ca: Path, until: float) -> None:
+    """Until the SuperLink answers its health check over TLS (it takes seconds to start);
+    LoopbackError after `until` (time.monotonic)."""
+    trusted = ssl.create_default_context(cafile=str(ca))
+    while True:
+        with (
+            suppress(OSError),
+            urllib.request.urlopen(
+                f"https://127.0.0.1:{port}/health", timeout=1, context=trusted
+            ) as answer,
+        ):
+            if answer.status == 200:
+                return
+        if time.monotonic() > until:
+            raise LoopbackError(f"no SuperLink on port {port}")
+        time.sleep(0.2)
+
+
+def certificates(folder: Path) -> tuple[Path, Path, Path]:
+    """A CA made on the spot (valid for an hour) and the SuperLink's certificate (for
+    127.0.0.1) and key: paths of ca.crt, server.pem and server.key in `folder`."""
+    folder.mkdir()
+    now = datetime.datetime.now(datetime.UTC)
+
+    def signed(name: str, key: ec.EllipticCurvePrivateKey, ca: bool) -> x509.CertificateBuilder:
+        return (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(hours=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+
+    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = signed(CA_NAME, ca_key, True).sign(ca_key, hashes.SHA256())
+    address = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
+    cert = signed("127.0.0.1", key, False).add_extension(address, critical=False)
+    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(
+        cert.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
+    )
+    paths[2].write_bytes(
+        key.private_bytes(
+            serialization.Encoding.PEM,
+            serialization.PrivateFormat.PKCS8,
+            serialization.NoEncryption(),
+        )
+    )
+    return paths
