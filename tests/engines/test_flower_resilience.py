@@ -20,7 +20,7 @@ from dpfl.engines.flower import DeploymentError, serve
 from dpfl.experiments.deploy import deployment_of
 
 from .test_flower import STUDY, InProcessGrid, entries, hospitals, simulated, study
-from .test_flower_masking import DOPAMINE
+from .test_flower_secure import DOPAMINE
 
 __all__ = ["study"]  # the fixture, used by name
 

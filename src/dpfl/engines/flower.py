@@ -53,7 +53,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid
 
-from dpfl.engines import flower_masking
+from dpfl.engines import flower_he, flower_masking
 from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import Streams, stream_noise, stream_rng
@@ -73,6 +73,7 @@ from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.privacy import Ledger, events
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.secure import InTheClear
+from dpfl.secure.he import Aggregator, HomomorphicError, KeyFile
 from dpfl.secure.masking import SecureAggregationError
 
 PROTOCOL = 1
@@ -108,9 +109,17 @@ class Deployment:
     build: Callable[[Sequence[SiloInfo], Sequence[int], int], Algorithm]
     """The algorithm from public facts only: each silo's name and public size, the
     feature shape and the number of classes."""
-    masked: bool = False
-    """Replies leave each hospital masked (`flower_masking`), the server learns only
-    their sum; else in the clear."""
+    summing: str = "none"
+    """How the server learns the replies' sum: "none", it sees each; "masking", they
+    leave each hospital masked (`flower_masking`); "he", encrypted (`flower_he`)."""
+
+    @property
+    def masked(self) -> bool:
+        return self.summing == "masking"
+
+    @property
+    def encrypted(self) -> bool:
+        return self.summing == "he"
 
 
 DeploymentOf = Callable[[Path], Deployment]
@@ -161,6 +170,8 @@ class HospitalConfig:
     delta: float
     ledger: Path
     research_noise: bool = False
+    he_keys: Path | None = None
+    """Its HE key file (encrypted studies; the key holder's holds the secret key)."""
 
     KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger")
 
@@ -181,6 +192,7 @@ class HospitalConfig:
             delta,
             Path(str(node["ledger"])),
             bool(node.get("research-noise", False)),
+            Path(str(node["he-keys"])) if node.get("he-keys") else None,
         )
 
     def silo(self) -> Silo:
@@ -228,7 +240,16 @@ class _Hospital:
             "shape": list(self.silo.x.shape[1:]),
             "classes": classes,
             **({"identity": flower_masking.identity_public(self.state)} if self.run.masked else {}),
+            **({"key-holder": self.keys().secret} if self.run.encrypted else {}),
         }
+
+    def keys(self) -> KeyFile:
+        """This hospital's HE key file (the key holder's holds the secret key)."""
+        if self.me.he_keys is None:
+            raise DeploymentError(
+                f"study {self.run.key} encrypts replies: give this hospital its he-keys file"
+            )
+        return flower_he.read_key_file(self.me.he_keys)
 
     def masking(self, fields: Mapping[str, Any]) -> flower_masking.HospitalSide:
         """This hospital's side of the exchange's masking session."""
@@ -339,6 +360,9 @@ class _Hospital:
             out: dict[str, Any] = {"epsilon": book.spent(self.account).epsilon}
         if reply is not None and self.run.masked:
             out.update(self.masking(fields).masked(fields, reply.vector))
+        elif reply is not None and self.run.encrypted:
+            at = flower_he.counter(round_, exchange, algorithm.exchanges(silos))
+            out["ciphertext"] = self.keys().hospital(self.me.name).encrypt(reply.vector, at)
         elif reply is not None:
             out.update(
                 {
@@ -467,6 +491,15 @@ def _evaluate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.evaluate(fields)
 
 
+def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The key holder decrypts one sum of at least what its own algorithm assumes."""
+    if not hospital.run.encrypted or hospital.me.he_keys is None:
+        raise DeploymentError("this hospital holds no key to decrypt with")
+    algorithm, silos = hospital.algorithm(fields)
+    side = flower_he.KeyHolderSide(hospital.me.he_keys)
+    return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
+
+
 def client_app(deployment_of: DeploymentOf) -> ClientApp:
     """The hospital half: answers hello, plan, train and evaluate messages, for the study
     file its node config names, read by `deployment_of`."""
@@ -474,6 +507,7 @@ def client_app(deployment_of: DeploymentOf) -> ClientApp:
     app.query("hello")(_handler(_hello, deployment_of))
     app.query("plan")(_handler(_plan, deployment_of))
     app.train()(_handler(_train, deployment_of))
+    app.query("he_decrypt")(_handler(_he_decrypt, deployment_of))
     for step in ("keys", "shares", "unmask"):
         work = _secagg(getattr(flower_masking.HospitalSide, step))
         app.query(f"secagg_{step}")(_handler(work, deployment_of))
@@ -529,6 +563,10 @@ class _Server:
     """The hospitals' names by node, once they said hello."""
     identities: dict[str, bytes] = field(default_factory=dict)
     """The identity keys the hospitals announced at hello (masked studies)."""
+    aggregator: Aggregator | None = None
+    """The server's HE half (encrypted studies): it adds ciphertexts, nothing more."""
+    holder: str = ""
+    """The hospital that holds the HE secret key (encrypted studies)."""
 
     def ask_named(
         self,
@@ -622,6 +660,10 @@ class _Server:
         return dict(sorted(by_name.items()))
 
 
+Protected = flower_masking.MaskedSum | flower_he.EncryptedSum
+"""A sum whose replies the server never holds in the clear."""
+
+
 def _exchange(
     server: _Server,
     run: Deployment,
@@ -644,6 +686,12 @@ def _exchange(
         fewest = algorithm.fewest_replies(len(result.silos))
         summing = session = flower_masking.MaskedSum.open(ask, identities, length, fewest)
         extra = {name: session.train_fields(name) for name in session.inboxes}
+    elif run.encrypted and server.aggregator is not None:
+        at = flower_he.counter(
+            common["round"], common["exchange"], algorithm.exchanges(result.silos)
+        )
+        strict = partial(server.ask_named, common=common)
+        summing = flower_he.EncryptedSum(strict, server.holder, server.aggregator, at)
     asked = {
         name: {
             "cohort": [s.name for s in order.cohort],
@@ -662,14 +710,14 @@ def _exchange(
                 absent.append((name, f"refused: {fields['refused']}"))
             continue
         result.epsilon[name] = float(fields["epsilon"])
-        if "vector" in fields and not run.masked:
+        if "vector" in fields and run.summing == "none":
             encoding = Encoding(fields["encoding"])
             vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
             replies[name] = Reply(vector, encoding)
-        elif "words" in fields and isinstance(summing, flower_masking.MaskedSum):
+        elif isinstance(summing, Protected) and summing.carried in fields:
             replies[name] = Reply(summing.received(name, fields))
-        elif {"vector", "words"} & fields.keys():
-            raise DeploymentError(f"{name} replied {'in the clear' if run.masked else 'masked'}")
+        elif {"vector", "words", "ciphertext"} & fields.keys():
+            raise DeploymentError(f"{name}'s reply is not summed as the study says ({run.summing})")
     return summing, replies
 
 
@@ -715,6 +763,7 @@ def serve(
     timeout: float = 600.0,
     missing: str = "stop",
     checkpoint: Path | None = None,
+    he_keys: Path | None = None,
 ) -> DeploymentResult:
     """Run the study's rounds over `hospitals` dpfl hospitals connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
@@ -724,7 +773,8 @@ def serve(
     seconds does to the run: "stop" it after the rounds done, or "continue" without that
     hospital's reply in that round (it is asked again the next; a masked round still
     needs the sum's quorum, else the run stops). `checkpoint`: a file the server's state
-    is written to after each round, and resumed from if it exists."""
+    is written to after each round, and resumed from if it exists. `he_keys`: the public
+    key file of an encrypted study."""
     if missing not in ("stop", "continue"):
         raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
     server = _Server(grid, run, timeout)
@@ -739,6 +789,14 @@ def serve(
     server.names = {n: name for name, n in node.items()}
     if run.masked:
         server.identities = {name: bytes(hello["identity"]) for name, (_, hello) in known.items()}
+    if run.encrypted:
+        holders = [name for name, (_, hello) in known.items() if hello["key-holder"]]
+        if len(holders) != 1 or he_keys is None:
+            raise DeploymentError(
+                f"an encrypted study needs the server's public key file and one key holder "
+                f"among the hospitals, not {holders}"
+            )
+        server.holder, server.aggregator = holders[0], flower_he.read_key_file(he_keys).aggregator()
     algorithm = run.build(silos, shape, classes)
     result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
     state = algorithm.initial_state(silos)
@@ -777,7 +835,7 @@ def serve(
                     return result
                 if replies:
                     state = algorithm.aggregate(state, replies, summing)
-            except (DeploymentError, SecureAggregationError) as exc:
+            except (DeploymentError, SecureAggregationError, HomomorphicError) as exc:
                 result.stopped = f"round {round_}: {exc}"
                 return result
         for name, why in absent or []:

@@ -34,7 +34,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
@@ -215,6 +215,9 @@ class HospitalSide:
 class MaskedSum:
     """One exchange's session at the server, and the `SecureSum` its algorithm's
     `aggregate` calls: it only ever holds masked words and shares."""
+
+    carried: ClassVar[str] = "words"
+    """The reply field that carries a hospital's protected reply."""
 
     ask: Ask
     setup: Setup

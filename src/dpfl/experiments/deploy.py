@@ -52,11 +52,11 @@ def check_deployable(config: StudyConfig) -> None:
             "give privacy.noise_multiplier: calibrating σ to the hospitals' budgets is not "
             "deployed yet"
         )
-    if config.summing not in ("none", "masking"):
+    if config.summing == "ideal":
         problems.append(
-            f"secure_aggregation {config.summing!r}: across machines the server sums by "
-            "pairwise masking ('masking'); 'ideal' is the simulator's stand-in and 'he' "
-            "is not deployed yet"
+            "secure_aggregation 'ideal': across machines the server sums by pairwise "
+            "masking ('masking') or homomorphic encryption ('he'); 'ideal' is the "
+            "simulator's stand-in"
         )
     if config.data.public_sizes != "declared":
         problems.append("data.public_sizes must be 'declared' (each hospital declares its own)")
@@ -87,7 +87,7 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         seed=config.seed,
         accountant=config.privacy.accountant,
         build=partial(algorithm_for, config),
-        masked=config.summing == "masking",
+        summing=config.summing,
     )
 
 

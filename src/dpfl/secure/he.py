@@ -123,6 +123,7 @@ __all__ = [
     "HomomorphicError",
     "HomomorphicSum",
     "HospitalEncryptor",
+    "KeyFile",
     "KeyHolder",
 ]
 
@@ -134,6 +135,8 @@ _MAGIC = b"dpfl-he1"
 _NONCE, _TAG = 12, 16  # AES-GCM
 _REPLY = b"reply"
 _SUM = b"sum"
+_SECRET_FILE = b"dpfl-he-secret-key-file"
+_PUBLIC_FILE = b"dpfl-he-public-key-file"
 
 
 class HomomorphicError(ValueError):
@@ -327,15 +330,24 @@ class KeyHolder:
         mac_key: bytes,
         session: bytes,
         min_clients: int = 1,
+        secret_context: bytes | None = None,
+        last_round: int = -1,
     ) -> None:
+        """New keys, or with `secret_context` (from `key_files`) the same key holder in
+        another process, which decrypted up to `last_round` already."""
         self.params = params or BFVParams()
-        self._context = ts.context(
-            ts.SCHEME_TYPE.BFV,
-            poly_modulus_degree=self.params.poly_modulus_degree,
-            plain_modulus=self.params.plain_modulus,
-            coeff_mod_bit_sizes=list(self.params.coeff_mod_bit_sizes),
-            n_threads=1,
-        )
+        if secret_context is not None:
+            self._context = ts.context_from(secret_context, n_threads=1)
+            if not self._context.has_secret_key():
+                raise HomomorphicError("the key holder's context holds no secret key")
+        else:
+            self._context = ts.context(
+                ts.SCHEME_TYPE.BFV,
+                poly_modulus_degree=self.params.poly_modulus_degree,
+                plain_modulus=self.params.plain_modulus,
+                coeff_mod_bit_sizes=list(self.params.coeff_mod_bit_sizes),
+                n_threads=1,
+            )
         self.public_context: bytes = self._context.serialize(
             save_public_key=True,
             save_secret_key=False,
@@ -345,7 +357,26 @@ class KeyHolder:
         self.key_id = hashlib.sha256(self.public_context).digest()
         self._mac_key, self._session = mac_key, session
         self.min_clients = min_clients
-        self._last_round = -1
+        self._last_round = last_round
+
+    def key_files(self) -> tuple[bytes, bytes]:
+        """The key holder's file (the secret context, the MAC key and the session: keep it
+        as a private key) and every other party's (the same with the public context)."""
+        secret = self._context.serialize(
+            save_public_key=True,
+            save_secret_key=True,
+            save_galois_keys=False,
+            save_relin_keys=False,
+        )
+        return (
+            _pack([_SECRET_FILE, secret, self._mac_key, self._session]),
+            _pack([_PUBLIC_FILE, self.public_context, self._mac_key, self._session]),
+        )
+
+    @property
+    def last_round(self) -> int:
+        """The last round whose sum this holder decrypted (-1: none)."""
+        return self._last_round
 
     def hospital(self, name: str) -> HospitalEncryptor:
         """What a hospital needs: the public context and the federation's MAC key."""
@@ -404,6 +435,57 @@ class KeyHolder:
                 )
             total[i * slots : i * slots + size] = ints
         return torch.from_numpy(total / 2.0**self.params.scale_bits), included
+
+
+@dataclass(frozen=True)
+class KeyFile:
+    """A party's key file (`KeyHolder.key_files`), read."""
+
+    secret: bool
+    """Whether it is the key holder's (its context holds the secret key)."""
+    context: bytes
+    mac_key: bytes
+    session: bytes
+
+    @classmethod
+    def read(cls, data: bytes) -> KeyFile:
+        fields = _unpack(data)
+        if len(fields) != 4 or fields[0] not in (_SECRET_FILE, _PUBLIC_FILE):
+            raise HomomorphicError("not a dpfl HE key file")
+        return cls(fields[0] == _SECRET_FILE, fields[1], fields[2], fields[3])
+
+    def key_holder(self, *, min_clients: int = 1, last_round: int = -1) -> KeyHolder:
+        if not self.secret:
+            raise HomomorphicError("this key file is not the key holder's (no secret key)")
+        return KeyHolder(
+            mac_key=self.mac_key,
+            session=self.session,
+            min_clients=min_clients,
+            secret_context=self.context,
+            last_round=last_round,
+        )
+
+    @property
+    def public_context(self) -> bytes:
+        if not self.secret:
+            return self.context
+        public: bytes = ts.context_from(self.context, n_threads=1).serialize(
+            save_public_key=True,
+            save_secret_key=False,
+            save_galois_keys=False,
+            save_relin_keys=False,
+        )
+        return public
+
+    def hospital(self, name: str) -> HospitalEncryptor:
+        return HospitalEncryptor(
+            name, BFVParams(), self.public_context, mac_key=self.mac_key, session=self.session
+        )
+
+    def aggregator(self) -> Aggregator:
+        if self.secret:
+            raise HomomorphicError("the server must not hold the key holder's file")
+        return Aggregator(BFVParams(), self.context, mac_key=self.mac_key, session=self.session)
 
 
 class HospitalEncryptor:

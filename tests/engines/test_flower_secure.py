@@ -1,7 +1,8 @@
 """Secure aggregation across machines: a deployed study whose replies are masked
-(`dpfl.engines.flower_masking`) ends as the simulator's run with `PairwiseMasking`, and
-the server never holds a reply in the clear. In process (the grid hands each message to
-the ClientApp, keeping each node's context state between messages as a SuperNode does)."""
+(`dpfl.engines.flower_masking`) or encrypted (`dpfl.engines.flower_he`) ends as the
+simulator's run with `PairwiseMasking` or `HomomorphicSum`, and the server never holds a
+reply in the clear. In process (the grid hands each message to the ClientApp, keeping
+each node's context state between messages as a SuperNode does)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from dpfl import secure
 from dpfl.engines.flower import serve
+from dpfl.engines.flower_he import KeyHolderSide, make_key_files
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import deployment_of, study_point
 from dpfl.experiments.runner import build_algorithm
 from dpfl.privacy import Ledger
+from dpfl.secure.he import HomomorphicError, KeyFile
 
 from .test_flower import DELTA, EPSILON, STUDY, InProcessGrid, entries, hospitals, study
 
@@ -123,8 +127,73 @@ def test_a_hospital_never_sends_a_masked_studys_reply_without_a_session(
     assert entries(Path(nodes["hospital-0"]["ledger"]), "hospital-0/trial-0") == []
 
 
-@pytest.mark.parametrize("kind", ["ideal", "he"])
-def test_a_secure_sum_that_cannot_run_across_machines_is_refused(study: Path, kind: str) -> None:
-    study.write_text(DOPAMINE.replace('"masking"', f'"{kind}"'), encoding="utf-8")
-    with pytest.raises(ValueError, match=f"secure_aggregation '{kind}': across machines"):
+def test_an_encrypted_deployment_ends_as_the_simulators_encrypted_run(
+    study: Path, tmp_path: Path
+) -> None:
+    """Dopamine under BFV: hospital-0 holds the secret key (its own file), the others and
+    the server the public one; the server adds ciphertexts, the key holder decrypts."""
+    study.write_text(DOPAMINE.replace('"masking"', '"he"'), encoding="utf-8")
+    secret, public = make_key_files(tmp_path / "keys")
+    nodes = hospitals(study, tmp_path / "hospitals")
+    for name, node in nodes.items():
+        node["he-keys"] = str(secret if name == "hospital-0" else public)
+    grid = RecordingGrid(nodes.values())
+    result = serve(grid, deployment_of(study), hospitals=3, he_keys=public)
+    simulation, book = simulated(study, tmp_path)
+    assert result.rounds_completed == 3 and not result.refused and not result.stopped
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    book.close()
+    trained = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "train"]
+    assert len(trained) == 9 and all(set(r) == {"epsilon", "ciphertext"} for r in trained)
+    kinds = [m.metadata.message_type for m in grid.seen]
+    assert kinds.count("query.he_decrypt") == 3
+
+
+def test_the_key_holder_decrypts_one_sum_a_round(tmp_path: Path) -> None:
+    """Asked again for a round it decrypted: the same sum again, another sum never."""
+    secret, public = make_key_files(tmp_path)
+    side = KeyHolderSide(secret)
+    keys = KeyFile.read(public.read_bytes())
+
+    def encrypted(*values: float) -> dict[str, bytes]:
+        return {
+            f"h{k}": keys.hospital(f"h{k}").encrypt(torch.tensor([value]), 0)
+            for k, value in enumerate(values)
+        }
+
+    def summed(replies: dict[str, bytes]) -> bytes:
+        aggregator = keys.aggregator()
+        aggregator.open_round(0)
+        for name, reply in replies.items():
+            aggregator.add(name, reply)
+        return aggregator.close()
+
+    replies = encrypted(1.0, 2.0)
+    answer = side.decrypt({"sum": summed(replies), "counter": 0}, fewest=2)
+    assert np.frombuffer(answer["total"], "<f8").tolist() == [3.0]
+    # the same replies sent again (a restarted server): the same sum, nothing new
+    assert side.decrypt({"sum": summed(replies), "counter": 0}, fewest=2) == answer
+    for other in (encrypted(1.0, 2.0), encrypted(1.0, 5.0)):  # new ciphertexts: refused
+        with pytest.raises(HomomorphicError, match="round 0 was already decrypted"):
+            side.decrypt({"sum": summed(other), "counter": 0}, fewest=2)
+    fresh = tmp_path / "fresh" / secret.name  # the same key, no round decrypted yet
+    fresh.parent.mkdir()
+    fresh.write_bytes(secret.read_bytes())
+    with pytest.raises(HomomorphicError, match="fewer than the 3 it must hold"):
+        KeyHolderSide(fresh).decrypt({"sum": summed(replies), "counter": 0}, fewest=3)
+
+
+def test_the_server_refuses_the_key_holders_file(tmp_path: Path) -> None:
+    secret, _ = make_key_files(tmp_path)
+    with pytest.raises(HomomorphicError, match="must not hold the key holder's file"):
+        KeyFile.read(secret.read_bytes()).aggregator()
+
+
+def test_ideal_secure_aggregation_cannot_be_deployed(study: Path) -> None:
+    study.write_text(DOPAMINE.replace('"masking"', '"ideal"'), encoding="utf-8")
+    with pytest.raises(ValueError, match="secure_aggregation 'ideal': across machines"):
         study_point(study)

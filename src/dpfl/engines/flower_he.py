@@ -1,0 +1,136 @@
+"""Homomorphic encryption across machines: `dpfl.secure.he` (BFV, TenSEAL) with its
+parties on their own machines. Each hospital encrypts its reply under the run's public
+key; the server only adds ciphertexts; one hospital, the key holder, decrypts one sum per
+round and returns it to the server.
+
+Keys are made once per run, before it, by `make_key_files` (`dpfl deploy he-keys`): the
+key holder's file (the secret key, the MAC key, the session: it never leaves that
+hospital) and the public file for the other hospitals and the server. A hospital's node
+config names its file (`he-keys`); the server's run config names the public one; the
+key holder announces itself at hello, and a run needs exactly one.
+
+The key holder decrypts a sum only of at least the replies its own algorithm's charged
+events assume (`Algorithm.fewest_replies`), and one sum per round: the last round it
+decrypted, and that sum, are kept durably beside its key file before the sum leaves.
+Asked again for that round with the same ciphertexts (a server restarted from its
+checkpoint, whose hospitals re-send their replies) it returns the same sum, which
+releases nothing new; any other sum of a round it decrypted is refused. Trust model:
+`dpfl.secure.he` (honest-but-curious server, a key holder that does not collude with it).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from dpfl.engines.flower_masking import Ask
+from dpfl.federation.messages import Summed
+from dpfl.secure.he import Aggregator, HomomorphicError, KeyFile, KeyHolder
+
+_TRAILER = 12 + 16
+"""A sealed message's nonce and tag: what differs between two sealings of one sum."""
+
+
+def make_key_files(folder: Path) -> tuple[Path, Path]:
+    """A new run's key files in `folder`: the key holder's (`key-holder.he`, secret) and
+    everyone else's (`public.he`)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    secret, public = KeyHolder(mac_key=os.urandom(32), session=os.urandom(16)).key_files()
+    paths = folder / "key-holder.he", folder / "public.he"
+    for path, data in zip(paths, (secret, public), strict=True):
+        path.write_bytes(data)
+    paths[0].chmod(0o600)
+    return paths
+
+
+def read_key_file(path: Path) -> KeyFile:
+    try:
+        return KeyFile.read(path.read_bytes())
+    except OSError as exc:
+        raise HomomorphicError(f"cannot read the HE key file {path}: {exc}") from None
+
+
+def counter(round_: int, exchange: int, exchanges: int) -> int:
+    """The HE protocol's round number of one exchange (each exchange is one sum)."""
+    return round_ * exchanges + exchange
+
+
+# -- the hospitals' half ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class KeyHolderSide:
+    """The key holder's decryption, its one-sum-per-round memory in a file beside its key."""
+
+    keys: Path
+
+    @property
+    def _memory(self) -> Path:
+        return self.keys.with_name(self.keys.name + ".decrypted")
+
+    def decrypt(self, fields: Mapping[str, Any], fewest: int) -> dict[str, Any]:
+        message, round_ = bytes(fields["sum"]), int(fields["counter"])
+        digest = hashlib.sha256(message[:-_TRAILER]).digest()
+        memory: dict[str, Any] = (
+            torch.load(self._memory, weights_only=True) if self._memory.exists() else {}
+        )
+        if memory.get("round") == round_ and memory.get("digest") == digest:
+            return {"total": memory["total"], "included": memory["included"]}
+        holder = read_key_file(self.keys).key_holder(last_round=memory.get("round", -1))
+        total, included = holder.decrypt_sum(message, round_, at_least=fewest)
+        answer = {"total": total.numpy().astype("<f8").tobytes(), "included": list(included)}
+        partial = self._memory.with_suffix(".partial")
+        torch.save({"round": round_, "digest": digest, **answer}, partial)
+        os.replace(partial, self._memory)  # durable before the sum leaves
+        return answer
+
+
+# -- the server half --------------------------------------------------------------------
+
+
+@dataclass
+class EncryptedSum:
+    """One exchange's sum at the server, the `SecureSum` its algorithm's `aggregate`
+    calls: it adds the ciphertexts and asks the key holder for the plaintext sum."""
+
+    carried: ClassVar[str] = "ciphertext"
+    """The reply field that carries a hospital's protected reply."""
+
+    ask: Ask
+    holder: str
+    aggregator: Aggregator
+    counter: int
+    ciphertexts: dict[str, bytes] = field(default_factory=dict)
+
+    @property
+    def reveals_inputs(self) -> bool:
+        return False
+
+    def received(self, name: str, fields: Mapping[str, Any]) -> Tensor:
+        """Keep `name`'s encrypted reply; its bytes, all the server has of it."""
+        self.ciphertexts[name] = bytes(fields["ciphertext"])
+        return torch.frombuffer(bytearray(self.ciphertexts[name]), dtype=torch.uint8)
+
+    def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed:
+        self.aggregator.open_round(self.counter)
+        for name in vectors:
+            self.aggregator.add(name, self.ciphertexts[name])
+        summed = self.aggregator.close()
+        asked = {self.holder: {"sum": summed, "counter": self.counter}}
+        (answer,) = self.ask("query.he_decrypt", asked).values()
+        included = tuple(str(n) for n in answer["included"])
+        if included != self.aggregator.included or len(included) < at_least:
+            raise HomomorphicError(
+                f"the key holder decrypted a sum of {included}, not of "
+                f"{self.aggregator.included} (at least {at_least})"
+            )
+        total = np.frombuffer(bytes(answer["total"]), dtype="<f8").astype(np.float64)
+        return Summed(torch.from_numpy(total).to(torch.float32), included)
