@@ -1,15 +1,17 @@
 """A study deployed on Flower: the study file read into the engine's `Deployment`, the
 Flower app (`dpfl_app:server`, `dpfl_app:client`) that `flwr run` ships, and the
-server's run from its run config to its saved result.
+server's run from its run config to its saved result and its run in the results store.
 
 The engine (`dpfl.engines.flower`) knows algorithms and messages; what a study file
 means, and which studies a deployment can uphold, is decided here."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import time
+from collections.abc import Mapping, Sequence
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 from flwr.app import Context
@@ -18,7 +20,9 @@ from flwr.serverapp import Grid, ServerApp
 
 from dpfl.engines import flower
 from dpfl.experiments.config import StudyConfig, load
-from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
+from dpfl.experiments.runner import STORE, build_algorithm, owning
+from dpfl.experiments.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
 from dpfl.federation.algorithms import BY_NAME
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
@@ -103,29 +107,126 @@ def client_app() -> ClientApp:
 
 def server_app() -> ServerApp:
     """The server half. Run config: `study` (the study file, as the hospitals have it),
-    `hospitals` (how many to wait for), `out` (where `result.pt` goes), `wait` and
-    `timeout` (seconds for the hospitals to connect and to reply)."""
+    `hospitals` (how many to wait for), `out` (the study folder: `result.pt` and the
+    results store), `wait` and `timeout` (seconds for the hospitals to connect and to
+    reply)."""
     app = ServerApp()
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        run = context.run_config
-        result = flower.serve(
-            grid,
-            deployment_of(Path(str(run["study"]))),
-            hospitals=int(run["hospitals"]),
-            wait=float(run["wait"]),
-            timeout=float(run["timeout"]),
-        )
-        result.save(Path(str(run["out"])))
-        reasons = [f"{name} refused: {why}" for name, why in result.refused.items()]
-        if reasons or result.stopped:
-            raise flower.DeploymentError(
-                f"stopped after {result.rounds_completed} rounds: "
-                + "; ".join([*reasons, *([result.stopped] if result.stopped else [])])
-            )
+        result = serve_study(grid, context.run_config)
+        why = stop_reason(result)
+        if why is not None:
+            raise flower.DeploymentError(why)
 
     return app
+
+
+def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
+    """The server's whole run from its run config: the study served to its hospitals,
+    the result saved to OUT/result.pt and recorded in OUT's results store (`record`),
+    which `dpfl report OUT` reads. OUT is held as `dpfl run` holds a study folder, and a
+    study that already finished there is refused before any hospital is asked anything:
+    it could not be recorded, and the hospitals would have spent ε for nothing shown."""
+    config = study_point(Path(str(run["study"])))
+    out, key = Path(str(run["out"])), config.key()
+    with owning(out), ResultsStore(out / STORE) as store:
+        if not store.start(
+            key,
+            study=config.name,
+            algorithm=config.algorithm.name,
+            config=config.model_dump(mode="json"),
+            grid={},
+            trials=config.trials,
+            rounds=config.rounds,
+            epsilon_source=REPORTED_BY_HOSPITALS,
+        ):
+            raise flower.DeploymentError(
+                f"{out} already holds the finished run {key} of study {config.name!r}: "
+                "give the server another out folder"
+            )
+        started = time.perf_counter()
+        try:
+            result = flower.serve(
+                grid,
+                deployment(config),
+                hospitals=int(run["hospitals"]),
+                wait=float(run["wait"]),
+                timeout=float(run["timeout"]),
+            )
+        except Exception as exc:  # e.g. a hospital of another study: failed, with why
+            store.fail(key, f"{type(exc).__name__}: {exc}")
+            raise
+        result.save(out)
+        record(store, key, config, result, time.perf_counter() - started)
+    return result
+
+
+def stop_reason(result: flower.DeploymentResult) -> str | None:
+    """Why a deployment stopped before its end (refusals, then a failure), or None."""
+    reasons = [f"{name} refused: {why}" for name, why in result.refused.items()]
+    if not reasons and not result.stopped:
+        return None
+    return f"stopped after {result.rounds_completed} rounds: " + "; ".join(
+        [*reasons, *([result.stopped] if result.stopped else [])]
+    )
+
+
+def record(
+    store: ResultsStore,
+    key: str,
+    config: StudyConfig,
+    result: flower.DeploymentResult,
+    seconds: float,
+) -> None:
+    """End the started run `key` with a deployment's result, as `dpfl run` ends a
+    simulated one: each hospital's metrics on its own test set as the last round's (the
+    deployment evaluates once, at the end), and ε per hospital as each reported it from
+    its own ledger, by the study's accountant (the server has no ledger). A run stopped
+    by a refusal or a failure is stored failed, with `stop_reason` and the ε reported
+    until then. A hospital that never reported has no ε row: in a finished run it never
+    trained; in a stopped one its ledger may hold a charge it could not report."""
+    kind = BY_NAME[config.algorithm.name]
+    results = RunResults(
+        rounds_completed=result.rounds_completed,
+        noise_multiplier=config.privacy.noise_multiplier,
+        stopped_by_budget=False,
+        seconds=seconds,
+        ledger=None,
+        datasheet={
+            "accountant": config.privacy.accountant,
+            "mechanism": kind.mechanism,
+            "threat_model": kind.threat_model,
+            "secure_aggregation": SECURE_AGGREGATION[config.summing],
+            "assumptions": ASSUMPTIONS,
+            "noise_multiplier": config.privacy.noise_multiplier,
+            "clip_norm": None if kind.sets_own_noise else config.algorithm.clip_norm,
+            "evaluation": "Each hospital scores the final model it uses on its own held-out "
+            "test records, once, after the last round, without noise: outside ε, which "
+            "protects the training records only. The server sees each hospital's scores; "
+            "there is no union of the test sets.",
+            "silos": {
+                s.name: {"public_size": s.public_size, "public_size_source": "declared"}
+                for s in result.silos
+            },
+        },
+        metrics=[
+            (0, result.rounds_completed - 1, name, metric, value)
+            for name, scores in result.metrics.items()
+            for metric, value in scores.items()
+        ],
+        privacy=(),
+        communication=(),
+        reported_privacy=[
+            (name, config.privacy.accountant, epsilon)
+            for name, epsilon in sorted(result.epsilon.items())
+        ],
+    )
+    why = stop_reason(result)
+    if why is None:
+        store.finish(key, results)
+    else:
+        store.fail(key, why, results)
 
 
 APP_PYPROJECT = """\

@@ -10,7 +10,10 @@ they are shown. The conventions, in one place:
   of means and spreads, so one undefined trial does not blank the others.
 * ε per silo is `ResultsStore.epsilon_by_silo`: the largest over the run's trials, at
   the silo's δ, by the accountant named (the enforcing one unless asked), in the
-  server's view unless another observer is named.
+  server's view unless another observer is named. A deployed run's ε is each
+  hospital's own report (`SiloEpsilons.reported`): shown as such, never pooled with ε
+  read off a ledger, and a hospital that never reported has none (it was charged
+  nothing in the run).
 * Bytes are totals over the run's rounds per (trial, silo); a silo that sent nothing in
   a trial (client sampling) counts as 0 bytes there.
 * Cross-silo scores (runs with `cross_silo = true`) are, per (model silo, test silo),
@@ -212,7 +215,8 @@ class RunSummary:
     run: RunRow
     metrics: Metrics
     private: bool
-    """whether the run has any server-view privacy rows (a non-private run has none)"""
+    """whether the run has any server-view privacy rows (a non-private run has none), or
+    is a deployment (always private: its ε is the hospitals' report)"""
     epsilon: dict[str, SiloEpsilons]
     """accountant -> final ε per silo in the server's view"""
     views: dict[str, SiloEpsilons]
@@ -248,7 +252,7 @@ def summarise(store: ResultsStore, run: RunRow) -> RunSummary:
     return RunSummary(
         run=run,
         metrics=read_metrics(store, run),
-        private=None in views,
+        private=None in views or run.reported,
         epsilon={a: store.epsilon_by_silo(run, accountant=a) for a in ACCOUNTANTS},
         views={view: store.epsilon_by_silo(run, view) for view in sorted(views - {None})},
         traffic=read_traffic(store, run),
@@ -317,13 +321,15 @@ def pool_seeds(summaries: Iterable[RunSummary], *, pool: bool = True) -> list[Po
 
 def _seed_group(run: RunRow) -> str:
     """What runs pooled over seeds share: everything but the seed, in their resolved
-    config and in their grid point (a run whose stored config names no seed is pooled
-    with none)."""
+    config and in their grid point, and where their ε comes from (a run whose stored
+    config names no seed is pooled with none)."""
     if "seed" not in run.config:
         return run.id
     config = {k: v for k, v in run.config.items() if k != "seed"}
     grid = {k: v for k, v in run.grid.items() if k != "seed"}
-    return json.dumps([run.study, run.algorithm, run.status, config, grid], sort_keys=True)
+    return json.dumps(
+        [run.study, run.algorithm, run.status, run.epsilon_source, config, grid], sort_keys=True
+    )
 
 
 def _pooled(summaries: tuple[RunSummary, ...]) -> Pooled:
@@ -366,14 +372,15 @@ def _joined(spreads: dict[_K, list[Spread]]) -> dict[_K, Spread]:
 
 
 def _worst(spent: list[SiloEpsilons]) -> SiloEpsilons:
-    """Per silo, the largest ε of any run (and its δ)."""
+    """Per silo, the largest ε of any run (and its δ, if known); the runs' ε all come
+    from one source (`_seed_group`)."""
     by_silo: dict[str, float] = {}
     delta: dict[str, float] = {}
     for e in spent:
         for silo, value in e.by_silo.items():
             by_silo[silo] = max(by_silo.get(silo, -math.inf), value)
-            delta[silo] = e.delta[silo]
-    return SiloEpsilons(spent[0].accountant, by_silo, delta)
+        delta.update(e.delta)
+    return SiloEpsilons(spent[0].accountant, by_silo, delta, spent[0].reported)
 
 
 def _all_trials(traffic: list[Traffic], trials: list[int]) -> Traffic:

@@ -13,8 +13,16 @@ Tables (long format, one number a row, so that any grouping is one SQL query):
 * `cross_silo` (schema 2): (run, trial, round, model_silo, test_silo, metric, value), for
   runs asked to score every silo's final model on every silo's test set (`cross_silo =
   true`); `model_silo` NULL is the one model every silo shared (a non-personalised
-  algorithm). A store of schema 1 is upgraded in place when opened for writing (it
-  keeps all its rows and gains the empty table); read-only, it is read as it is.
+  algorithm).
+* `reported_privacy` (schema 3): (run, silo, accountant, epsilon), for a deployed run
+  (`dpfl.experiments.deploy`): the ε each hospital last reported from its own ledger, at
+  its own δ (which the server is not told). The server keeps no ledger, so such a run's
+  `runs.epsilon_source` is `hospitals` and it has no `privacy` rows; a simulated run's
+  is `ledger`.
+
+A store of an older schema is upgraded in place when opened for writing (it keeps all
+its rows, gains the empty tables, and its runs are marked `ledger`, which they were);
+read-only, it is read as it is.
 
 A run's rows and its `finished` status are written in one transaction: a run killed
 half-way leaves no partial results, and a restarted sweep simply runs it again. Nothing
@@ -37,7 +45,15 @@ from dpfl.privacy import Ledger
 from dpfl.sqlite_file import open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
+FROM_LEDGER = "ledger"
+"""A run's ε read off its own ledger (a simulated run)."""
+REPORTED_BY_HOSPITALS = "hospitals"
+"""A run's ε as each hospital reported it from its own ledger (a deployed run)."""
+_EPSILON_SOURCE = (
+    f"epsilon_source TEXT NOT NULL DEFAULT '{FROM_LEDGER}'"
+    f" CHECK (epsilon_source IN ('{FROM_LEDGER}', '{REPORTED_BY_HOSPITALS}'))"
+)
 _CROSS_SILO = """
 CREATE TABLE cross_silo (
     run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -50,8 +66,22 @@ CREATE TABLE cross_silo (
 );
 CREATE INDEX cross_silo_run ON cross_silo (run_id)
 """
-_MIGRATIONS = {1: _CROSS_SILO}  # schema 1 had no cross-silo scores
-_TABLES = ("metrics", "privacy", "communication", "cross_silo")
+_REPORTED_PRIVACY = """
+CREATE TABLE reported_privacy (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    silo TEXT NOT NULL,
+    accountant TEXT NOT NULL,
+    epsilon REAL NOT NULL
+);
+CREATE INDEX reported_privacy_run ON reported_privacy (run_id)
+"""
+_MIGRATIONS = {
+    1: _CROSS_SILO,  # schema 1 had no cross-silo scores
+    2: f"ALTER TABLE runs ADD COLUMN {_EPSILON_SOURCE};{_REPORTED_PRIVACY}",  # nor deployments
+}
+_TABLES = ("metrics", "privacy", "communication", "cross_silo", "reported_privacy")
+_SINCE = {"cross_silo": 2, "reported_privacy": 3}
+"""The schema that added each table (an older store opened read-only has none)."""
 _SCHEMA = (
     """
 CREATE TABLE runs (
@@ -71,7 +101,10 @@ CREATE TABLE runs (
     started_at REAL NOT NULL,
     finished_at REAL,
     ledger TEXT,
-    datasheet TEXT
+    datasheet TEXT,
+    """
+    + _EPSILON_SOURCE
+    + """
 );
 CREATE TABLE metrics (
     run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -105,6 +138,8 @@ CREATE TABLE communication (
 CREATE INDEX communication_run ON communication (run_id);
 """
     + _CROSS_SILO
+    + ";"
+    + _REPORTED_PRIVACY
 )
 
 
@@ -131,11 +166,18 @@ class RunRow:
     seconds: float | None
     ledger: Path | None
     datasheet: dict[str, Any]
+    epsilon_source: str = FROM_LEDGER
+    """`FROM_LEDGER` or `REPORTED_BY_HOSPITALS` (see the module docstring)"""
 
     @property
     def last_round(self) -> int:
         """The run's final round (earlier than planned if it stopped at its budget)."""
         return (self.rounds_completed or self.rounds) - 1
+
+    @property
+    def reported(self) -> bool:
+        """Whether the run's ε is the hospitals' own report (a deployment), not its ledger's."""
+        return self.epsilon_source == REPORTED_BY_HOSPITALS
 
 
 @dataclass(frozen=True)
@@ -156,6 +198,8 @@ class RunResults:
     """(trial, round, silo, bytes_down, bytes_up, messages)"""
     cross_silo: Sequence[tuple[int, int, str | None, str, str, float | None]] = ()
     """(trial, round, model silo or None for the shared model, test silo, metric, value)"""
+    reported_privacy: Sequence[tuple[str, str, float]] = ()
+    """(silo, accountant, ε) as each hospital of a deployment last reported it"""
 
 
 def enforcing_accountant(run: RunRow) -> str:
@@ -172,7 +216,11 @@ class SiloEpsilons:
     accountant: str
     by_silo: dict[str, float]
     delta: dict[str, float]
-    """each silo's δ (or the δ asked for)"""
+    """each silo's δ (or the δ asked for); none for ε the hospitals reported, each at
+    its own δ, which the server is not told"""
+    reported: bool = False
+    """ε as each hospital reported it from its own ledger (a deployment), not read off
+    the run's ledger"""
 
     @property
     def max(self) -> float:
@@ -218,19 +266,23 @@ class ResultsStore:
         grid: Mapping[str, Any],
         trials: int,
         rounds: int,
+        epsilon_source: str = FROM_LEDGER,
     ) -> bool:
-        """Mark a run as running (again, after an unfinished attempt, which left no result
-        rows); False, changing nothing, if it has finished."""
+        """Mark a run as running (again, after an unfinished or failed attempt); False,
+        changing nothing, if it has finished. `epsilon_source` says where its ε will come
+        from (see the module docstring)."""
         with write_transaction(self._db) as db:
             if self.status(run_id) == "finished":
                 return False
             db.execute(
                 "INSERT INTO runs (id, study, algorithm, config, grid, status, trials, rounds,"
-                " started_at) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?) ON CONFLICT (id) DO"
-                " UPDATE SET study = excluded.study, algorithm = excluded.algorithm,"
-                " config = excluded.config, grid = excluded.grid, status = 'running',"
-                " error = NULL, trials = excluded.trials, rounds = excluded.rounds,"
-                " started_at = excluded.started_at, finished_at = NULL",
+                " started_at, epsilon_source) VALUES (?, ?, ?, ?, ?, 'running', ?, ?, ?, ?)"
+                " ON CONFLICT (id) DO UPDATE SET study = excluded.study,"
+                " algorithm = excluded.algorithm, config = excluded.config,"
+                " grid = excluded.grid, status = 'running', error = NULL,"
+                " trials = excluded.trials, rounds = excluded.rounds,"
+                " started_at = excluded.started_at, finished_at = NULL,"
+                " epsilon_source = excluded.epsilon_source",
                 (
                     run_id,
                     study,
@@ -240,55 +292,56 @@ class ResultsStore:
                     trials,
                     rounds,
                     time.time(),
+                    epsilon_source,
                 ),
             )
             return True
 
     def finish(self, run_id: str, results: RunResults) -> None:
         """Write a run's results and mark it finished, all in one transaction."""
+        self._end(run_id, "finished", None, results)
+
+    def fail(self, run_id: str, error: str, results: RunResults | None = None) -> None:
+        """Mark a running run failed with `error`, in one transaction with what it did
+        before it stopped, if given (a deployment stopped after some rounds keeps the ε
+        its hospitals reported); with nothing given it has no result rows."""
+        self._end(run_id, "failed", error, results)
+
+    def _end(self, run_id: str, status: str, error: str | None, results: RunResults | None) -> None:
         with write_transaction(self._db) as db:
             self._require_running(run_id)
             for table in _TABLES:
                 db.execute(f"DELETE FROM {table} WHERE run_id = ?", (run_id,))
-            db.executemany(
-                "INSERT INTO metrics VALUES (?, ?, ?, ?, ?, ?)",
-                ((run_id, *row) for row in results.metrics),
-            )
-            db.executemany(
-                "INSERT INTO privacy VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                ((run_id, *row) for row in results.privacy),
-            )
-            db.executemany(
-                "INSERT INTO communication VALUES (?, ?, ?, ?, ?, ?, ?)",
-                ((run_id, *row) for row in results.communication),
-            )
-            db.executemany(
-                "INSERT INTO cross_silo VALUES (?, ?, ?, ?, ?, ?, ?)",
-                ((run_id, *row) for row in results.cross_silo),
-            )
             db.execute(
-                "UPDATE runs SET status = 'finished', error = NULL, rounds_completed = ?,"
-                " noise_multiplier = ?, stopped_by_budget = ?, seconds = ?, finished_at = ?,"
-                " ledger = ?, datasheet = ? WHERE id = ?",
+                "UPDATE runs SET status = ?, error = ?, finished_at = ? WHERE id = ?",
+                (status, error, time.time(), run_id),
+            )
+            if results is None:
+                return
+            for table, rows in [
+                ("metrics", results.metrics),
+                ("privacy", results.privacy),
+                ("communication", results.communication),
+                ("cross_silo", results.cross_silo),
+                ("reported_privacy", results.reported_privacy),
+            ]:
+                if rows:
+                    marks = ", ".join("?" * (1 + len(rows[0])))
+                    db.executemany(
+                        f"INSERT INTO {table} VALUES ({marks})", ((run_id, *row) for row in rows)
+                    )
+            db.execute(
+                "UPDATE runs SET rounds_completed = ?, noise_multiplier = ?,"
+                " stopped_by_budget = ?, seconds = ?, ledger = ?, datasheet = ? WHERE id = ?",
                 (
                     results.rounds_completed,
                     results.noise_multiplier,
                     int(results.stopped_by_budget),
                     results.seconds,
-                    time.time(),
                     None if results.ledger is None else str(results.ledger),
                     json.dumps(results.datasheet, sort_keys=True),
                     run_id,
                 ),
-            )
-
-    def fail(self, run_id: str, error: str) -> None:
-        """Mark a running run failed with `error`; its rows (it has none) stay as they are."""
-        with write_transaction(self._db) as db:
-            self._require_running(run_id)
-            db.execute(
-                "UPDATE runs SET status = 'failed', error = ?, finished_at = ? WHERE id = ?",
-                (error, time.time(), run_id),
             )
 
     # -- reading ----------------------------------------------------------------------
@@ -305,6 +358,11 @@ class ResultsStore:
     def ledger_of(self, run: RunRow) -> Path:
         """The run's privacy ledger (stored relative to the store's folder), refused if
         another run claimed it."""
+        if run.reported:
+            raise StoreError(
+                f"run {run.id} was deployed: its ε was reported by the hospitals, each from "
+                "its own ledger (`dpfl privacy ledger` at each hospital); the server has none"
+            )
         if run.ledger is None:
             raise StoreError(f"run {run.id} has no ledger (it did not finish)")
         owned_ledger(self.path.parent / run.ledger, run.id).close()
@@ -315,11 +373,12 @@ class ResultsStore:
         return None if row is None else str(row[0])
 
     def rows(self, table: str, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Every row of `metrics`, `privacy`, `communication` or `cross_silo` (of one
-        run) as dicts; none of `cross_silo` in a store of schema 1 opened read-only."""
+        """Every row of `metrics`, `privacy`, `communication`, `cross_silo` or
+        `reported_privacy` (of one run) as dicts; none of a table newer than a store
+        opened read-only."""
         if table not in _TABLES:
             raise StoreError(f"no table {table!r}: {', '.join(_TABLES)}")
-        if table == "cross_silo" and schema_of(self._db) < 2:
+        if schema_of(self._db) < _SINCE.get(table, 1):
             return []
         where = "" if run_id is None else " WHERE run_id = ?"
         cursor = self._db.execute(
@@ -355,9 +414,29 @@ class ResultsStore:
         `through_round` (default: the run's last), by `accountant` (default: the one that
         enforced the budgets), against `view` (None: the server, whom budgets bind), at
         each silo's δ, or re-read from the run's ledger at `delta` if given. The one
-        place every ε shown for a run comes from."""
+        place every ε shown for a run comes from.
+
+        A deployed run's ε is what each hospital last reported, by its own accountant, in
+        the server's view, at its own δ (`SiloEpsilons.reported`): none by another
+        accountant, view or earlier round, and it cannot be re-read at another δ (refused
+        with `StoreError`), since the ledgers are at the hospitals. A hospital that never
+        reported has no ε here: in a finished run it never trained (it was charged nothing);
+        in a stopped one it may have been charged for the round it stopped in."""
         accountant = accountant or enforcing_accountant(run)
         last = run.last_round if through_round is None else through_round
+        if run.reported:
+            if delta is not None:
+                raise StoreError(
+                    f"run {run.id} was deployed: its hospitals reported ε at their own δ, "
+                    f"which cannot be re-read at δ = {delta:g} without their ledgers"
+                )
+            reported = (
+                self.rows("reported_privacy", run.id)
+                if view is None and last == run.last_round
+                else []
+            )
+            by_silo = {r["silo"]: r["epsilon"] for r in reported if r["accountant"] == accountant}
+            return SiloEpsilons(accountant, by_silo, {}, reported=True)
         rows = self._db.execute(
             "SELECT silo, trial, delta, epsilon FROM privacy WHERE run_id = ? AND view IS ?"
             " AND accountant = ? AND round = ? ORDER BY silo, trial",
@@ -442,4 +521,5 @@ def _run_row(row: dict[str, Any]) -> RunRow:
         seconds=row["seconds"],
         ledger=None if row["ledger"] is None else Path(row["ledger"]),
         datasheet=json.loads(row["datasheet"]) if row["datasheet"] else {},
+        epsilon_source=row.get("epsilon_source", FROM_LEDGER),  # schema 2 read-only
     )

@@ -3,7 +3,9 @@
 DIR/report/index.html holds a results table, four figures and a privacy datasheet per
 run. Only finished runs are reported; failed runs are listed with their error. Metrics
 are those of the union of the silos' test sets, and ε is the server's view (the one
-budgets bind), the largest over each silo's trials. Three layers, so that each can
+budgets bind), the largest over each silo's trials. A deployed run (no ledger at the
+server, no union of test sets) shows ε as its hospitals reported it, labelled so, and
+each hospital's metrics on its own test set. Three layers, so that each can
 change alone: the runs are read through `dpfl.experiments.queries` (as `best` and the
 summaries read them), drawn in `figures` and written out in `page`.
 """
@@ -41,7 +43,10 @@ def write_report(directory: Path, *, metric: str = "accuracy", out: Path | None 
             Shown(summarise(store, run), label, epsilon_over_rounds(store, run))
             for run, label in zip(finished, labels(finished), strict=True)
         ]
-    available = {m for s in shown for m in s.summary.metrics.final.get(None, {})}
+        reported = {
+            r.id: store.epsilon_by_silo(r) for r in runs if r.status == "failed" and r.reported
+        }
+    available = {m for s in shown for m in s.summary.metrics.names}
     if shown and metric not in available:
         raise ReportError(
             f"no finished run has the metric {metric!r}; the store has "
@@ -50,5 +55,7 @@ def write_report(directory: Path, *, metric: str = "accuracy", out: Path | None 
     out.mkdir(parents=True, exist_ok=True)
     study = runs[0].study if runs else directory.name
     index = out / "index.html"
-    index.write_text(render(f"dpfl report: {study}", runs, shown, metric), encoding="utf-8")
+    index.write_text(
+        render(f"dpfl report: {study}", runs, shown, metric, reported), encoding="utf-8"
+    )
     return index

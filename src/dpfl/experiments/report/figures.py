@@ -35,10 +35,11 @@ def algorithm_colors(shown: Iterable[Shown]) -> dict[str, Any]:
 
 
 def privacy_utility(shown: list[Shown], metric: str, colors: dict[str, Any]) -> Figure | None:
-    """One line per algorithm and value of the other grid axes, along ε."""
+    """One line per algorithm and value of the other grid axes, along ε, of the runs with
+    the metric on the union of the test sets (a deployment's hospitals score their own)."""
     points: dict[tuple[str, str], list[tuple[float, Spread]]] = defaultdict(list)
     for s in shown:
-        if s.summary.own_epsilon is not None:
+        if s.summary.own_epsilon is not None and s.summary.metrics.score(metric).defined:
             curve = (s.run.algorithm, point(s.run, EPSILON_AXES))
             points[curve].append((s.summary.own_epsilon, s.summary.metrics.score(metric)))
     if not points:
@@ -72,9 +73,12 @@ def privacy_utility(shown: list[Shown], metric: str, colors: dict[str, Any]) -> 
     return figure
 
 
-def learning_curves(shown: list[Shown], metric: str, colors: dict[str, Any]) -> Figure:
+def learning_curves(shown: list[Shown], metric: str, colors: dict[str, Any]) -> Figure | None:
     """A line per run in its algorithm's colour (as in the privacy–utility figure); the
-    runs of one algorithm differ by line style and marker (distinct for up to 20)."""
+    runs of one algorithm differ by line style and marker (distinct for up to 20). None
+    if no run has a curve on the union of the test sets (a deployment has none)."""
+    if not any(s.summary.metrics.curves.get(metric) for s in shown):
+        return None
     figure, ax = _new_figure("Learning curves", "round", metric_name(metric))
     for algorithm, runs in _by_algorithm(shown).items():
         color = colors[algorithm]
@@ -122,8 +126,9 @@ def epsilon_over_rounds(shown: list[Shown]) -> Figure | None:
 
 
 def communication(shown: list[Shown]) -> Figure | None:
-    """Grouped bars: mean bytes up and down per client, one group per algorithm."""
-    groups = _by_algorithm(shown)
+    """Grouped bars: mean bytes up and down per client, one group per algorithm, of the
+    runs that counted their bytes (a deployment's server does not yet)."""
+    groups = _by_algorithm(s for s in shown if not s.run.reported)
     algorithms = sorted(groups)
     directions = {
         "up (client → server)": [_per_client(groups[a], "up") for a in algorithms],

@@ -14,14 +14,25 @@ from matplotlib.figure import Figure
 
 from dpfl.experiments.config import study_terms
 from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
-from dpfl.experiments.queries import RESULTS_FILE, CrossSilo, Pooled, Spread, pool_seeds
-from dpfl.experiments.store import RunRow
+from dpfl.experiments.queries import RESULTS_FILE, CrossSilo, Pooled, Spread, Traffic, pool_seeds
+from dpfl.experiments.store import RunRow, SiloEpsilons
 
 from . import figures
 from .shown import Shown, byte_text, metric_name, point
 
 TABLE_METRICS = ("accuracy", "auroc", "balanced_accuracy")
 MAX_EPSILON_PANELS = 12
+REPORTED = (
+    "ε marked “reported” is a deployed run's: the server keeps no ledger, so it is each "
+    "hospital's ε as the hospital last reported it from its own ledger (by the study's "
+    "accountant, at the hospital's own δ, which the server is not told), and the run's ε "
+    "is the largest over its hospitals. A hospital that never reported (it refused "
+    "before training) has none: the run charged it nothing. A hospital of a run that "
+    "stopped early may have been charged for the round it stopped in after it last "
+    "reported; its own ledger (`dpfl privacy ledger`) has the exact figure."
+)
+"""Said wherever ε reported by a deployment's hospitals is shown."""
+NOT_REPORTED = "none reported (charged nothing in this run)"
 _DPI = 110
 
 
@@ -29,10 +40,17 @@ class _Html(str):
     """Markup built here from escaped parts: table cells of this type are not escaped again."""
 
 
-def render(title: str, runs: list[RunRow], shown: list[Shown], metric: str) -> str:
+def render(
+    title: str,
+    runs: list[RunRow],
+    shown: list[Shown],
+    metric: str,
+    reported: dict[str, SiloEpsilons],
+) -> str:
     """The whole page: overview, results table (and the runs pooled over seeds, if any
     differ only in their seed), cross-silo scores, figures and datasheets of the finished
-    runs `shown`, and the failed ones among `runs`."""
+    runs `shown`, and the failed ones among `runs`, with what the hospitals of each failed
+    deployment reported before it stopped (`reported`, by run id)."""
     body = [_overview(runs, shown)]
     if shown:
         groups = pool_seeds(s.summary for s in shown)
@@ -43,9 +61,9 @@ def render(title: str, runs: list[RunRow], shown: list[Shown], metric: str) -> s
             _cross_silo(groups, labels, metric),
             _figures(shown, metric),
             "<h2 id='datasheets'>Privacy datasheets</h2>",
-            *(_datasheet(s) for s in shown),
+            *(_datasheet(s, metric) for s in shown),
         ]
-    body.append(_failed_runs([r for r in runs if r.status == "failed"]))
+    body.append(_failed_runs([r for r in runs if r.status == "failed"], reported))
     return _document(title, "\n".join(body))
 
 
@@ -70,20 +88,24 @@ def _figures(shown: list[Shown], metric: str) -> str:
                 "server's view, at each run's own accountant and the silo's δ. One line per "
                 "algorithm and value of the grid's other axes. Non-private runs (ε = ∞) are "
                 "dashed horizontal lines.",
-                "No private run: there is no privacy–utility trade-off to plot.",
+                f"No private run with {name} on the union of the silos' test sets: there is "
+                "no privacy–utility trade-off to plot.",
             ),
             "<h2 id='learning-curves'>Learning curves</h2>",
             figure_html(
                 figures.learning_curves(shown, metric, colors),
                 f"{name.capitalize()} on the union of the silos' test sets at each evaluated "
                 "round: mean over trials, band ± 1 sample std (no band with a single trial).",
+                f"No run has {name} on the union of the silos' test sets (a deployment's "
+                "hospitals each score their own, once: see its datasheet).",
             ),
             "<h2 id='epsilon-rounds'>Privacy spent over rounds</h2>",
             figure_html(
                 figures.epsilon_over_rounds(panels),
                 "ε per silo after each round in the server's view (the largest over trials, "
                 f"each run's own accountant); dotted lines are the silos' budgets.{capped}",
-                "No private run: no privacy was accounted.",
+                "No ε per round to plot: no private run was simulated here (a deployment's "
+                "hospitals report their final ε only: see its datasheet).",
             ),
             "<h2 id='communication'>Communication</h2>",
             figure_html(
@@ -121,12 +143,13 @@ def _overview(runs: list[RunRow], shown: list[Shown]) -> str:
             "pooled over seeds); ε is the server's view, the one budgets bind, and for "
             "each silo the largest over its trials."
         )
+
     others = f" Failed: {counts['failed']}. Still running (not shown): {counts['running']}."
     return f"<p>{_e(lead + others)}</p>"
 
 
 def _results_table(shown: list[Shown], metric: str) -> str:
-    metrics = list(dict.fromkeys([metric, *TABLE_METRICS]))
+    metrics = _table_metrics(metric)
     header = [
         "run",
         "algorithm",
@@ -152,7 +175,7 @@ def _results_table(shown: list[Shown], metric: str) -> str:
             _epsilon_text(s, s.summary.accountant, mark=True),
             _epsilon_text(s, s.summary.other_accountant),
             *(_spread_text(s.summary.metrics.score(m)) for m in metrics),
-            byte_text(s.summary.traffic.per_client("up")),
+            _bytes_up([s.run], s.summary.traffic),
         ]
         for s in shown
     ]
@@ -160,9 +183,24 @@ def _results_table(shown: list[Shown], metric: str) -> str:
         "<p>ε: the largest over silos and trials, by the accountant that enforced the "
         "budgets; the other accountant's figure is shown for comparison only.</p>"
     )
+    if any(s.run.reported for s in shown):
+        caption += f"<p>{_e(REPORTED)}</p>"
     if any(research_noise(s.run) for s in shown):
         caption += f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>"
     return "<h2 id='results'>Results</h2>\n" + _table(header, rows) + caption
+
+
+def _bytes_up(runs: Iterable[RunRow], traffic: Traffic) -> str:
+    """Mean bytes up per client; not a number for a deployment, whose server does not
+    count its bytes yet."""
+    if any(r.reported for r in runs):
+        return "not recorded"
+    return byte_text(traffic.per_client("up"))
+
+
+def _table_metrics(metric: str) -> list[str]:
+    """The metric asked for, then the table's usual ones."""
+    return list(dict.fromkeys([metric, *TABLE_METRICS]))
 
 
 def _pooled_table(groups: list[Pooled], metric: str) -> str:
@@ -171,7 +209,7 @@ def _pooled_table(groups: list[Pooled], metric: str) -> str:
     pooled = [g for g in groups if len(g.runs) > 1]
     if not pooled:
         return ""
-    metrics = list(dict.fromkeys([metric, *TABLE_METRICS]))
+    metrics = _table_metrics(metric)
     header = [
         "runs",
         "algorithm",
@@ -191,7 +229,7 @@ def _pooled_table(groups: list[Pooled], metric: str) -> str:
             ", ".join(str(seed) for seed in g.replicates.seeds),
             _pooled_epsilon(g),
             *(_spread_text(g.metrics.score(m)) for m in metrics),
-            byte_text(g.traffic.per_client("up")),
+            _bytes_up(g.runs, g.traffic),
         ]
         for g in pooled
     ]
@@ -207,11 +245,8 @@ def _pooled_table(groups: list[Pooled], metric: str) -> str:
 def _pooled_epsilon(g: Pooled) -> str:
     if not g.private:
         return "∞ (non-private)"
-    spent = g.epsilon[g.accountant]
-    if not spent.by_silo:
-        return "—"
     seeded = f" {RESEARCH_MARK}" if any(research_noise(r) for r in g.runs) else ""
-    return f"{spent.max:.3g} ({g.accountant.upper()}){seeded}"
+    return _max_epsilon(g.epsilon[g.accountant]) + seeded
 
 
 def _cross_silo(groups: list[Pooled], labels: dict[str, str], metric: str) -> str:
@@ -272,14 +307,19 @@ def _epsilon_text(s: Shown, accountant: str, *, mark: bool = False) -> str:
     noise was seeded."""
     if not s.summary.private:
         return "∞ (non-private)"
-    spent = s.summary.epsilon[accountant]
+    seeded = f" {RESEARCH_MARK}" if mark and research_noise(s.run) else ""
+    return _max_epsilon(s.summary.epsilon[accountant]) + seeded
+
+
+def _max_epsilon(spent: SiloEpsilons) -> str:
+    """The largest ε over silos with its accountant, said to be the hospitals' report
+    where it is; a dash where none was accounted (or reported)."""
     if not spent.by_silo:
         return "—"
-    seeded = f" {RESEARCH_MARK}" if mark and research_noise(s.run) else ""
-    return f"{spent.max:.3g} ({accountant.upper()}){seeded}"
+    return f"{spent.max:.3g} ({spent.accountant.upper()}{', reported' if spent.reported else ''})"
 
 
-def _datasheet(s: Shown) -> str:
+def _datasheet(s: Shown, metric: str) -> str:
     """Who is protected, by what mechanism, at what ε per silo, against whom."""
     sheet = s.run.datasheet
     summary = s.summary
@@ -297,7 +337,18 @@ def _datasheet(s: Shown) -> str:
     }
     listed = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_number(v))}</dd>" for k, v in facts.items())
     assumptions = sheet.get("assumptions") or ["none stated"]
-    silos = sheet.get("silos") or {}
+    spent = _reported(s, metric) if s.run.reported else _ledger_spent(s)
+    return (
+        f"<section class='datasheet' id='run-{_e(s.run.id)}'><h3>{_e(s.label)}</h3>"
+        f"<dl>{listed}<dt>assumptions</dt><dd>{_bullets(assumptions)}</dd></dl>{spent}</section>"
+    )
+
+
+def _ledger_spent(s: Shown) -> str:
+    """A simulated run's silos: ε by both accountants and other observers, read off the
+    run's ledger, with what its ledger says they were charged for."""
+    summary = s.summary
+    silos = s.run.datasheet.get("silos") or {}
     header = [
         "silo",
         "public size",
@@ -330,7 +381,7 @@ def _datasheet(s: Shown) -> str:
         for name, silo in sorted(silos.items())
     ]
     seeded = f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>" if research_noise(s.run) else ""
-    spent = (
+    return (
         f"<p>ε per silo at its δ after the run: the largest over the run's {s.run.trials} "
         "trial(s), each a separate account (under client sampling they spend differently); "
         "by the accountant that enforced the budgets and, for comparison only, by the "
@@ -341,10 +392,36 @@ def _datasheet(s: Shown) -> str:
         if rows
         else "<p>ε = ∞ (non-private): no record is protected by differential privacy.</p>"
     )
-    return (
-        f"<section class='datasheet' id='run-{_e(s.run.id)}'><h3>{_e(s.label)}</h3>"
-        f"<dl>{listed}<dt>assumptions</dt><dd>{_bullets(assumptions)}</dd></dl>{spent}</section>"
+
+
+def _reported(s: Shown, metric: str) -> str:
+    """A deployed run's hospitals: the ε each reported and its metrics on its own test set
+    (the server knows neither their budgets nor their δ, nor how their ledgers charged)."""
+    summary = s.summary
+    spent = summary.epsilon[summary.accountant]
+    metrics = _table_metrics(metric)
+    header = [
+        "hospital",
+        "public size",
+        f"ε ({summary.accountant.upper()}, reported by the hospital)",
+        *(f"{metric_name(m)} (own test set)" for m in metrics),
+    ]
+    rows = [
+        [
+            name,
+            _public_size(silo),
+            _number(spent.by_silo.get(name), absent=NOT_REPORTED),
+            *(_spread_text(summary.metrics.score(m, name)) for m in metrics),
+        ]
+        for name, silo in sorted((s.run.datasheet.get("silos") or {}).items())
+    ]
+    caption = (
+        "<p>ε per hospital as it last reported it from its own ledger, by the study's "
+        "accountant, at its own δ (the server is told neither the hospitals' budgets nor "
+        "their δ; each hospital's ledger has the rest: `dpfl privacy ledger`). Metrics: "
+        "each hospital's, of the model it uses, on its own test set.</p>"
     )
+    return caption + _table(header, rows)
 
 
 def _noise_text(s: Shown) -> str | None:
@@ -356,7 +433,9 @@ def _noise_text(s: Shown) -> str | None:
     return None  # non-private, or a datasheet that predates the field
 
 
-def _failed_runs(runs: list[RunRow]) -> str:
+def _failed_runs(runs: list[RunRow], reported: dict[str, SiloEpsilons]) -> str:
+    """The failed runs with their errors; for a deployment, also the largest ε its
+    hospitals reported before it stopped (none for a simulated run: its ledger holds it)."""
     if not runs:
         return ""
     rows = [
@@ -365,12 +444,22 @@ def _failed_runs(runs: list[RunRow]) -> str:
             r.algorithm,
             point(r) or "—",
             _Html(f"<pre>{_e(study_terms(r.error or ''))}</pre>"),
+            *([_stopped_epsilon(reported.get(r.id))] if reported else []),
         ]
         for r in runs
     ]
-    return "<h2 id='failed'>Failed runs</h2>\n" + _table(
-        ["run", "algorithm", "grid point", "error"], rows
-    )
+    header = ["run", "algorithm", "grid point", "error"]
+    if reported:
+        header.append("max ε reported before it stopped")
+    caption = f"<p>{_e(REPORTED)}</p>" if reported else ""
+    return "<h2 id='failed'>Failed runs</h2>\n" + _table(header, rows) + caption
+
+
+def _stopped_epsilon(spent: SiloEpsilons | None) -> str:
+    """A failed run's largest reported ε; a dash for a simulated run (no report)."""
+    if spent is None:
+        return "—"  # a simulated run
+    return _max_epsilon(spent) if spent.by_silo else "none reported"
 
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
