@@ -1,0 +1,360 @@
+"""Seconds per round and bytes on the wire of a study deployed on loopback, vs the simulator.
+
+    .venv/bin/python benchmarks/bench_deploy.py [--json] [--quick] [--rounds N]
+
+Logs go to stderr; with `--json` stdout carries exactly one JSON object, otherwise a table.
+
+The study: DP-FedAvg on breast_cancer as tests/engines/test_flower.py deploys it
+(learning rate 2, expected batch 16, one local epoch, σ = 1, seed 3), IID over K = 3 and
+K = 10 hospitals, `--rounds` rounds (default 4; `--quick`: K = 3 only, 3 rounds), each
+hospital with the simulator's seeded noise (research noise), so that the deployed model
+must equal the simulator's bit for bit (`same_model`, a check that both ran the same
+study) and with a budget of ε = 100 that no round exceeds.
+
+Deployment: `dpfl.engines.loopback.deploy`, a SuperLink, K SuperNodes and `dpfl deploy
+server` as separate processes on 127.0.0.1, TLS with a CA made on the spot, SuperNode
+keys registered, the SuperExec polling every 0.1 s (`FLWR_SUPEREXEC_TASK_POLL_INTERVAL`;
+1 s by default). The SuperNodes connect to the SuperLink through a relay in this
+process (`Relay`: threads forwarding TCP bytes both ways and logging each chunk's time,
+direction and size); TLS stays end to end through it, so it counts what crosses a
+network: TLS records, HTTP/2 and gRPC framing, Flower's protobufs, heartbeats and polls,
+the app bundle and the messages. `flwr run` and key registration talk to the SuperLink
+directly and are not counted.
+
+Seconds per round, without start-up: each hospital's ledger records, with the wall
+clock, when it was charged for each round, as it trains. Round r's time is the latest
+charge of round r over the hospitals; `deploy_s_per_round` is (t_last − t_first) /
+(rounds − 1): steady-state rounds, excluding processes starting, hello, the budget check
+and the final evaluation, and including all a round costs on Flower 1.41 (the server's
+aggregation and push, the SuperNodes' polls, a ClientApp process per message that
+imports torch and dpfl, training, the reply). `deploy_total_s`: the whole `deploy`
+call, start-up and shut-down included. `simulate_s_per_round`: `simulate` of the same
+study in this process, evaluation after the last round only as in the deployment,
+(T(21 rounds) − T(1 round)) / 20: its rounds take milliseconds, too few to time over 3
+on a busy machine; every T is the median of 5 runs after an untimed one (which pays the
+ε of a plan of that length; dpfl memoises it). `simulate_run_s`: T(rounds), the study's
+whole simulation with its budget check, ledger and evaluation. `deploy_over_simulate`:
+the two seconds per round's ratio.
+
+Bytes per round: the relay's bytes up (SuperNodes to SuperLink) and down in the same
+window (t_first, t_last], over rounds − 1, against dpfl's own accounting, the
+simulator's message rows (`SimulationResult.messages`: each model sent down and each
+reply up, `messages.payload_bytes` of their encodings; 31 float32 parameters, 124 bytes
+each way per hospital); `wire_over_dpfl` the ratio (up + down). `wire_total_bytes`: the
+relay's bytes over the whole deployment, `connections` how many it relayed.
+
+Measured on 2 CPUs shared with other jobs (1-minute load 13 at the start, 18 at the
+end), 2026-11-23, `.venv/bin/python benchmarks/bench_deploy.py` (10.5 minutes):
+
+     K  deploy_s  simulate_s  deploy_over_simulate  simulate_run_s  wire_up_bytes
+     3     14.65      0.0029                  5033            0.05          42873
+    10     47.42      0.0037                 12646            0.10         172475
+
+     K  wire_down_bytes  dpfl_up_bytes  dpfl_down_bytes  wire_over_dpfl  deploy_total_s
+     3            19499            372              372              84           135.1
+    10            92089           1240             1240             107           383.0
+
+`same_model` True for both. A deployed round costs seconds (a ClientApp process per
+message importing torch, polls), a simulated one milliseconds; on the wire a round of
+this 31-parameter model moves about 85–110 times dpfl's count (124 bytes each way a
+hospital): Flower's framing, heartbeats and polls. On an idle machine the simulator
+measured 0.004–0.005 s a round (K = 3 and 10) on a later check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import statistics
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bench_common import log_to_stderr
+from dpfl.engines import loopback
+from dpfl.engines.flower import DeploymentResult
+from dpfl.engines.simulation import SimulationResult, simulate
+from dpfl.experiments.datasets import build_silos
+from dpfl.experiments.deploy import study_point
+from dpfl.experiments.runner import build_algorithm
+from dpfl.privacy import Ledger
+
+log = logging.getLogger("bench_deploy")
+
+STUDY = """
+name = "deployed"
+seed = 3
+rounds = {rounds}
+[data]
+dataset = "breast_cancer"
+partition = {{ kind = "iid", silos = {silos} }}
+[algorithm]
+name = "fedavg"
+learning_rate = 2.0
+expected_batch_size = 16
+local_epochs = 1.0
+[privacy]
+noise_multiplier = 1.0
+epsilon = 100.0
+"""
+EPSILON, DELTA = 100.0, 1e-5
+HOSPITALS = (3, 10)
+LONG, REPEATS = 20, 5
+"""The simulator's rounds take milliseconds: too little to time 3 of on a busy machine, so
+its steady round is timed over LONG more rounds, and every time is the median of REPEATS."""
+
+
+class Relay:
+    """A TCP relay on 127.0.0.1 to the SuperLink's `upstream` port: forwards bytes both
+    ways untouched and logs (time, "up" or "down", bytes) of every chunk."""
+
+    def __init__(self, upstream: int) -> None:
+        self.upstream = upstream
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+        self.chunks: list[tuple[float, str, int]] = []
+        self.connections = 0
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:  # closed
+                return
+            threading.Thread(target=self._connection, args=(client,), daemon=True).start()
+
+    def _connection(self, client: socket.socket) -> None:
+        try:
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+        except OSError:  # the SuperLink is down (being stopped): refuse the SuperNode too
+            client.close()
+            return
+        with self._lock:
+            self.connections += 1
+        with client, server:
+            up = threading.Thread(target=self._pump, args=(client, server, "up"), daemon=True)
+            up.start()
+            self._pump(server, client, "down")
+            up.join()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, direction: str) -> None:
+        with suppress(OSError):  # a side reset the connection: it is over
+            while data := source.recv(1 << 16):
+                sink.sendall(data)
+                with self._lock:
+                    self.chunks.append((time.time(), direction, len(data)))
+        with suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def bytes(self, after: float = 0.0, until: float = float("inf")) -> dict[str, int]:
+        """Bytes up and down relayed in the wall-clock window (after, until]."""
+        with self._lock:
+            chunks = list(self.chunks)
+        return {
+            way: sum(n for t, d, n in chunks if d == way and after < t <= until)
+            for way in ("up", "down")
+        }
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@contextmanager
+def relay(upstream: int) -> Iterator[Relay]:
+    running = Relay(upstream)
+    try:
+        yield running
+    finally:
+        running.close()
+
+
+def round_times(nodes: dict[str, dict[str, Any]], rounds: int) -> list[float]:
+    """When each round was last charged at a hospital (wall clock, from their ledgers)."""
+    times: list[list[float]] = [[] for _ in range(rounds)]
+    for name, node in nodes.items():
+        with Ledger(Path(node["ledger"]), create=False) as book:
+            for entry in book.entries(f"{name}/trial-0"):
+                assert entry.round is not None
+                times[entry.round].append(entry.recorded_at)
+    return [max(t) for t in times]
+
+
+def simulated(study: Path, rounds: int, folder: Path) -> tuple[float, SimulationResult]:
+    """`simulate` of the study cut to `rounds` rounds: seconds and result."""
+    config = study_point(study)
+    silos = build_silos(config.data, config.seed)
+    algorithm = build_algorithm(config, silos)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        start = time.perf_counter()
+        result = simulate(
+            algorithm,
+            silos,
+            rounds=rounds,
+            seed=config.seed,
+            epsilon_budget=EPSILON,
+            delta=DELTA,
+            ledger=Path(tmp) / "ledger.sqlite",
+            progress=False,
+            eval_every=rounds,
+        )
+        return time.perf_counter() - start, result
+
+
+def time_simulator(
+    study: Path, rounds: int, root: Path
+) -> tuple[dict[str, float], SimulationResult]:
+    """The simulator's steady round, (T(1 + LONG) − T(1)) / LONG, and its whole run of
+    the study's rounds (`simulate_run_s`), each T the median of REPEATS runs after an
+    untimed one (which pays the ε of a plan of that length, memoised after); and the
+    result of the study's rounds."""
+    seconds, results = {}, {}
+    for n in (1, rounds, 1 + LONG):
+        _, results[n] = simulated(study, n, root)
+        seconds[n] = statistics.median(simulated(study, n, root)[0] for _ in range(REPEATS))
+    per_round = (seconds[1 + LONG] - seconds[1]) / LONG
+    return {"simulate_s_per_round": per_round, "simulate_run_s": seconds[rounds]}, results[rounds]
+
+
+def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
+    """The deployment and the simulator of the study with `silos` hospitals, side by side."""
+    root.mkdir()
+    study = root / "study.toml"
+    study.write_text(STUDY.format(rounds=rounds, silos=silos), encoding="utf-8")
+    config = study_point(study)
+    nodes = {
+        silo.name: loopback.hospital_node(
+            silo, study, root / "hospitals" / silo.name, epsilon=EPSILON, delta=DELTA
+        )
+        for silo in build_silos(config.data, config.seed)
+    }
+    port = loopback.free_port()
+    start = time.perf_counter()
+    with relay(port) as wire:
+        output, out, _ = loopback.deploy(
+            study,
+            nodes,
+            root,
+            port=port,
+            fleet=wire.address,
+            deadline=300 + 120 * silos,
+            wait=60 + 10 * silos,
+            timeout=60 + 20 * silos,
+        )
+    total_s = time.perf_counter() - start
+    if not (out / "result.pt").exists():
+        raise RuntimeError(f"the deployment of {silos} hospitals wrote no result:\n{output}")
+    deployed = DeploymentResult.load(out)
+    if deployed.rounds_completed != rounds or deployed.refused:
+        raise RuntimeError(f"the deployment of {silos} hospitals stopped early:\n{output}")
+    times = round_times(nodes, rounds)
+    window = wire.bytes(times[0], times[-1])
+    deploy_s = (times[-1] - times[0]) / (rounds - 1)
+    log.info(
+        "k=%d: deployed %d rounds, %.2f s a round, %.1f s all told",
+        silos,
+        rounds,
+        deploy_s,
+        total_s,
+    )
+
+    simulator, result = time_simulator(study, rounds, root)
+    log.info("k=%d: simulated %.4f s a round", silos, simulator["simulate_s_per_round"])
+    dpfl_bytes = {way: sum(row[way] for row in result.messages) / rounds for way in ("up", "down")}
+    wire_bytes = {way: window[way] / (rounds - 1) for way in ("up", "down")}
+    return {
+        "deploy_s_per_round": deploy_s,
+        **simulator,
+        "deploy_over_simulate": deploy_s / simulator["simulate_s_per_round"],
+        "deploy_total_s": total_s,
+        "wire_up_bytes_per_round": wire_bytes["up"],
+        "wire_down_bytes_per_round": wire_bytes["down"],
+        "dpfl_up_bytes_per_round": dpfl_bytes["up"],
+        "dpfl_down_bytes_per_round": dpfl_bytes["down"],
+        "wire_over_dpfl": sum(wire_bytes.values()) / sum(dpfl_bytes.values()),
+        "wire_total_bytes": sum(wire.bytes().values()),
+        "connections": wire.connections,
+        "same_model": all(
+            torch.equal(deployed.params[name], value[0]) for name, value in result.params.items()
+        ),
+    }
+
+
+def _table(figures: dict[str, Any]) -> str:
+    """One row per K, the figures side by side."""
+    columns = [
+        ("K", "{}"),
+        ("deploy_s_per_round", "{:.2f}"),
+        ("simulate_s_per_round", "{:.4f}"),
+        ("deploy_over_simulate", "{:.0f}"),
+        ("simulate_run_s", "{:.2f}"),
+        ("wire_up_bytes_per_round", "{:.0f}"),
+        ("wire_down_bytes_per_round", "{:.0f}"),
+        ("dpfl_up_bytes_per_round", "{:.0f}"),
+        ("dpfl_down_bytes_per_round", "{:.0f}"),
+        ("wire_over_dpfl", "{:.0f}"),
+        ("deploy_total_s", "{:.1f}"),
+        ("same_model", "{}"),
+    ]
+    rows = [[name.removesuffix("_per_round") for name, _ in columns]]
+    for k in figures["hospitals"]:
+        case = {"K": k, **figures[f"k{k}"]}
+        rows.append([form.format(case[name]) for name, form in columns])
+    widths = [max(len(row[i]) for row in rows) for i in range(len(columns))]
+    return "\n".join(
+        "  ".join(c.rjust(w) for c, w in zip(row, widths, strict=True)) for row in rows
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n", 1)[0], formatter_class=argparse.RawTextHelpFormatter
+    )
+    parser.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    parser.add_argument("--quick", action="store_true", help="3 hospitals only, 3 rounds")
+    parser.add_argument("--rounds", type=int, default=4, help="rounds of the study (≥ 2)")
+    args = parser.parse_args()
+    rounds = 3 if args.quick else args.rounds
+    if rounds < 2:
+        parser.error("--rounds must be at least 2: a round's time is between two rounds")
+    log_to_stderr(log)
+    logging.getLogger("absl").setLevel(logging.ERROR)  # dp_accounting's RDP convergence notes
+    missing = loopback.missing_binaries()
+    if missing:
+        raise SystemExit(f"Flower's {', '.join(missing)} are not installed in {loopback.BIN}")
+
+    hospitals = HOSPITALS[:1] if args.quick else HOSPITALS
+    figures: dict[str, Any] = {
+        "rounds": rounds,
+        "hospitals": list(hospitals),
+        "cpus": os.cpu_count(),
+        "loadavg_start": os.getloadavg()[0],
+    }
+    with tempfile.TemporaryDirectory(prefix="bench-deploy-") as tmp:
+        for k in hospitals:
+            figures[f"k{k}"] = measure(k, rounds, Path(tmp) / f"k{k}")
+    figures["loadavg_end"] = os.getloadavg()[0]
+
+    if args.json:
+        flat = {k: v for k, v in figures.items() if not k.startswith("k")}
+        for k in hospitals:
+            flat |= {f"k{k}.{name}": v for name, v in figures[f"k{k}"].items()}
+        print(json.dumps(flat))
+        return
+    print(_table(figures))
+    for key in ("rounds", "cpus", "loadavg_start", "loadavg_end"):
+        print(f"{key:<14} {figures[key]}")
+
+
+if __name__ == "__main__":
+    main()
