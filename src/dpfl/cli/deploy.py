@@ -74,6 +74,10 @@ def hospital(
         typer.Option(help="This hospital's private key (OpenSSH), registered at the SuperLink."),
     ] = None,
     port: Annotated[int, typer.Option(help="Local port of the SuperNode's runtime API.")] = 9094,
+    he_keys: Annotated[
+        Path | None,
+        typer.Option(help="This hospital's HE key file (studies with secure_aggregation 'he')."),
+    ] = None,
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords."""
     from dpfl.engines.flower import HospitalConfig
@@ -88,6 +92,7 @@ def hospital(
             "epsilon": epsilon,
             "delta": delta,
             "ledger": str(ledger.resolve()),
+            **({} if he_keys is None else {"he-keys": str(he_keys.resolve())}),
         }
         me = HospitalConfig.from_node_config(node)
         study_point(me.study)  # refuse a study that cannot be deployed before connecting
@@ -116,25 +121,56 @@ def server(
     study: Annotated[Path, typer.Argument(help="The study file, as the hospitals have it.")],
     hospitals: Annotated[int, typer.Option(help="How many hospitals to wait for.")],
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
-    out: Annotated[Path, typer.Option(help="Folder for the server's result.pt.")],
+    out: Annotated[
+        Path, typer.Option(help="The study folder: result.pt, the results store, the checkpoint.")
+    ],
     insecure: InsecureOpt = False,
     root_certificates: RootCertOpt = None,
     wait: Annotated[float, typer.Option(help="Seconds to wait for the hospitals.")] = 600.0,
     timeout: Annotated[float, typer.Option(help="Seconds to wait for each reply.")] = 3600.0,
+    missing: Annotated[
+        str,
+        typer.Option(
+            help="A hospital that refuses, fails or does not reply in time: 'stop' the run, "
+            "or 'continue' the round without it."
+        ),
+    ] = "stop",
+    he_keys: Annotated[
+        Path | None,
+        typer.Option(help="The run's public HE key file (secure_aggregation 'he')."),
+    ] = None,
 ) -> None:
-    """Run the study on the SuperLink's hospitals; the result goes to OUT/result.pt."""
+    """Run the study on the SuperLink's hospitals: the result goes to OUT/result.pt and to
+    OUT's results store (`dpfl report OUT`). The server checkpoints each round in OUT: run
+    it again with the same OUT to resume."""
     from dpfl.experiments.deploy import study_point, write_app
 
     with reported_errors():
         study_point(study)
         transport = _transport(insecure, root_certificates)
+        if missing not in ("stop", "continue"):
+            raise ValueError(f"--missing must be 'stop' or 'continue', got {missing!r}")
     home = _home(superlink, transport)
     run_config = (
         f'study="{study.resolve()}" hospitals={hospitals} out="{out.resolve()}" '
-        f"wait={float(wait)} timeout={float(timeout)}"
+        f'wait={float(wait)} timeout={float(timeout)} missing="{missing}" '
+        f'he-keys="{"" if he_keys is None else he_keys.resolve()}"'
     )
     command = [_flower("flwr"), "run", str(write_app(home / "app")), "dpfl", "--stream"]
     _run([*command, "--run-config", run_config], env={**os.environ, "FLWR_HOME": str(home)})
+
+
+@app.command("he-keys")
+def he_keys_command(
+    folder: Annotated[Path, typer.Argument(help="Where to write the run's two key files.")],
+) -> None:
+    """Make a new run's HE keys: key-holder.he (the secret key: give it to one hospital
+    only) and public.he (for the other hospitals and the server)."""
+    from dpfl.engines.flower_he import make_key_files
+
+    with reported_errors():
+        secret, public = make_key_files(folder)
+    typer.echo(f"key holder's file (secret): {secret}\neveryone else's: {public}")
 
 
 @app.command("register")

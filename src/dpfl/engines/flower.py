@@ -24,12 +24,16 @@ Messages: "query.hello" (the hospital's public facts), "query.plan" (the run's s
 and rounds: each hospital checks its plan), "train" (one exchange of one round: the
 cohort and the flat float32 model), "evaluate" (the final model: each hospital scores
 the model it uses on its own test set, outside ε as in the simulator). Replies carry
-the encoded vector (`messages.encode`) or `refused`, the reason.
+the encoded vector (`messages.encode`) or `refused`, the reason. A study whose ε assumes
+the server sees only the sum sends masked replies (`flower_masking`, with its own
+messages around "train") or encrypted ones (`flower_he`, with "query.he_decrypt" to the
+key holder).
 
-Not yet: secure aggregation (Flower's SecAgg+ workflow and mod; until then a study
-whose ε assumes the server sees only a sum is refused, on both sides), dropouts and
-retries, server checkpoints, the results store. TLS and SuperNode authentication are
-Flower's (`dpfl deploy`, docs/deployment.md).
+A hospital that refuses, fails or is late stops the run, or with `missing="continue"` is
+left out of that round. The server checkpoints every round; restarted, it continues the
+same run instance, and each hospital re-sends the reply it already sent for an exchange
+asked again (uncharged; a masked one is retrained and paid for). TLS and SuperNode
+authentication are Flower's (`dpfl deploy`, docs/deployment.md).
 """
 
 from __future__ import annotations

@@ -107,9 +107,11 @@ def client_app() -> ClientApp:
 
 def server_app() -> ServerApp:
     """The server half. Run config: `study` (the study file, as the hospitals have it),
-    `hospitals` (how many to wait for), `out` (the study folder: `result.pt` and the
-    results store), `wait` and `timeout` (seconds for the hospitals to connect and to
-    reply)."""
+    `hospitals` (how many to wait for), `out` (the study folder: `result.pt`, the
+    results store and the server's checkpoint, resumed from when the server runs
+    again), `wait` and `timeout` (seconds for the hospitals to connect and to reply),
+    `missing` ("stop" or "continue": `flower.serve`), `he-keys` (the run's public HE key
+    file, for an encrypted study)."""
     app = ServerApp()
 
     @app.main()
@@ -147,12 +149,16 @@ def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
             )
         started = time.perf_counter()
         try:
+            he_keys = str(run.get("he-keys", ""))
             result = flower.serve(
                 grid,
                 deployment(config),
                 hospitals=int(run["hospitals"]),
                 wait=float(run["wait"]),
                 timeout=float(run["timeout"]),
+                missing=str(run.get("missing", "stop")),
+                checkpoint=out / f"checkpoint-{key}.pt",
+                he_keys=Path(he_keys) if he_keys else None,
             )
         except Exception as exc:  # e.g. a hospital of another study: failed, with why
             store.fail(key, f"{type(exc).__name__}: {exc}")
@@ -254,6 +260,8 @@ hospitals = 3
 out = ""
 wait = 60.0
 timeout = 600.0
+missing = "stop"
+he-keys = ""
 """
 APP_MODULE = """\
 \"\"\"dpfl's Flower app: every hospital's SuperNode needs dpfl installed.\"\"\"
