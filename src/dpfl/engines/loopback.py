@@ -22,6 +22,7 @@ import time
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple, TypedDict, Unpack
 
@@ -56,7 +57,8 @@ class Layout(TypedDict, total=False):
     """HOST:PORT the SuperNodes connect to (default: the SuperLink's), e.g. a relay's."""
 
 
-class Cluster(NamedTuple):
+@dataclass
+class Cluster:
     port: int
     """The SuperLink's port on 127.0.0.1 (Fleet, Control and Runtime APIs)."""
     ca: Path
@@ -65,6 +67,35 @@ class Cluster(NamedTuple):
     """One log file per process: superlink.log, NAME.log."""
     env: dict[str, str]
     """The environment the processes run in (BIN first on the PATH)."""
+    commands: dict[str, list[str]]
+    """Each process's command, by name ("superlink", then the hospitals')."""
+    processes: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
+    """Each name's processes, the running one last."""
+
+    def start(self, name: str) -> None:
+        """Start the named process; its log goes on."""
+        command = self.commands[name]
+        with open(self.logs / f"{name}.log", "ab") as log:
+            process = subprocess.Popen(
+                [str(BIN / command[0]), *command[1:]],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        self.processes.setdefault(name, []).append(process)
+
+    def server(self, study: Path, hospitals: int, out: Path, *options: str) -> list[str]:
+        """`dpfl deploy server` of the study on this cluster, with more `options`."""
+        return [
+            str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(hospitals),
+            "--superlink", f"127.0.0.1:{self.port}", "--out", str(out),
+            "--root-certificates", str(self.ca), *options,
+        ]  # fmt: skip
+
+    def tails(self) -> str:
+        """The end of every process's log."""
+        return "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in self.logs.iterdir())
 
 
 class Deployed(NamedTuple):
@@ -174,25 +205,16 @@ def cluster(
             }.items()
         },
     }  # fmt: skip
-    processes: list[subprocess.Popen[bytes]] = []
+    running = Cluster(port, ca, logs, env, commands)
     try:
-        for name, command in commands.items():
-            with open(logs / f"{name}.log", "wb") as log:
-                processes.append(
-                    subprocess.Popen(
-                        [str(BIN / command[0]), *command[1:]],
-                        stdout=log,
-                        stderr=subprocess.STDOUT,
-                        env=env,
-                        start_new_session=True,
-                    )
-                )
+        for name in commands:
+            running.start(name)
             if name == "superlink":
                 wait_for(port, ca, time.monotonic() + 20)
                 register(port, ca, {n: auth[n].with_suffix(".pub") for n in nodes}, env)
-        yield Cluster(port, ca, logs, env)
+        yield running
     finally:
-        stop(processes)
+        stop([p for started in running.processes.values() for p in started])
 
 
 def deploy(
@@ -211,20 +233,17 @@ def deploy(
     start to finish (LoopbackError, with the logs' tails)."""
     began, out = time.monotonic(), root / "server-out"
     with cluster(nodes, root, **layout) as running:
-        command = [
-            str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(len(nodes)),
-            "--superlink", f"127.0.0.1:{running.port}", "--out", str(out),
-            "--root-certificates", str(running.ca),
-            "--wait", str(wait), "--timeout", str(timeout),
-        ]  # fmt: skip
+        timing = ("--wait", str(wait), "--timeout", str(timeout))
+        command = running.server(study, len(nodes), out, *timing)
         left = deadline - (time.monotonic() - began)
         try:
             done = subprocess.run(
                 command, capture_output=True, text=True, env=running.env, timeout=left
             )
         except subprocess.TimeoutExpired as exc:
-            shown = "\n".join(f"{p.name}:\n{p.read_text()[-2000:]}" for p in running.logs.iterdir())
-            raise LoopbackError(f"the deployment took over {deadline:g}s\n{shown}") from exc
+            raise LoopbackError(
+                f"the deployment took over {deadline:g}s\n{running.tails()}"
+            ) from exc
     return Deployed(done.stdout + done.stderr, out, running.logs)
 
 
