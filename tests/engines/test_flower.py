@@ -21,6 +21,7 @@ from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
+from dpfl import secure
 from dpfl.engines import loopback
 from dpfl.engines.flower import DeploymentError, DeploymentResult, serve
 from dpfl.engines.loopback import deploy
@@ -141,6 +142,7 @@ class InProcessGrid(Grid):
 
 
 def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:
+    """The study in the simulator, summed as the study says (masking, HE: in one process)."""
     config = study_point(study)
     silos = build_silos(config.data, config.seed)
     book = Ledger(tmp_path / "simulated.sqlite")
@@ -153,6 +155,7 @@ def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:
         delta=DELTA,
         ledger=book,
         progress=False,
+        secure_sum=secure.by_name(config.summing),
     )
     return result, book
 

@@ -13,9 +13,8 @@ import torch
 from dpfl.engines import loopback
 from dpfl.engines.flower import DeploymentResult
 
-from .test_flower import entries, flower_installed, hospitals, study
+from .test_flower import entries, flower_installed, hospitals, simulated, study
 from .test_flower_secure import DOPAMINE
-from .test_flower_secure import simulated as simulated_secure
 
 __all__ = ["flower_installed", "study"]  # fixtures, used by name
 DEADLINE = 300.0
@@ -48,5 +47,5 @@ def test_dopamine_masked_between_processes_ends_as_simulated(study: Path, tmp_pa
     study.write_text(DOPAMINE.replace("rounds = 3", "rounds = 2"), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     output, out, _ = loopback.deploy(study, nodes, tmp_path, deadline=DEADLINE, timeout=60)
-    simulation, book = simulated_secure(study, tmp_path)
+    simulation, book = simulated(study, tmp_path)
     same_as_simulated(out, nodes, simulation, book, output)

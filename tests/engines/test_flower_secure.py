@@ -15,17 +15,13 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from dpfl import secure
 from dpfl.engines.flower import serve
 from dpfl.engines.flower_he import KeyHolderSide, make_key_files
-from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import deployment_of, study_point
-from dpfl.experiments.runner import build_algorithm
-from dpfl.privacy import Ledger
 from dpfl.secure.he import HomomorphicError, KeyFile
 
-from .test_flower import DELTA, EPSILON, STUDY, InProcessGrid, entries, hospitals, study
+from .test_flower import STUDY, InProcessGrid, entries, hospitals, simulated, study
 
 __all__ = ["study"]  # the fixture, used by name
 
@@ -48,25 +44,6 @@ class RecordingGrid(InProcessGrid):
         pulled = list(super().pull_messages(message_ids))
         self.seen += pulled
         return pulled
-
-
-def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:
-    """The study in the simulator, summed by the same pairwise masking in one process."""
-    config = study_point(study)
-    silos = build_silos(config.data, config.seed)
-    book = Ledger(tmp_path / "simulated.sqlite")
-    result = simulate(
-        build_algorithm(config, silos),
-        silos,
-        rounds=config.rounds,
-        seed=config.seed,
-        epsilon_budget=EPSILON,
-        delta=DELTA,
-        ledger=book,
-        progress=False,
-        secure_sum=secure.by_name(config.summing),
-    )
-    return result, book
 
 
 @pytest.mark.parametrize(
