@@ -8,7 +8,7 @@ over TLS with certificates made on the spot (`dpfl.engines.loopback`)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +17,7 @@ import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.proto.node_pb2 import NodeInfo
 from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
@@ -92,7 +93,7 @@ class InProcessGrid(Grid):
     def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
         self.app = client_app()
         self.replies: dict[str, Message] = {}
-        self.apps: dict[int, ClientApp] = {}
+        self.apps: dict[int, Callable[[Message, Context], Message]] = {}
         """Nodes that run another ClientApp than dpfl's."""
         self.registered: dict[int, str] = {}
         """Names the nodes' keys were registered with."""
@@ -259,6 +260,30 @@ def test_in_process_a_client_that_is_not_dpfls_is_rejected(study: Path, tmp_path
     grid.apps = {9: plain}
     with pytest.raises(DeploymentError, match="No query function registered with name 'hello'"):
         serve(grid, deployment_of(study), hospitals=4)
+
+
+def test_in_process_a_hospital_restarting_after_a_crash_is_asked_again_when_it_joins(
+    study: Path, tmp_path: Path
+) -> None:
+    """The SuperLink holds a crashed hospital's node as connected until it misses its
+    heartbeats, then answers for it "node unavailable"; restarted, the hospital joins
+    again. The server greets it then, within `wait`, instead of giving up."""
+    grid = InProcessGrid(hospitals(study, tmp_path / "hospitals").values())
+    asked: list[str] = []
+    unavailable = 2  # replies "node unavailable" for, then joins again
+
+    def restarting(message: Message, context: Context) -> Message:
+        asked.append(message.metadata.message_type)
+        if len(asked) <= unavailable:
+            return Message(Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable"), reply_to=message)
+        return grid.app(message, context)
+
+    grid.apps = {3: restarting}  # hospital-1
+    result = serve(grid, deployment_of(study), hospitals=3, wait=30)
+    assert result.rounds_completed == 3 and asked[:3] == ["query.hello"] * 3
+    unavailable, asked[:] = 10**6, []  # it never comes back
+    with pytest.raises(DeploymentError, match=r"2 of 3 hospitals answered hello in 0.5s \("):
+        serve(grid, deployment_of(study), hospitals=3, wait=0.5)
 
 
 def test_in_process_a_hospital_cannot_claim_another_registered_name(

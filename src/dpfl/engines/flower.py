@@ -44,7 +44,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
@@ -55,6 +55,7 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from dpfl.engines import flower_he, flower_masking
@@ -95,6 +96,11 @@ RECORD = "dpfl"
 class DeploymentError(RuntimeError):
     """A deployment that cannot go on: a hospital that is not dpfl's, or that disagrees
     with the study, or no reply in time."""
+
+
+class NodeUnavailable(DeploymentError):
+    """The SuperLink gave up on a hospital's SuperNode: it missed its heartbeats (its
+    machine died, or it is restarting and has not joined again yet)."""
 
 
 # -- what both halves agree on ----------------------------------------------------------
@@ -148,7 +154,9 @@ def _record(fields: Mapping[str, Any]) -> RecordDict:
 
 def _fields(message: Message) -> dict[str, Any]:
     if message.has_error():
-        raise DeploymentError(f"error {message.error.code}: {message.error.reason}")
+        gone = message.error.code == ErrorCode.NODE_UNAVAILABLE
+        error = NodeUnavailable if gone else DeploymentError
+        raise error(f"error {message.error.code}: {message.error.reason}")
     records = message.content.config_records
     if RECORD not in records:
         raise DeploymentError("the reply is not dpfl's (no dpfl record)")
@@ -586,23 +594,23 @@ class _Server:
         node = {name: n for n, name in self.names.items()}
         answers, failed = self.collect(kind, {node[n]: {**common, **f} for n, f in by_name.items()})
         if failed and absent is None:
-            raise DeploymentError("; ".join(failed.values()))
+            raise DeploymentError(_joined(failed.values()))
         if absent is not None:
-            absent += [(self.names[n], why) for n, why in failed.items()]
+            absent += [(self.names[n], str(why)) for n, why in failed.items()]
         return {name: answers[node[name]] for name in by_name if node[name] in answers}
 
     def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         """Send each node its fields; every node must reply in time."""
         answers, failed = self.collect(kind, nodes)
         if failed:
-            raise DeploymentError("; ".join(failed.values()))
+            raise DeploymentError(_joined(failed.values()))
         return answers
 
     def collect(
         self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
-    ) -> tuple[dict[int, dict[str, Any]], dict[int, str]]:
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
         """Send each node its fields: the fields of the nodes that replied in time, and
-        why each other did not (no reply, an error, not dpfl's)."""
+        why each other did not (no reply, an error, not dpfl's, unavailable)."""
         messages = [
             Message(_record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
             for node, fields in nodes.items()
@@ -619,26 +627,47 @@ class _Server:
         for node in nodes:
             name = self.names.get(node, str(node))
             if node not in by_node:
-                failed[node] = f"{name}: no {kind} reply within {self.timeout:g}s"
+                failed[node] = DeploymentError(f"{name}: no {kind} reply within {self.timeout:g}s")
                 continue
             try:
                 answers[node] = _fields(by_node[node])
             except DeploymentError as exc:
-                failed[node] = f"{name}: {exc}"
+                failed[node] = type(exc)(f"{name}: {exc}")
         return answers, failed
 
-    def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
-        """Wait for `count` SuperNodes; each must answer hello as a dpfl hospital of this
-        study, under the name its key was registered with, if any. By name: (node id,
-        its hello)."""
+    def hellos(self, count: int, wait: float) -> dict[int, dict[str, Any]]:
+        """Each connected SuperNode's hello, once `count` answered (DeploymentError after
+        `wait` seconds). A node the SuperLink gives up on while asked (a hospital that is
+        restarting after a crash: its old SuperNode is held as connected until it misses
+        its heartbeats) is asked again when it has joined again."""
         deadline = time.monotonic() + wait
-        while len(nodes := sorted(self.grid.get_node_ids())) < count:
+        hellos: dict[int, dict[str, Any]] = {}
+        while True:
+            new: dict[int, dict[str, Any]] = {
+                n: {} for n in self.grid.get_node_ids() if n not in hellos
+            }
+            answers, failed = self.collect("query.hello", new) if new else ({}, {})
+            hellos.update(answers)
+            gone = [why for why in failed.values() if isinstance(why, NodeUnavailable)]
+            if len(gone) < len(failed):
+                raise DeploymentError(_joined(failed.values()))
+            if len(hellos) >= count:
+                return dict(sorted(hellos.items()))
             if time.monotonic() > deadline:
-                raise DeploymentError(f"{len(nodes)} of {count} hospitals connected in {wait:g}s")
+                raise DeploymentError(
+                    f"{len(hellos)} of {count} hospitals answered hello in {wait:g}s"
+                    + (f" ({_joined(gone)})" if gone else "")
+                )
             time.sleep(0.2)
+
+    def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Wait for `count` SuperNodes (`hellos`); each must answer hello as a dpfl
+        hospital of this study, under the name its key was registered with, if any. By
+        name: (node id, its hello)."""
+        hellos = self.hellos(count, wait)
         registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
         by_name: dict[str, tuple[int, dict[str, Any]]] = {}
-        for node, fields in self.ask("query.hello", {n: {} for n in nodes}).items():
+        for node, fields in hellos.items():
             if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
                 raise DeploymentError(
                     f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
@@ -662,6 +691,10 @@ class _Server:
                 f", its key registered as {name}" if registered.get(node) else "",
             )
         return dict(sorted(by_name.items()))
+
+
+def _joined(failures: Iterable[DeploymentError]) -> str:
+    return "; ".join(map(str, failures))
 
 
 Protected = flower_masking.MaskedSum | flower_he.EncryptedSum
