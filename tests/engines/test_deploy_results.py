@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.flower import DeploymentError, DeploymentResult
-from dpfl.experiments.deploy import serve_study, stop_reason
+from dpfl.experiments.deploy import serve_study, stop_reason, unfinished
 from dpfl.experiments.queries import open_results, read_metrics, summarise
 from dpfl.experiments.report import write_report
 from dpfl.experiments.runner import STORE
@@ -23,6 +23,7 @@ from dpfl.experiments.store import ResultsStore, RunResults, StoreError
 from dpfl.privacy import Ledger
 
 from .test_flower import STUDY, InProcessGrid, hospitals, study
+from .test_flower_resilience import ServerKilled
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
@@ -107,8 +108,22 @@ def test_a_refused_deployment_is_stored_failed_with_its_reason_and_no_epsilon(
         assert "hospital-1 refused" in (run.error or "")
         assert "would exceed ε=0.5" in (run.error or "")
         assert store.epsilon_by_silo(run).by_silo == {}  # nobody trained: nothing charged
+    assert unfinished(study, out) == f"the deployment failed: {stop_reason(result)}"
     page = write_report(out).read_text(encoding="utf-8")
     assert "hospital-1 refused" in page and "none reported" in page
+
+
+def test_the_server_says_whether_its_run_finished(study: Path, tmp_path: Path) -> None:
+    """`flwr run` ends with status 0 whether the ServerApp succeeded or not: `dpfl deploy
+    server` reads the run's end from the results store (`unfinished`)."""
+    out = tmp_path / "results"
+    assert "the server recorded nothing" in (unfinished(study, out) or "")
+    nodes = hospitals(study, tmp_path / "hospitals")
+    with pytest.raises(KeyboardInterrupt):  # the server's process dies in round 1
+        serve_study(ServerKilled(nodes.values(), 1), run_config(study, out))
+    assert "did not end (running)" in (unfinished(study, out) or "")
+    serve_study(InProcessGrid(nodes.values()), run_config(study, out))  # resumed
+    assert unfinished(study, out) is None
 
 
 def test_a_deployment_stopped_mid_run_keeps_the_epsilon_reported_until_then(

@@ -14,12 +14,14 @@ import shlex
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
-from .common import reported_errors
+from .common import errors, reported_errors
 
 app = typer.Typer(
     help="Run a study across machines on Flower: a SuperLink, one SuperNode per hospital.",
@@ -50,9 +52,34 @@ def _transport(insecure: bool, root_certificates: Path | None) -> list[str]:
     return ["--insecure"] if insecure else ["--root-certificates", str(root_certificates)]
 
 
+REJOIN_SECONDS = 90.0
+"""How long a restarted hospital tries to rejoin: a SuperNode that died without leaving
+(a crash, a power cut) counts as connected at the SuperLink until it has missed two
+heartbeats (60 s in Flower 1.42), and until then its node cannot be activated again."""
+
+
 def _run(command: list[str], env: dict[str, str] | None = None) -> None:
     typer.echo(shlex.join(command), err=True)
     raise typer.Exit(subprocess.run(command, env=env, check=False).returncode)
+
+
+def _run_supernode(command: list[str]) -> None:
+    """Run the SuperNode; if it fails within REJOIN_SECONDS of the first start, try
+    again every 5 s: a restarted hospital's SuperNode is refused while the SuperLink
+    still holds its previous one as connected."""
+    typer.echo(shlex.join(command), err=True)
+    deadline = time.monotonic() + REJOIN_SECONDS
+    while True:
+        code = subprocess.run(command, check=False).returncode
+        if code == 0 or time.monotonic() > deadline:
+            raise typer.Exit(code)
+        typer.echo(
+            f"the SuperNode stopped (status {code}; why is above). If the SuperLink refused "
+            "it because it still counts this hospital's previous SuperNode as connected "
+            "(after a crash, for up to 60 s), it lets it go soon: trying again in 5 s",
+            err=True,
+        )
+        time.sleep(5)
 
 
 @app.command("hospital")
@@ -101,7 +128,7 @@ def hospital(
     config = " ".join(
         f"{k}={v}" if isinstance(v, int | float) else f'{k}="{v}"' for k, v in node.items()
     )
-    _run(
+    _run_supernode(
         [
             _flower("flower-supernode"),
             *transport,
@@ -143,7 +170,7 @@ def server(
     """Run the study on the SuperLink's hospitals: the result goes to OUT/result.pt and to
     OUT's results store (`dpfl report OUT`). The server checkpoints each round in OUT: run
     it again with the same OUT to resume."""
-    from dpfl.experiments.deploy import study_point, write_app
+    from dpfl.experiments.deploy import study_point, unfinished, write_app
 
     with reported_errors():
         study_point(study)
@@ -157,7 +184,16 @@ def server(
         f'he-keys="{"" if he_keys is None else he_keys.resolve()}"'
     )
     command = [_flower("flwr"), "run", str(write_app(home / "app")), "dpfl", "--stream"]
-    _run([*command, "--run-config", run_config], env={**os.environ, "FLWR_HOME": str(home)})
+    command += ["--run-config", run_config]
+    typer.echo(shlex.join(command), err=True)
+    done = subprocess.run(command, env={**os.environ, "FLWR_HOME": str(home)}, check=False)
+    if done.returncode != 0:
+        raise typer.Exit(done.returncode)
+    with reported_errors():
+        why = unfinished(study, out)
+    if why is not None:
+        errors.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True)
+        raise typer.Exit(1)
 
 
 @app.command("he-keys")

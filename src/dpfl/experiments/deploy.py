@@ -168,6 +168,24 @@ def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
     return result
 
 
+def unfinished(study: Path, out: Path) -> str | None:
+    """Why the study's deployment in `out` has not finished, as its results store says,
+    or None if it has. `flwr run` ends with the run, successful or not: this tells which."""
+    key = study_point(study).key()
+    if not (out / STORE).exists():
+        return f"the server recorded nothing in {out}: see its log above"
+    with ResultsStore(out / STORE, create=False) as store:
+        status = store.status(key)
+        if status == "finished":
+            return None
+        if status == "failed":
+            return f"the deployment failed: {store.run(key).error}"
+    return (
+        f"the server's run {key} did not end ({status or 'not started'}): see its log "
+        "above; run the server again with the same out folder to resume it"
+    )
+
+
 def stop_reason(result: flower.DeploymentResult) -> str | None:
     """Why a deployment stopped before its end (refusals, then a failure), or None."""
     reasons = [f"{name} refused: {why}" for name, why in result.refused.items()]
