@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import sys
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import pytest
+import typer
 from typer.testing import CliRunner
 
 from dpfl import __version__
@@ -245,3 +247,28 @@ def test_reproduce_says_which_real_data_it_could_not_find(
     )
     assert missing.exit_code == 2
     assert "--data-dir" in missing.stderr and "not a folder" in missing.stderr
+
+
+def test_a_hospitals_supernode_that_stops_soon_after_its_start_is_started_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a crash the SuperLink refuses a hospital's new SuperNode until it lets the
+    dead one go (up to 60 s): `dpfl deploy hospital` starts it again every 5 s within
+    REJOIN_SECONDS of its start, then gives up with the SuperNode's status."""
+    from dpfl.cli import deploy
+
+    attempts = tmp_path / "attempts"
+    count_and_fail_twice = (
+        f"import pathlib, sys; p = pathlib.Path({str(attempts)!r}); "
+        "n = len(p.read_text()) if p.exists() else 0; p.write_text('x' * (n + 1)); "
+        "sys.exit(0 if n >= 2 else 3)"
+    )
+    monkeypatch.setattr(deploy.time, "sleep", lambda seconds: None)
+    with pytest.raises(typer.Exit) as ended:
+        deploy._run_supernode([sys.executable, "-c", count_and_fail_twice])
+    assert ended.value.exit_code == 0 and attempts.read_text() == "xxx"
+    attempts.unlink()
+    monkeypatch.setattr(deploy, "REJOIN_SECONDS", 0.0)
+    with pytest.raises(typer.Exit) as ended:
+        deploy._run_supernode([sys.executable, "-c", count_and_fail_twice])
+    assert ended.value.exit_code == 3 and attempts.read_text() == "x"

@@ -1,9 +1,14 @@
-"""Dopamine on loopback (beyond tests/engines/test_flower.py): its replies masked between
-separate processes, a SuperLink and three SuperNodes (`dpfl.engines.loopback`), TLS and
-registered keys, bounded in time."""
+"""On loopback (beyond tests/engines/test_flower.py), a SuperLink and three SuperNodes as
+separate processes (`dpfl.engines.loopback`), TLS and registered keys, bounded in time:
+Dopamine's replies masked between them, and a hospital and the server killed mid-round,
+then restarted."""
 
 from __future__ import annotations
 
+import subprocess
+import time
+from collections.abc import Callable
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -12,12 +17,18 @@ import torch
 
 from dpfl.engines import loopback
 from dpfl.engines.flower import DeploymentResult
+from dpfl.engines.loopback import Cluster, LoopbackError
+from dpfl.privacy import Ledger
+from dpfl.privacy.errors import LedgerError
 
 from .test_flower import entries, flower_installed, hospitals, simulated, study
 from .test_flower_secure import DOPAMINE
 
 __all__ = ["flower_installed", "study"]  # fixtures, used by name
 DEADLINE = 300.0
+REJOIN = 150.0
+"""Seconds to wait for a reply from a hospital that restarts after a crash: the SuperLink
+lets its dead node go after two missed heartbeats (60 s), then it joins again."""
 
 
 def same_as_simulated(
@@ -49,3 +60,92 @@ def test_dopamine_masked_between_processes_ends_as_simulated(study: Path, tmp_pa
     output, out, _ = loopback.deploy(study, nodes, tmp_path, deadline=DEADLINE, timeout=60)
     simulation, book = simulated(study, tmp_path)
     same_as_simulated(out, nodes, simulation, book, output)
+
+
+def until(done: Callable[[], bool], seconds: float, running: Cluster) -> None:
+    """Wait until `done()`, polling every 20 ms; LoopbackError with the logs after
+    `seconds`."""
+    deadline = time.monotonic() + seconds
+    while not done():
+        if time.monotonic() > deadline:
+            raise LoopbackError(f"not done in {seconds:g}s\n{running.tails()}")
+        time.sleep(0.02)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
+def test_a_hospital_and_the_server_killed_mid_round_then_restarted_end_as_simulated(
+    study: Path, tmp_path: Path
+) -> None:
+    """Three rounds of DP-FedAvg between separate processes, with a crash. hospital-1's
+    machine and the server's lose power in round 1, just after hospital-1's ledger
+    committed the round's charge: no ledger loses a committed event. Restarted, the
+    server resumes from its checkpoint as the same run instance and asks round 1 again:
+    the others re-send their replies, uncharged; hospital-1 re-sends its own if it had
+    kept it, else trains round 1 again (the same streams, with research noise) and pays
+    again. The model ends as the simulator's, bit for bit, and every ledger with the
+    simulator's events, hospital-1's perhaps with round 1 twice."""
+    nodes = hospitals(study, tmp_path / "hospitals")
+    ledgers = {name: Path(node["ledger"]) for name, node in nodes.items()}
+
+    def charged(name: str) -> list[str]:
+        return entries(ledgers[name], f"{name}/trial-0")
+
+    def charged_twice(name: str) -> bool:
+        with suppress(LedgerError):  # not made yet, or being made
+            return len(charged(name)) == 2
+        return False
+
+    out = tmp_path / "server-out"
+    with loopback.cluster(nodes, tmp_path) as running:
+        command = running.server(study, 3, out, "--wait", "60", "--timeout", "60")
+        with open(running.logs / "first-server.log", "wb") as log:
+            first = subprocess.Popen(command, env=running.env, stdout=log, stderr=log)
+        try:
+            until(lambda: charged_twice("hospital-1"), DEADLINE, running)
+            running.kill("superlink", "flwr-serverapp")
+            running.kill("hospital-1")
+        finally:
+            loopback.stop([first])
+        committed = {name: charged(name) for name in nodes}
+        (checkpoint,) = out.glob("checkpoint-*.pt")
+        instance = torch.load(checkpoint, weights_only=True)["instance"]
+        again = running.server(study, 3, out, "--wait", str(REJOIN), "--timeout", str(REJOIN))
+        with open(running.logs / "second-server.log", "wb") as log:
+            second = subprocess.Popen(again, env=running.env, stdout=log, stderr=log)
+        try:
+            rejoin(running, "hospital-1", second)
+            second.wait(timeout=DEADLINE)
+        finally:
+            loopback.stop([second])
+        output = (running.logs / "second-server.log").read_text()
+    assert second.returncode == 0, output
+    simulation, book = simulated(study, tmp_path)
+    result = DeploymentResult.load(out)
+    assert result.rounds_completed == 3 and not result.stopped and not result.refused, output
+    assert result.instance == instance  # resumed, not started anew
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0]), output
+    assert result.metrics == simulation.silo_metrics[0]
+    for name in nodes:
+        final = charged(name)
+        assert final[: len(committed[name])] == committed[name], name  # none lost
+        simulated_events = [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+        paid_twice = [*simulated_events[:2], *simulated_events[1:]]
+        assert final == simulated_events or (name == "hospital-1" and final == paid_twice)
+        with Ledger(ledgers[name], create=False) as ledger:
+            assert result.epsilon[name] == pytest.approx(ledger.spent(f"{name}/trial-0").epsilon)
+    book.close()
+
+
+def rejoin(running: Cluster, name: str, server: subprocess.Popen[bytes]) -> None:
+    """Start the hospital's SuperNode again, and again every 2 s while it stops (the
+    SuperLink refuses it while it holds its dead one as connected), as `dpfl deploy
+    hospital` does, until the server ends or REJOIN seconds have passed."""
+    deadline = time.monotonic() + REJOIN
+    running.start(name)
+    while server.poll() is None and time.monotonic() < deadline:
+        if running.processes[name][-1].poll() is not None:
+            time.sleep(2)
+            running.start(name)
+        time.sleep(0.2)

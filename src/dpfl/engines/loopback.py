@@ -85,6 +85,20 @@ class Cluster:
             )
         self.processes.setdefault(name, []).append(process)
 
+    def kill(self, name: str, command: str | None = None) -> None:
+        """SIGKILL the named process and all its descendants at once, as a machine that
+        loses power: nothing gets to clean up. With `command`, only the descendants
+        running it (e.g. "flwr-serverapp": the ServerApp the SuperLink started)."""
+        running = self.processes[name][-1]
+        family = {running.pid} | descendants({running.pid})
+        if command is not None:
+            family = {pid for pid in family if command in _command_line(pid)}
+        for pid in family:
+            with _gone():
+                os.kill(pid, signal.SIGKILL)
+        if running.pid in family:
+            running.wait()
+
     def server(self, study: Path, hospitals: int, out: Path, *options: str) -> list[str]:
         """`dpfl deploy server` of the study on this cluster, with more `options`."""
         return [
@@ -317,6 +331,13 @@ def descendants(roots: set[int]) -> set[int]:
         frontier = {pid for pid, parent in parents.items() if parent in frontier} - found
         found |= frontier
     return found
+
+
+def _command_line(pid: int) -> str:
+    """A process's command line ('' if it is gone)."""
+    with suppress(OSError):
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    return ""
 
 
 def _gone() -> suppress:
