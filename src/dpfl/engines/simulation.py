@@ -88,6 +88,9 @@ __all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
 
 _T = TypeVar("_T")
 Init = Literal["per-trial", "shared"]
+Observer = Callable[[int, int, Sequence[State], Sequence[Mapping[str, Reply]], bool], None]
+"""Called after each exchange: (round, exchange, states per trial, replies per trial,
+whether the server saw the replies)."""
 CHECKPOINT_FORMAT = 2
 """Checkpoints hold per-trial server states and per-hospital local states."""
 
@@ -204,12 +207,14 @@ class _RunState:
         noise: Streams[NoiseSource],
         ledger: Charges,
         secure_sum: SecureSum,
+        observe: Observer | None = None,
     ) -> list[dict[str, Any]]:
         """One configure-train-aggregate exchange of every trial: the server half once per
         trial, the hospital half once for all (trial, silo) members. The hospitals'
         charges are written to the ledger in one commit before any reply reaches the
         server half (a refusal stops the exchange there). Returns its message rows
-        (none for a pooled reference: it exchanges no models)."""
+        (none for a pooled reference: it exchanges no models). `observe`, if given, then
+        sees the new states and the replies (see `simulate`)."""
         infos = [s.info for s in silos]
         index = {s.name: k for k, s in enumerate(silos)}
         charges: list[tuple[Any, str | None, events.PrivacyEvent]] = []
@@ -244,6 +249,8 @@ class _RunState:
                 messages += _traffic(round_, r, member, reply)
         for r, server in enumerate(self.server):
             self.server[r] = algorithm.aggregate(server, replies[r], secure_sum)
+        if observe is not None:
+            observe(round_, exchange, self.server, replies, secure_sum.reveals_inputs)
         return messages
 
 
@@ -268,6 +275,7 @@ def simulate(
     init: Init = "per-trial",
     threads: int | None = 1,
     cross_silo: bool = False,
+    observe: Observer | None = None,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -287,7 +295,11 @@ def simulate(
     after; None keeps it): one suits the small models of these studies, which on a
     loaded 2-core machine ran 20× slower with torch's default. `cross_silo`: also score
     the final models (the last completed round's) of every silo on every silo's test set
-    (`SimulationResult.cross_silo`); nothing else changes."""
+    (`SimulationResult.cross_silo`); nothing else changes. `observe(round, exchange,
+    states, replies, revealed)`, if given, is called after every exchange with every
+    trial's server state, every trial's replies and whether the server saw them (False: a
+    secure sum gave it their sum only), for audits (`dpfl.audit`); it reads them and
+    copies what it keeps."""
     with _torch_threads(threads):
         _check_run(silos, rounds, trials, eval_every)
         summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
@@ -388,6 +400,7 @@ def simulate(
                             noise,
                             record,
                             summing,
+                            observe,
                         )
                     if (current + 1) % eval_every == 0 or current == rounds - 1:
                         history += evaluate(
