@@ -13,6 +13,7 @@ ROOT = Path(dpfl.__file__).parent
 LAYER = {
     "cli": 7,
     "experiments": 6,
+    "audit": 5.5,  # drives the simulator; experiments and the CLI may use it
     "engines": 5,
     "secure": 4,
     "federation": 3,

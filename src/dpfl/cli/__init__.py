@@ -5,7 +5,7 @@ from __future__ import annotations
 import typer
 
 from dpfl import __version__
-from dpfl.cli import demo, deploy, privacy, report, study
+from dpfl.cli import audit, demo, deploy, privacy, report, study
 
 app = typer.Typer(
     name="dpfl",
@@ -21,6 +21,7 @@ app.command("sweep")(study.sweep)
 app.command("best")(study.best)
 app.command("report")(report.report)
 app.command("reproduce")(study.reproduce)
+app.command("audit")(audit.audit)
 
 
 def _show_version(value: bool) -> None:
