@@ -25,6 +25,7 @@ STUDY = {
 
 def test_audits_each_finished_run(tmp_path: Path) -> None:
     (run,) = run_study(Study(STUDY), tmp_path)
+    before = {f: f.read_bytes() for f in tmp_path.rglob("*.sqlite")}
     runner = CliRunner()
     result = runner.invoke(app, ["audit", str(tmp_path), "--trials", "40", "--json"])
     assert result.exit_code == 0, result.output
@@ -44,6 +45,7 @@ def test_audits_each_finished_run(tmp_path: Path) -> None:
     table = runner.invoke(app, ["audit", str(tmp_path), "--trials", "40", "--canaries", "input"])
     assert table.exit_code == 0, table.output
     assert "InputCanary" in table.stdout and "ledger ε" in table.stdout
+    assert {f: f.read_bytes() for f in tmp_path.rglob("*.sqlite")} == before  # read only
 
 
 def test_an_empty_study_directory_is_one_error_line(tmp_path: Path) -> None:

@@ -14,12 +14,37 @@ The one-run bound is Steinke, Nasr and Jagielski's (2023): see `one_run_p_value`
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 from numpy.typing import ArrayLike, NDArray
 from scipy import optimize, stats
 
-__all__ = ["clopper_pearson", "one_run_epsilon", "one_run_p_value", "two_world_epsilon"]
+__all__ = [
+    "LowerBound",
+    "clopper_pearson",
+    "one_run_epsilon",
+    "one_run_p_value",
+    "two_world_epsilon",
+]
+
+
+@dataclass(frozen=True)
+class LowerBound:
+    """What every audit reports: an ε lower bound for one silo at δ and a confidence,
+    beside the ε its ledger accounts."""
+
+    algorithm: str
+    silo: str
+    delta: float
+    confidence: float
+    epsilon_lower: float
+    epsilon_ledger: float
+
+    @property
+    def exceeds_ledger(self) -> bool:
+        """A lower bound above the ledger's ε: the code leaks more than it accounts for."""
+        return self.epsilon_lower > self.epsilon_ledger
 
 
 def clopper_pearson(

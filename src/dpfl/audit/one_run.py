@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from dpfl.audit.bounds import one_run_epsilon
+from dpfl.audit.bounds import LowerBound, one_run_epsilon
 from dpfl.audit.canaries import Canary
 from dpfl.audit.runs import observe
 from dpfl.federation.algorithms.base import Algorithm
@@ -24,22 +24,12 @@ __all__ = ["OneRunAudit", "one_run_audit"]
 
 
 @dataclass(frozen=True)
-class OneRunAudit:
+class OneRunAudit(LowerBound):
     """An ε lower bound for one silo from one run, beside its ledger's ε."""
 
-    algorithm: str
-    silo: str
     canaries: int
     guesses: int
     correct: int
-    delta: float
-    confidence: float
-    epsilon_lower: float
-    epsilon_ledger: float
-
-    @property
-    def exceeds_ledger(self) -> bool:
-        return self.epsilon_lower > self.epsilon_ledger
 
 
 def one_run_audit(

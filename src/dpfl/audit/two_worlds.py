@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 from sklearn.metrics import roc_curve
 
-from dpfl.audit.bounds import two_world_epsilon
+from dpfl.audit.bounds import LowerBound, two_world_epsilon
 from dpfl.audit.canaries import Canary
 from dpfl.audit.runs import Observed, observe
 from dpfl.federation.algorithms.base import Algorithm
@@ -29,21 +29,15 @@ __all__ = ["TwoWorldAudit", "two_world_audit"]
 
 
 @dataclass(frozen=True)
-class TwoWorldAudit:
+class TwoWorldAudit(LowerBound):
     """An ε lower bound for one silo against one observer's view, beside the ε its
     ledger accounts against that observer."""
 
-    algorithm: str
-    silo: str
     observer: str
     """"server", or the hospital whose view was audited (Dopamine's "hospitals" view)."""
     canary: str
     trials: int
     """Per world; half of them chose the test, half bounded it."""
-    delta: float
-    confidence: float
-    epsilon_lower: float
-    epsilon_ledger: float
     statistic: str
     """The chosen observation: "final model", or "round r, exchange e: model" (the move of
     the server's model in one exchange) or "...: reply" (the silo's reply it saw)."""
@@ -52,11 +46,6 @@ class TwoWorldAudit:
     false_positives: int
     positives: int
     negatives: int
-
-    @property
-    def exceeds_ledger(self) -> bool:
-        """A lower bound above the ledger's ε: the code leaks more than it accounts for."""
-        return self.epsilon_lower > self.epsilon_ledger
 
 
 def two_world_audit(

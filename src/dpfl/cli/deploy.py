@@ -58,19 +58,19 @@ REJOIN_SECONDS = 90.0
 heartbeats (60 s in Flower 1.42), and until then its node cannot be activated again."""
 
 
-def _run(command: list[str], env: dict[str, str] | None = None) -> None:
+def _run(command: list[str], env: dict[str, str] | None = None) -> int:
+    """Run one of Flower's commands, shown first; its exit status."""
     typer.echo(shlex.join(command), err=True)
-    raise typer.Exit(subprocess.run(command, env=env, check=False).returncode)
+    return subprocess.run(command, env=env, check=False).returncode
 
 
 def _run_supernode(command: list[str]) -> None:
     """Run the SuperNode; if it fails within REJOIN_SECONDS of the first start, try
     again every 5 s: a restarted hospital's SuperNode is refused while the SuperLink
     still holds its previous one as connected."""
-    typer.echo(shlex.join(command), err=True)
     deadline = time.monotonic() + REJOIN_SECONDS
     while True:
-        code = subprocess.run(command, check=False).returncode
+        code = _run(command)
         if code == 0 or time.monotonic() > deadline:
             raise typer.Exit(code)
         typer.echo(
@@ -185,10 +185,9 @@ def server(
     )
     command = [_flower("flwr"), "run", str(write_app(home / "app")), "dpfl", "--stream"]
     command += ["--run-config", run_config]
-    typer.echo(shlex.join(command), err=True)
-    done = subprocess.run(command, env={**os.environ, "FLWR_HOME": str(home)}, check=False)
-    if done.returncode != 0:
-        raise typer.Exit(done.returncode)
+    code = _run(command, env={**os.environ, "FLWR_HOME": str(home)})
+    if code != 0:
+        raise typer.Exit(code)
     with reported_errors():
         why = unfinished(study, out)
     if why is not None:
@@ -226,7 +225,7 @@ def register(
     home = _home(superlink, transport)
     key = str(public_key.resolve())
     command = [_flower("flwr"), "supernode", "register", key, "dpfl", "--name", name]
-    _run(command, env={**os.environ, "FLWR_HOME": str(home)})
+    raise typer.Exit(_run(command, env={**os.environ, "FLWR_HOME": str(home)}))
 
 
 def _home(superlink: str, transport: list[str]) -> Path:

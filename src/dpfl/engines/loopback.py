@@ -93,9 +93,7 @@ class Cluster:
         family = {running.pid} | descendants({running.pid})
         if command is not None:
             family = {pid for pid in family if command in _command_line(pid)}
-        for pid in family:
-            with _gone():
-                os.kill(pid, signal.SIGKILL)
+        _signal(family, signal.SIGKILL)
         if running.pid in family:
             running.wait()
 
@@ -305,15 +303,11 @@ def stop(processes: list[subprocess.Popen[bytes]]) -> None:
     ServerApp into a session of its own), then kill what is left."""
     started = {p.pid for p in processes}
     family = started | descendants(started)
-    for pid in family:
-        with _gone():
-            os.kill(pid, signal.SIGTERM)
+    _signal(family, signal.SIGTERM)
     for process in processes:
         with suppress(subprocess.TimeoutExpired):
             process.wait(timeout=10)
-    for pid in family:
-        with _gone():
-            os.kill(pid, signal.SIGKILL)
+    _signal(family, signal.SIGKILL)
     for process in processes:
         process.wait()
 
@@ -340,8 +334,11 @@ def _command_line(pid: int) -> str:
     return ""
 
 
-def _gone() -> suppress:
-    return suppress(ProcessLookupError)  # it died on its own
+def _signal(pids: set[int], sig: signal.Signals) -> None:
+    """Send `sig` to each process that is still there."""
+    for pid in pids:
+        with suppress(ProcessLookupError):  # it died on its own
+            os.kill(pid, sig)
 
 
 def wait_for(port: int, ca: Path, until: float) -> None:
