@@ -1,53 +1,118 @@
 """`dpfl audit DIR`: every finished run of a study, rebuilt from the store and audited at
-the σ it ran with."""
+the noise it ran with; the figures kept in the store for the report."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.accounts import account
 from dpfl.experiments.config import Study
+from dpfl.experiments.queries import bound_text
+from dpfl.experiments.report import write_report
 from dpfl.experiments.runner import run_study
+from dpfl.experiments.store import ResultsStore
 from dpfl.privacy import Ledger
 
-STUDY = {
+STUDY: dict[str, Any] = {
     "name": "audited",
     "rounds": 2,
     "data": {"dataset": "breast_cancer", "partition": {"kind": "iid", "silos": 2}},
     "algorithm": {"name": "fedavg", "expected_batch_size": 32.0},
     "privacy": {"noise_multiplier": 2.0, "delta": 1e-5},
 }
+runner = CliRunner()
 
 
-def test_audits_each_finished_run(tmp_path: Path) -> None:
-    (run,) = run_study(Study(STUDY), tmp_path)
-    before = {f: f.read_bytes() for f in tmp_path.rglob("*.sqlite")}
-    runner = CliRunner()
-    result = runner.invoke(app, ["audit", str(tmp_path), "--trials", "40", "--json"])
+def audit(directory: Path, *options: str) -> list[dict[str, Any]]:
+    result = runner.invoke(app, ["audit", str(directory), *options, "--json"])
     assert result.exit_code == 0, result.output
-    (audit,) = json.loads(result.stdout)
-    assert audit["run"] == run.id
-    assert (audit["algorithm"], audit["silo"], audit["canary"]) == (
-        "fedavg",
+    found: list[dict[str, Any]] = json.loads(result.stdout)
+    return found
+
+
+def test_audits_each_finished_run_and_keeps_the_figures(tmp_path: Path) -> None:
+    (run,) = run_study(Study(STUDY), tmp_path)
+    assert run.ledger is not None
+    ledger = (tmp_path / run.ledger).read_bytes()
+    (bound,) = audit(tmp_path, "--trials", "40")
+    assert (bound["run"], bound["method"], bound["silo"], bound["canary"]) == (
+        run.id,
+        "two-world",
         "hospital-0",
         "GradientCanary",
     )
-    assert (audit["observer"], audit["trials"], audit["positives"]) == ("server", 40, 20)
-    assert run.ledger is not None
+    assert (bound["observer"], bound["trials"], bound["positives"]) == ("server", 40, 20)
     with Ledger(tmp_path / run.ledger, create=False) as book:  # the study's own mechanism
-        assert audit["epsilon_ledger"] == book.spent(account("hospital-0", 0)).epsilon
-    assert audit["epsilon_lower"] <= audit["epsilon_ledger"]
+        assert bound["epsilon_ledger"] == book.spent(account("hospital-0", 0)).epsilon
+    assert bound["epsilon_lower"] <= bound["epsilon_ledger"]
 
     table = runner.invoke(app, ["audit", str(tmp_path), "--trials", "40", "--canaries", "input"])
     assert table.exit_code == 0, table.output
-    assert "InputCanary" in table.stdout and "ledger ε" in table.stdout
-    assert {f: f.read_bytes() for f in tmp_path.rglob("*.sqlite")} == before  # read only
+    assert "InputCanary" in table.stdout and "ledger ε =" in table.stdout
+    with ResultsStore(tmp_path / "results.sqlite", create=False) as store:
+        kept = store.rows("audit_bounds", run.id)
+    assert [(r["canary"], r["trials"]) for r in kept] == [
+        ("GradientCanary", 40),
+        ("InputCanary", 40),
+    ]
+    assert kept[0]["epsilon_lower"] == bound["epsilon_lower"]
+    assert json.loads(kept[0]["detail"])["statistic"] == bound["statistic"]
+
+    audit(tmp_path, "--trials", "20", "--no-record")
+    with ResultsStore(tmp_path / "results.sqlite", create=False) as store:
+        assert len(store.rows("audit_bounds")) == 2
+    assert (tmp_path / run.ledger).read_bytes() == ledger  # the audit charges its own ledgers
+
+    page = write_report(tmp_path).read_text(encoding="utf-8")
+    section = page[page.index("<h2 id='audit'>") : page.index("<h2 id='datasheets'>")]
+    datasheet = page[page.index("<h2 id='datasheets'>") :]
+    for row in kept:
+        figure = bound_text(row["epsilon_ledger"], row["epsilon_lower"], 0.95)
+        assert figure in section and figure in datasheet
+    assert section.count("<tr>") == 1 + 2 and "EXCEEDS" not in section
+
+
+def test_one_run_and_membership_audits_of_a_study_calibrated_per_silo(tmp_path: Path) -> None:
+    study = STUDY | {
+        "privacy": {
+            "epsilon": 4.0,
+            "delta": 1e-5,
+            "calibration": "per-silo",
+            "silos": {"hospital-1": {"epsilon": 1.0, "delta": 1e-5}},
+        }
+    }
+    (run,) = run_study(Study(study), tmp_path)
+    sigmas = {name: s["noise_multiplier"] for name, s in run.datasheet["silos"].items()}
+    assert sigmas["hospital-1"] > sigmas["hospital-0"]  # each silo's own noise
+    found = audit(
+        tmp_path,
+        *("--attack", "one-run", "--attack", "membership", "--silo", "hospital-1"),
+        *("--shadows", "2", "--folds", "2"),
+    )
+    bounds = [f for f in found if "method" in f]
+    attacks = [f for f in found if "attack" in f]
+    (one_run,) = bounds
+    assert (one_run["method"], one_run["silo"], one_run["trials"]) == ("one-run", "hospital-1", 30)
+    assert one_run["guesses"] == 14 and one_run["epsilon_lower"] <= 1.0
+    assert one_run["epsilon_ledger"] <= 1.0  # hospital-1's own budget, at its own σ
+    assert {(a["silo"], a["model"], a["attack"]) for a in attacks} == {
+        (silo, "shared", attack) for silo in sigmas for attack in ("loss", "lira")
+    }
+    with ResultsStore(tmp_path / "results.sqlite", create=False) as store:
+        assert len(store.rows("audit_membership", run.id)) == 4
 
 
 def test_an_empty_study_directory_is_one_error_line(tmp_path: Path) -> None:
-    result = CliRunner().invoke(app, ["audit", str(tmp_path)])
+    result = runner.invoke(app, ["audit", str(tmp_path)])
     assert result.exit_code == 2
+
+
+def test_an_unknown_attack_is_refused(tmp_path: Path) -> None:
+    run_study(Study(STUDY), tmp_path)
+    result = runner.invoke(app, ["audit", str(tmp_path), "--attack", "gossip"])
+    assert result.exit_code == 2 and "no attack 'gossip'" in result.output

@@ -51,6 +51,11 @@ ALGORITHMS: dict[str, tuple[Callable[[], Algorithm], int, Callable[[Silo], Canar
         4,
         lambda s: DIRAC,
     ),
+    "centralized": (  # CDP: plain DP-SGD on the pooled records, 2 steps a round at q = 0.5
+        lambda: dpfl.algorithms.Centralized(**COMMON, expected_batch_size=150.0),
+        2,
+        lambda s: DIRAC,
+    ),
     "aop": (
         lambda: dpfl.algorithms.AOP(
             model=dpfl.models.logistic_regression(12),

@@ -18,7 +18,13 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.experiments import best
 from dpfl.experiments.config import Study
-from dpfl.experiments.queries import open_results, pool_seeds, read_cross_silo, summarise
+from dpfl.experiments.queries import (
+    open_results,
+    pool_seeds,
+    read_audits,
+    read_cross_silo,
+    summarise,
+)
 from dpfl.experiments.report import write_report
 from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import ResultsStore, RunResults
@@ -282,8 +288,12 @@ def test_a_version_1_store_is_read_as_it_is_and_upgraded_keeping_its_runs(tmp_pa
             "new",
             RunResults(1, None, False, 1.0, None, {}, [], [], [], [(0, 0, "a", "b", "auroc", 0.8)]),
         )
+        attack = {"silo": "a", "model": "shared", "attack": "loss", "auc": 0.5}
+        attack |= {"tpr_at_fpr_0_1": 0.0, "tpr_at_fpr_1": 0.01, "members": 4, "non_members": 2}
+        store.record_audit("old", [], [attack | {"trials": 1, "shadows": 2, "folds": 2}])
+        assert read_audits(store, old).membership[0]["auc"] == 0.5  # audits: schema 4
     db = sqlite3.connect(tmp_path / STORE)
-    assert db.execute("PRAGMA user_version").fetchone() == (3,)  # through 2 to today's
+    assert db.execute("PRAGMA user_version").fetchone() == (4,)  # through 2 and 3 to today's
     assert db.execute("SELECT * FROM cross_silo").fetchall() == [
         ("new", 0, 0, "a", "b", "auroc", 0.8)
     ]

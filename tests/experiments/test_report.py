@@ -82,6 +82,7 @@ HEADINGS = [
     "Learning curves",
     "Privacy spent over rounds",
     "Communication",
+    "Audit",
     "Privacy datasheets",
     "Failed runs",
 ]

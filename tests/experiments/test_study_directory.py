@@ -360,6 +360,18 @@ def test_read_commands_work_in_a_read_only_study_and_write_nothing(finished: Pat
             )
             assert report.returncode == 0, report.stderr
             assert (elsewhere / "index.html").is_file()
+            audit = [*reader, *DPFL, "audit", str(out), "--trials", "8"]
+            kept = subprocess.run(audit, capture_output=True, text=True, timeout=WAIT, env=env)
+            assert kept.returncode == 2 and "--no-record" in kept.stderr  # before any work
+            measured = subprocess.run(
+                [*audit, "--no-record", "--json"],
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+                env=env,
+            )
+            assert measured.returncode == 0, measured.stderr
+            assert len(json.loads(measured.stdout)) == 2  # one bound a finished run
             assert _fingerprints(out) == before  # no byte, no mtime, no new file
         finally:
             subprocess.run(["chmod", "-R", "u+w", str(out)], check=True)

@@ -31,11 +31,15 @@ __all__ = [
 
 @dataclass(frozen=True)
 class LowerBound:
-    """What every audit reports: an ε lower bound for one silo at δ and a confidence,
-    beside the ε its ledger accounts."""
+    """What every audit reports: an ε lower bound for one silo against one observer at δ
+    and a confidence, beside the ε its ledger accounts against that observer."""
 
     algorithm: str
     silo: str
+    observer: str
+    """"server", or the hospital whose view was audited (Dopamine's "hospitals" view)."""
+    canary: str
+    """The kind of canary planted (`GradientCanary`, `InputCanary`)."""
     delta: float
     confidence: float
     epsilon_lower: float

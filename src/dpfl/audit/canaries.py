@@ -41,6 +41,7 @@ __all__ = [
     "GradientCanary",
     "InputCanary",
     "dirac_canaries",
+    "outlier_canaries",
     "outlier_canary",
     "plant",
     "scores",
@@ -152,7 +153,14 @@ def dirac_canaries(silo: Silo, count: int, magnitude: float) -> list[GradientCan
 def outlier_canary(silo: Silo) -> InputCanary:
     """A mislabeled outlier: the silo's record of largest norm with its label changed
     (binary: flipped; classes: the next one), the record a model must memorise to fit."""
+    return outlier_canaries(silo, 1)[0]
+
+
+def outlier_canaries(silo: Silo, count: int) -> list[InputCanary]:
+    """The silo's `count` records of largest norm, each with its label changed."""
+    if not 0 < count <= silo.size:
+        raise ValueError(f"{count} outlier canaries from a silo of {silo.size} records")
     x = silo.x.to_dense() if silo.x.is_sparse else silo.x
-    i = int(torch.linalg.vector_norm(x, dim=1).argmax())
+    largest = torch.argsort(torch.linalg.vector_norm(x, dim=1), descending=True, stable=True)
     classes = max(int(silo.y.max()) + 1, 2)
-    return InputCanary(x[i].clone(), (int(silo.y[i]) + 1) % classes)
+    return [InputCanary(x[i].clone(), (int(silo.y[i]) + 1) % classes) for i in largest[:count]]

@@ -12,7 +12,10 @@ attacks from first principles", IEEE S&P 2022).
   is judged against the trials of its fold's run. With few shadows per record a
   per-record variance is noisy, so σ_out is one global estimate, as the paper advises.
 
-Each attack is scored over every (trial, record) of the target run, reporting AUC and
+Each silo's shared model is attacked, and its personal model where it keeps one (MR-MTL,
+Ditto, Finetune, Local); a shared model that never moved from the initial one (Local's)
+saw no record and is left out. Each attack is scored over every (trial, record) of the
+target run, reporting AUC and
 TPR at FPR 0.1 % and 1 % (`roc_curve`, `roc_auc_score`): with small silos those rates
 rest on a handful of records, which the counts beside them show.
 """
@@ -21,9 +24,10 @@ from __future__ import annotations
 
 import dataclasses
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -37,6 +41,7 @@ from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import Silo
 from dpfl.local.clipping import Params
+from dpfl.local.dpsgd import parameters_of
 
 __all__ = ["MembershipAudit", "membership_audit"]
 
@@ -48,6 +53,8 @@ class MembershipAudit:
     """One attack on one silo's final models."""
 
     silo: str
+    model: str
+    """"shared" (the global model) or "personal" (the silo's own)."""
     attack: str
     auc: float
     tpr_at_fpr: dict[float, float]
@@ -55,6 +62,8 @@ class MembershipAudit:
     members: int
     non_members: int
     trials: int
+    shadows: int
+    folds: int
 
 
 def membership_audit(
@@ -68,6 +77,7 @@ def membership_audit(
     seed: int = 0,
     delta: float = 1e-5,
     epsilon_budget: float | None = None,
+    budgets: Mapping[str, tuple[float, float]] | None = None,
     secure_sum: SecureSum | None = None,
 ) -> list[MembershipAudit]:
     """Train the target models (`trials` stacked) and `folds` × `shadows` shadow models,
@@ -92,6 +102,7 @@ def membership_audit(
             trials=count,
             seed=run_seed,
             epsilon_budget=epsilon_budget,
+            budgets=budgets,
             delta=delta,
             progress=False,
             secure_sum=secure_sum,
@@ -104,21 +115,41 @@ def membership_audit(
             run([_without(s, fold_of.get(s.name), h) for s in silos], shadows, seed + 1 + h)
             for h in range(folds)
         ]
+    trained = not _equal(
+        {name: v[0] for name, v in target.params.items()}, parameters_of(algorithm.model)
+    )
+    design = {"trials": trials, "shadows": shadows, "folds": folds}
     audits = []
     for silo in tested:
         x, y = records[silo.name]
         members = np.arange(len(y)) < silo.size
-        log_p, phi = _confidence(algorithm.model, target.silo_models[silo.name], x, y)
-        out = np.stack(
-            [_confidence(algorithm.model, r.silo_models[silo.name], x, y)[1] for r in shadow_runs]
-        )  # [folds, shadows, records]
-        own = out[fold_of[silo.name], :, np.arange(len(y))]  # [records, shadows]: its out runs
-        mean = own.mean(axis=1)
-        spread = float(np.std(own - mean[:, None], ddof=1))
-        lira = stats.norm.cdf((phi - mean) / spread)
-        for attack, scores in (("loss", log_p), ("lira", lira)):
-            audits.append(_scored(silo.name, attack, scores, members, trials))
+        personal = not _equal(target.silo_models[silo.name], target.params)
+        for kind in ("shared",) * trained + ("personal",) * personal:
+            log_p, phi = _confidence(algorithm.model, _model(target, kind, silo.name), x, y)
+            out = np.stack(
+                [
+                    _confidence(algorithm.model, _model(r, kind, silo.name), x, y)[1]
+                    for r in shadow_runs
+                ]
+            )  # [folds, shadows, records]
+            own = out[fold_of[silo.name], :, np.arange(len(y))]  # [records, shadows]: out runs
+            mean = own.mean(axis=1)
+            spread = float(np.std(own - mean[:, None], ddof=1))
+            lira = stats.norm.cdf((phi - mean) / spread)
+            for attack, scores in (("loss", log_p), ("lira", lira)):
+                audits.append(
+                    _scored(scores, members, silo=silo.name, model=kind, attack=attack, **design)
+                )
     return audits
+
+
+def _model(result: SimulationResult, kind: str, silo: str) -> Params:
+    """The stacked models of `kind` ("shared" or "personal") that `silo` ends with."""
+    return result.params if kind == "shared" else result.silo_models[silo]
+
+
+def _equal(a: Params, b: Params) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
 def _records(silo: Silo) -> tuple[Tensor, Tensor]:
@@ -158,17 +189,14 @@ def _confidence(
     return own.numpy(), (own - rest).numpy()
 
 
-def _scored(
-    silo: str, attack: str, scores: np.ndarray, members: np.ndarray, trials: int
-) -> MembershipAudit:
+def _scored(scores: np.ndarray, members: np.ndarray, **attack: Any) -> MembershipAudit:
+    """The attack's figures from its scores ([trials, records]) and who was a member."""
     labels = np.broadcast_to(members, scores.shape).ravel()
     fpr, tpr, _ = roc_curve(labels, scores.ravel())
     return MembershipAudit(
-        silo=silo,
-        attack=attack,
         auc=float(roc_auc_score(labels, scores.ravel())),
         tpr_at_fpr={f: float(tpr[fpr <= f].max()) for f in FALSE_POSITIVE_RATES},
         members=int(members.sum()),
         non_members=int((~members).sum()),
-        trials=trials,
+        **attack,
     )

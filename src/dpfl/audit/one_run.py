@@ -8,7 +8,7 @@ paper's ε lower bound. One run instead of thousands, at the price of a looser b
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,7 +25,8 @@ __all__ = ["OneRunAudit", "one_run_audit"]
 
 @dataclass(frozen=True)
 class OneRunAudit(LowerBound):
-    """An ε lower bound for one silo from one run, beside its ledger's ε."""
+    """An ε lower bound for one silo from one run against the server, beside its
+    ledger's ε."""
 
     canaries: int
     guesses: int
@@ -43,15 +44,16 @@ def one_run_audit(
     seed: int = 0,
     delta: float = 1e-5,
     epsilon_budget: float | None = None,
+    budgets: Mapping[str, tuple[float, float]] | None = None,
     confidence: float = 0.95,
     secure_sum: SecureSum | None = None,
 ) -> OneRunAudit:
     """Plant each of the m `canaries` in `silo` (default: the first) with probability 1/2
     (a coin per canary, seeded by `seed`), run once and guess `guesses` of them (an even
-    number, half each way; default m/2). The number of guesses is fixed before the run:
-    choosing it after seeing the scores would void the bound."""
+    number, half each way; default m/2 rounded down to even). The number of guesses is
+    fixed before the run: choosing it after seeing the scores would void the bound."""
     m = len(canaries)
-    r = m // 2 if guesses is None else guesses
+    r = 2 * (m // 4) if guesses is None else guesses
     if r % 2 or not 0 < r <= m:
         raise ValueError(f"guesses must be even and in (0, {m}], got {r}")
     included = np.random.default_rng([seed, 1]).random(m) < 0.5
@@ -67,6 +69,7 @@ def one_run_audit(
         seed=seed,
         delta=delta,
         epsilon_budget=epsilon_budget,
+        budgets=budgets,
         secure_sum=secure_sum,
     )
     moved = observed.scores[-1, 0] - observed.scores[0, 0]
@@ -76,6 +79,8 @@ def one_run_audit(
     return OneRunAudit(
         algorithm=algorithm.name,
         silo=target,
+        observer="server",
+        canary=type(canaries[0]).__name__,
         canaries=m,
         guesses=r,
         correct=correct,

@@ -10,8 +10,9 @@ held and saw of them after every exchange:
 Every trial starts from the same model (`init="shared"`): the initial model is public,
 and an auditor who knows it faces only the mechanism's randomness (batches and noise).
 The runs keep no test sets (metrics are not what is audited) and charge a ledger of
-their own, with the study's budget if given (an algorithm that stops at its budget needs
-one): ε is read off it afterwards, the figure the audit is set against.
+their own, with the study's budgets if given (`epsilon_budget` and `delta`, or per silo
+`budgets`, as `simulate` takes them; an algorithm that stops at its budget needs one):
+ε is read off it afterwards, the figure the audit is set against.
 """
 
 from __future__ import annotations
@@ -71,6 +72,7 @@ def observe(
     seed: int,
     delta: float,
     epsilon_budget: float | None = None,
+    budgets: Mapping[str, tuple[float, float]] | None = None,
     secure_sum: SecureSum | None = None,
     observer: str | None = None,
 ) -> Observed:
@@ -119,6 +121,7 @@ def observe(
             trials=trials,
             seed=seed,
             epsilon_budget=epsilon_budget,
+            budgets=budgets,
             delta=delta,
             ledger=Path(scratch) / "ledger.sqlite",
             progress=False,

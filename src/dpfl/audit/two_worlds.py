@@ -12,7 +12,7 @@ the second half, which that choice never saw, gives the bound (`bounds.two_world
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,9 +33,6 @@ class TwoWorldAudit(LowerBound):
     """An ε lower bound for one silo against one observer's view, beside the ε its
     ledger accounts against that observer."""
 
-    observer: str
-    """"server", or the hospital whose view was audited (Dopamine's "hospitals" view)."""
-    canary: str
     trials: int
     """Per world; half of them chose the test, half bounded it."""
     statistic: str
@@ -59,6 +56,7 @@ def two_world_audit(
     seed: int = 0,
     delta: float = 1e-5,
     epsilon_budget: float | None = None,
+    budgets: Mapping[str, tuple[float, float]] | None = None,
     confidence: float = 0.95,
     secure_sum: SecureSum | None = None,
     per_run: int | None = None,
@@ -86,6 +84,7 @@ def two_world_audit(
                 seed=seed + w + 2 * c,
                 delta=delta,
                 epsilon_budget=epsilon_budget,
+                budgets=budgets,
                 secure_sum=secure_sum,
                 observer=observer,
             )

@@ -1,41 +1,56 @@
-"""`dpfl audit DIR`: measure what each finished run of a study leaks against the server
-(or, under Dopamine, another hospital), as an ε lower bound beside its ledger's ε
-(`dpfl.audit.two_worlds`)."""
+"""`dpfl audit DIR`: measure what each finished run of a study leaks, as ε lower bounds
+beside its ledger's ε (two-world and one-run canary audits, against the server or under
+Dopamine another hospital) and membership inference on its final models; kept in the
+study's results store for the report (`dpfl.experiments.audits`)."""
 
 from __future__ import annotations
 
-import dataclasses
+import json as json_module
 import math
+import os
+from contextlib import nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Literal
+from typing import Annotated, Any
 
 import typer
 from rich.table import Table
 
+from dpfl.experiments.queries import bound_text
 from dpfl.experiments.store import ResultsStore, RunRow
 
 from .common import console, print_json, reported_errors
 
-if TYPE_CHECKING:
-    from dpfl.audit.two_worlds import TwoWorldAudit
-    from dpfl.federation.silo import Silo
-
-CanaryKind = Literal["auto", "gradient", "input"]
+Rows = tuple[list[dict[str, Any]], list[dict[str, Any]]]
+"""An audit's rows of the store's `audit_bounds` and `audit_membership`."""
 
 
 def audit(
     directory: Annotated[Path, typer.Argument(help="The study directory (holds results.sqlite).")],
+    attack: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="two-world (default): many trials with and without a canary; one-run: many "
+            "canaries in one run (Steinke et al. 2023); membership: loss and LiRA attacks "
+            "on the final models. Repeatable.",
+        ),
+    ] = None,
     canaries: Annotated[
-        CanaryKind,
+        str,
         typer.Option(
             "--canaries",
-            help="gradient: a Dirac gradient canary (DP-SGD algorithms); input: a mislabeled "
-            "outlier record (any algorithm); auto: gradient where it applies, else input (AOP).",
+            help="gradient: Dirac gradient canaries (DP-SGD algorithms); input: mislabeled "
+            "outlier records (any algorithm); auto: gradient where it applies, else input (AOP).",
         ),
     ] = "auto",
     trials: Annotated[
-        int, typer.Option(help="Trials per world: half choose the test, half bound it.")
+        int, typer.Option(help="two-world: trials per world (half choose, half bound).")
     ] = 1000,
+    one_run_canaries: Annotated[
+        int | None,
+        typer.Option(help="one-run: canaries planted (default 100, at most one a feature)."),
+    ] = None,
+    shadows: Annotated[int, typer.Option(help="membership: shadow trials per fold.")] = 16,
+    folds: Annotated[int, typer.Option(help="membership: shadow runs, one fold out each.")] = 4,
     run: Annotated[
         list[str] | None, typer.Option(help="Audit only this run id (repeatable).")
     ] = None,
@@ -47,105 +62,103 @@ def audit(
             "its own reply)."
         ),
     ] = None,
-    confidence: Annotated[float, typer.Option(help="Confidence of the lower bound.")] = 0.95,
+    confidence: Annotated[float, typer.Option(help="Confidence of the lower bounds.")] = 0.95,
+    keep: Annotated[
+        bool,
+        typer.Option(
+            "--record/--no-record",
+            help="Keep the figures in the study's results store (the report shows them).",
+        ),
+    ] = True,
     json: Annotated[
-        bool, typer.Option("--json", help="Print one JSON list: an object per run.")
+        bool, typer.Option("--json", help="Print one JSON list: an object per finding.")
     ] = False,
 ) -> None:
-    """Run a two-world canary audit of every finished run (as configured, at its stored σ)
-    and print the ε lower bound at the study's δ next to the ledger's ε."""
+    """Audit every finished run (as configured, at the noise it ran with) and print each ε
+    lower bound at the study's δ next to the ledger's ε, and the membership attacks'
+    AUC and TPR at low FPR."""
     with reported_errors():
-        with ResultsStore(directory / "results.sqlite", create=False) as store:
+        # imported here: torch, scikit-learn and the datasets would slow every other command
+        from dpfl.experiments.audits import AuditPlan, audit_run, rows
+
+        plan = AuditPlan(
+            attacks=tuple(attack or ["two-world"]),
+            canaries=canaries,
+            trials=trials,
+            one_run_canaries=one_run_canaries,
+            shadows=shadows,
+            folds=folds,
+            silo=silo,
+            observer=observer,
+            confidence=confidence,
+        )
+        path = directory / "results.sqlite"
+        with ResultsStore(path, create=False) as store:
             runs = [r for r in store.runs(status="finished") if not run or r.id in run]
         if not runs:
             raise ValueError(f"{directory}: no finished run to audit")
-        audits = [_audit(r, canaries, trials, silo, observer, confidence) for r in runs]
+        if keep and not (os.access(path, os.W_OK) and os.access(directory, os.W_OK)):
+            raise ValueError(f"{path} is read-only: --no-record audits without keeping the figures")
+        found = []
+        with ResultsStore(path) if keep else nullcontext() as writer:
+            for r in runs:  # each run's figures kept as soon as they are measured
+                found.append((r, rows(audit_run(r, plan))))
+                if writer is not None:
+                    writer.record_audit(r.id, *found[-1][1])
     if json:
         print_json(
-            [{"run": r.id, **dataclasses.asdict(a)} for r, a in zip(runs, audits, strict=True)]
+            [
+                {"run": r.id, "algorithm": r.algorithm, **_plain(row)}
+                for r, tables in found
+                for table in tables
+                for row in table
+            ]
         )
         return
-    table = Table(title=f"{directory}: two-world audit")
-    for column in ("run", "algorithm", "silo", "observer", "canary", "trials", "statistic"):
-        table.add_column(column)
-    for column in ("ε lower bound", "ledger ε", ""):
-        table.add_column(column, justify="right")
-    for r, a in zip(runs, audits, strict=True):
-        table.add_row(
-            r.id[:8],
-            a.algorithm,
-            a.silo,
-            a.observer,
-            a.canary,
-            str(a.trials),
-            a.statistic,
-            f"{a.epsilon_lower:.3f}",
-            "∞" if math.isinf(a.epsilon_ledger) else f"{a.epsilon_ledger:.3f}",
-            "[red]EXCEEDS THE LEDGER[/red]" if a.exceeds_ledger else "ok",
-        )
-    console.print(table)
-    console.print(f"bounds at {confidence:.0%} confidence, δ of each study")
+    _print(directory, found, confidence)
 
 
-def _audit(
-    row: RunRow,
-    kind: CanaryKind,
-    trials: int,
-    silo: str | None,
-    observer: str | None,
-    confidence: float,
-) -> TwoWorldAudit:
-    """One run's audit: its silos and algorithm rebuilt from the stored config, at the σ
-    it ran with."""
-    # imported here: torch, scikit-learn and the datasets would slow every other command
-    from dpfl.audit.canaries import Canary, dirac_canaries, outlier_canary
-    from dpfl.audit.two_worlds import two_world_audit
-    from dpfl.experiments.config import StudyConfig
-    from dpfl.experiments.datasets import build_silos
-    from dpfl.experiments.runner import build_algorithm
-    from dpfl.secure import by_name
-
-    config = StudyConfig.model_validate(row.config)
-    privacy = config.privacy
-    if privacy.calibration == "per-silo":
-        raise ValueError(f"run {row.id}: per-silo calibration is not audited yet")
-    silos = build_silos(config.data, config.seed)
-    algorithm = build_algorithm(config, silos)
-    if row.noise_multiplier is not None and not algorithm.sets_own_noise:
-        algorithm = algorithm.with_noise(row.noise_multiplier)
-    target = _silo(silos, silo)
-    delta = privacy.silos[target.name].delta if target.name in privacy.silos else privacy.delta
-    input_only = kind == "input" or (kind == "auto" and algorithm.sets_own_noise)
-    canary: Canary = (
-        outlier_canary(target)
-        if input_only
-        else dirac_canaries(target, 1, 1000 * _finite(getattr(algorithm, "dpsgd", None)))[0]
-    )
-    return two_world_audit(
-        algorithm,
-        silos,
-        canary,
-        rounds=row.rounds_completed or config.rounds,
-        trials=trials,
-        silo=target.name,
-        seed=config.seed,
-        delta=delta,
-        epsilon_budget=privacy.epsilon if privacy.private else None,
-        confidence=confidence,
-        secure_sum=by_name("none" if config.summing == "none" else "ideal"),
-        observer=observer,
+def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float) -> None:
+    bounds = Table(title=f"{directory}: ε lower bounds (δ of each study)")
+    for column in ("run", "algorithm", "method", "silo", "observer", "canary", "trials"):
+        bounds.add_column(column)
+    bounds.add_column("measured", justify="right")
+    bounds.add_column("")
+    attacks = Table(title=f"{directory}: membership inference on the final models")
+    for column in ("run", "algorithm", "silo", "model", "attack"):
+        attacks.add_column(column)
+    for column in ("AUC", "TPR at FPR 0.1 %", "TPR at FPR 1 %", "members / non"):
+        attacks.add_column(column, justify="right")
+    for r, (lower, membership) in found:
+        for b in lower:
+            bounds.add_row(
+                r.id[:8],
+                r.algorithm,
+                *(str(b[k]) for k in ("method", "silo", "observer", "canary", "trials")),
+                bound_text(b["epsilon_ledger"], b["epsilon_lower"], b["confidence"]),
+                "[red]EXCEEDS THE LEDGER[/red]"
+                if b["epsilon_lower"] > b["epsilon_ledger"]
+                else "ok",
+            )
+        for m in membership:
+            attacks.add_row(
+                r.id[:8],
+                r.algorithm,
+                *(m[k] for k in ("silo", "model", "attack")),
+                *(f"{m[k]:.3f}" for k in ("auc", "tpr_at_fpr_0_1", "tpr_at_fpr_1")),
+                f"{m['members']} / {m['non_members']}",
+            )
+    for table in (bounds, attacks):
+        if table.row_count:
+            console.print(table)
+    console.print(
+        f"bounds at {confidence:.0%} confidence; audits train on the silos' records: "
+        "their figures are not DP releases"
     )
 
 
-def _silo(silos: list[Silo], name: str | None) -> Silo:
-    for s in silos:
-        if name is None or s.name == name:
-            return s
-    raise ValueError(f"no silo named {name!r}; silos: {', '.join(s.name for s in silos)}")
-
-
-def _finite(dpsgd: object) -> float:
-    """The clipping bound C where there is a finite one, else 1 (a Dirac canary's input
-    norm is a multiple of it, so that its gradient is clipped to exactly C)."""
-    clip = getattr(dpsgd, "clip_norm", math.inf)
-    return clip if math.isfinite(clip) else 1.0
+def _plain(row: dict[str, Any]) -> dict[str, Any]:
+    """A stored row as JSON values: `detail` spread out, ∞ as null (JSON has none)."""
+    fields = {k: v for k, v in row.items() if k != "detail"}
+    fields |= json_module.loads(row.get("detail", "{}"))
+    return {k: None if isinstance(v, float) and math.isinf(v) else v for k, v in fields.items()}

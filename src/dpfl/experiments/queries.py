@@ -18,6 +18,10 @@ they are shown. The conventions, in one place:
   a trial (client sampling) counts as 0 bytes there.
 * Cross-silo scores (runs with `cross_silo = true`) are, per (model silo, test silo),
   the final value in each trial, as the final metrics are.
+* Audits (`dpfl audit`) are kept, every one; a run's audit figures are the latest of
+  each kind: each (method, silo, observer, canary) ε lower bound, each (silo, model,
+  attack) membership attack. They are measurements on the training records, not DP
+  releases, and never change a run's ε.
 * A spread is over what varied, said as `Replicates` ("5 trials × 3 seeds"): a run's
   trials vary the batches, the noise and (with `model.init = "per-trial"`) the model's
   initialisation; its seed also varies the split into silos and the first
@@ -209,6 +213,33 @@ def epsilon_over_rounds(store: ResultsStore, run: RunRow) -> dict[str, list[tupl
 
 
 @dataclass(frozen=True)
+class Audits:
+    """A run's latest audit figures (rows of the store's `audit_bounds`, `audit_membership`)."""
+
+    bounds: list[dict[str, Any]] = field(default_factory=list)
+    membership: list[dict[str, Any]] = field(default_factory=list)
+
+
+def read_audits(store: ResultsStore, run: RunRow) -> Audits:
+    """The latest audit of each kind (see the module docstring), in the order first audited."""
+    keys = {
+        "audit_bounds": ("method", "silo", "observer", "canary"),
+        "audit_membership": ("silo", "model", "attack"),
+    }
+    latest: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {t: {} for t in keys}
+    for table, key in keys.items():
+        for row in store.rows(table, run.id):  # in the order written: later ones win
+            latest[table][tuple(row[k] for k in key)] = row
+    return Audits(*(list(rows.values()) for rows in latest.values()))
+
+
+def bound_text(epsilon_ledger: float, epsilon_lower: float, confidence: float) -> str:
+    """An audit's ε lower bound beside the ledger's ε, as the report and the CLI print it."""
+    ledger = "∞" if math.isinf(epsilon_ledger) else f"{epsilon_ledger:.2f}"
+    return f"ledger ε = {ledger}; measured lower bound {epsilon_lower:.2f} ({confidence:.0%})"
+
+
+@dataclass(frozen=True)
 class RunSummary:
     """A finished run's figures: metrics, ε per silo, bytes."""
 
@@ -224,6 +255,7 @@ class RunSummary:
     traffic: Traffic
     cross_silo: CrossSilo = field(default_factory=dict)
     """every silo's model on every silo's test set, if the run was asked for it"""
+    audits: Audits = field(default_factory=Audits)
 
     @property
     def replicates(self) -> Replicates:
@@ -257,6 +289,7 @@ def summarise(store: ResultsStore, run: RunRow) -> RunSummary:
         views={view: store.epsilon_by_silo(run, view) for view in sorted(views - {None})},
         traffic=read_traffic(store, run),
         cross_silo=read_cross_silo(store, run),
+        audits=read_audits(store, run),
     )
 
 

@@ -19,6 +19,15 @@ Tables (long format, one number a row, so that any grouping is one SQL query):
   its own δ (which the server is not told). The server keeps no ledger, so such a run's
   `runs.epsilon_source` is `hospitals` and it has no `privacy` rows; a simulated run's
   is `ledger`.
+* `audit_bounds` (schema 4): (run, audited_at, method, silo, observer, canary, trials,
+  confidence, delta, epsilon_lower, epsilon_ledger, detail), one row per ε lower bound
+  that `dpfl audit` measured for a finished run (`dpfl.audit`: `two-world` or `one-run`;
+  `trials` is trials a world, or the canaries of the one run; `detail` the attack's
+  counts as JSON). Every audit is kept: the report shows each kind's latest.
+* `audit_membership` (schema 4): (run, audited_at, silo, model, attack, auc,
+  tpr_at_fpr_0_1, tpr_at_fpr_1, members, non_members, trials, shadows, folds), one row
+  per membership-inference attack (`loss`, `lira`) on a silo's `shared` or `personal`
+  final models. Audit figures are measurements on the training records, not DP releases.
 
 A store of an older schema is upgraded in place when opened for writing (it keeps all
 its rows, gains the empty tables, and its runs are marked `ledger`, which they were);
@@ -45,7 +54,7 @@ from dpfl.privacy import Ledger
 from dpfl.sqlite_file import open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 FROM_LEDGER = "ledger"
 """A run's ε read off its own ledger (a simulated run)."""
 REPORTED_BY_HOSPITALS = "hospitals"
@@ -75,12 +84,54 @@ CREATE TABLE reported_privacy (
 );
 CREATE INDEX reported_privacy_run ON reported_privacy (run_id)
 """
+_AUDITS = """
+CREATE TABLE audit_bounds (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    audited_at REAL NOT NULL,
+    method TEXT NOT NULL CHECK (method IN ('two-world', 'one-run')),
+    silo TEXT NOT NULL,
+    observer TEXT NOT NULL,
+    canary TEXT NOT NULL,
+    trials INTEGER NOT NULL,
+    confidence REAL NOT NULL,
+    delta REAL NOT NULL,
+    epsilon_lower REAL NOT NULL,
+    epsilon_ledger REAL NOT NULL,
+    detail TEXT NOT NULL
+);
+CREATE INDEX audit_bounds_run ON audit_bounds (run_id);
+CREATE TABLE audit_membership (
+    run_id TEXT NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    audited_at REAL NOT NULL,
+    silo TEXT NOT NULL,
+    model TEXT NOT NULL CHECK (model IN ('shared', 'personal')),
+    attack TEXT NOT NULL,
+    auc REAL NOT NULL,
+    tpr_at_fpr_0_1 REAL NOT NULL,
+    tpr_at_fpr_1 REAL NOT NULL,
+    members INTEGER NOT NULL,
+    non_members INTEGER NOT NULL,
+    trials INTEGER NOT NULL,
+    shadows INTEGER NOT NULL,
+    folds INTEGER NOT NULL
+);
+CREATE INDEX audit_membership_run ON audit_membership (run_id)
+"""
 _MIGRATIONS = {
     1: _CROSS_SILO,  # schema 1 had no cross-silo scores
     2: f"ALTER TABLE runs ADD COLUMN {_EPSILON_SOURCE};{_REPORTED_PRIVACY}",  # nor deployments
+    3: _AUDITS,  # nor audits
 }
-_TABLES = ("metrics", "privacy", "communication", "cross_silo", "reported_privacy")
-_SINCE = {"cross_silo": 2, "reported_privacy": 3}
+_TABLES = (
+    "metrics",
+    "privacy",
+    "communication",
+    "cross_silo",
+    "reported_privacy",
+    "audit_bounds",
+    "audit_membership",
+)
+_SINCE = {"cross_silo": 2, "reported_privacy": 3, "audit_bounds": 4, "audit_membership": 4}
 """The schema that added each table (an older store opened read-only has none)."""
 _SCHEMA = (
     """
@@ -140,6 +191,8 @@ CREATE INDEX communication_run ON communication (run_id);
     + _CROSS_SILO
     + ";"
     + _REPORTED_PRIVACY
+    + ";"
+    + _AUDITS
 )
 
 
@@ -344,6 +397,28 @@ class ResultsStore:
                 ),
             )
 
+    def record_audit(
+        self,
+        run_id: str,
+        bounds: Sequence[Mapping[str, Any]],
+        membership: Sequence[Mapping[str, Any]],
+    ) -> None:
+        """Keep one audit of a finished run: rows of `audit_bounds` and `audit_membership`
+        as column -> value (all but `run_id` and `audited_at`, which this sets), in one
+        transaction; earlier audits stay."""
+        at = time.time()
+        with write_transaction(self._db) as db:
+            if self.status(run_id) != "finished":
+                raise StoreError(f"run {run_id} is not finished: only finished runs are audited")
+            for table, rows in (("audit_bounds", bounds), ("audit_membership", membership)):
+                for row in rows:
+                    columns = ", ".join(("run_id", "audited_at", *row))
+                    marks = ", ".join("?" * (2 + len(row)))
+                    db.execute(
+                        f"INSERT INTO {table} ({columns}) VALUES ({marks})",
+                        (run_id, at, *row.values()),
+                    )
+
     # -- reading ----------------------------------------------------------------------
 
     def runs(self, *, status: str | None = None) -> list[RunRow]:
@@ -373,9 +448,8 @@ class ResultsStore:
         return None if row is None else str(row[0])
 
     def rows(self, table: str, run_id: str | None = None) -> list[dict[str, Any]]:
-        """Every row of `metrics`, `privacy`, `communication`, `cross_silo` or
-        `reported_privacy` (of one run) as dicts; none of a table newer than a store
-        opened read-only."""
+        """Every row of one of the tables (of one run) as dicts, in the order written; none
+        of a table newer than a store opened read-only."""
         if table not in _TABLES:
             raise StoreError(f"no table {table!r}: {', '.join(_TABLES)}")
         if schema_of(self._db) < _SINCE.get(table, 1):

@@ -14,7 +14,15 @@ from matplotlib.figure import Figure
 
 from dpfl.experiments.config import study_terms
 from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
-from dpfl.experiments.queries import RESULTS_FILE, CrossSilo, Pooled, Spread, Traffic, pool_seeds
+from dpfl.experiments.queries import (
+    RESULTS_FILE,
+    CrossSilo,
+    Pooled,
+    Spread,
+    Traffic,
+    bound_text,
+    pool_seeds,
+)
 from dpfl.experiments.store import RunRow, SiloEpsilons
 
 from . import figures
@@ -60,6 +68,7 @@ def render(
             _pooled_table(groups, metric),
             _cross_silo(groups, labels, metric),
             _figures(shown, metric),
+            _audits(shown),
             "<h2 id='datasheets'>Privacy datasheets</h2>",
             *(_datasheet(s, metric) for s in shown),
         ]
@@ -334,14 +343,83 @@ def _datasheet(s: Shown, metric: str) -> str:
         "noise": _noise_text(s),
         "threat model (who sees what)": sheet.get("threat_model"),
         "released outside ε": sheet.get("evaluation"),
+        "audit (measured, not a DP release)": _bullets(
+            f"{b['method']}, {b['silo']} against {b['observer']}: "
+            + bound_text(b["epsilon_ledger"], b["epsilon_lower"], b["confidence"])
+            for b in summary.audits.bounds
+        )
+        if summary.audits.bounds
+        else None,
     }
-    listed = "".join(f"<dt>{_e(k)}</dt><dd>{_e(_number(v))}</dd>" for k, v in facts.items())
+    listed = "".join(f"<dt>{_e(k)}</dt><dd>{_cell(_number(v))}</dd>" for k, v in facts.items())
     assumptions = sheet.get("assumptions") or ["none stated"]
     spent = _reported(s, metric) if s.run.reported else _ledger_spent(s)
     return (
         f"<section class='datasheet' id='run-{_e(s.run.id)}'><h3>{_e(s.label)}</h3>"
         f"<dl>{listed}<dt>assumptions</dt><dd>{_bullets(assumptions)}</dd></dl>{spent}</section>"
     )
+
+
+def _audits(shown: list[Shown]) -> str:
+    """What `dpfl audit` measured: each run's latest ε lower bounds beside its ledger's ε,
+    and its membership-inference attacks."""
+    head = "<h2 id='audit'>Audit</h2>"
+    audited = [s for s in shown if s.summary.audits.bounds or s.summary.audits.membership]
+    if not audited:
+        return (
+            f"{head}<p>No run has been audited yet: <code>dpfl audit DIR</code> measures ε "
+            "lower bounds and membership inference (docs/audit.md).</p>"
+        )
+    bounds = [
+        [
+            s.label,
+            b["method"],
+            b["silo"],
+            b["observer"],
+            b["canary"],
+            b["trials"],
+            bound_text(b["epsilon_ledger"], b["epsilon_lower"], b["confidence"]),
+            "EXCEEDS THE LEDGER: a bug" if b["epsilon_lower"] > b["epsilon_ledger"] else "ok",
+        ]
+        for s in audited
+        for b in s.summary.audits.bounds
+    ]
+    attacks = [
+        [
+            s.label,
+            m["silo"],
+            m["model"],
+            m["attack"],
+            _number(m["auc"]),
+            _number(m["tpr_at_fpr_0_1"]),
+            _number(m["tpr_at_fpr_1"]),
+            f"{m['members']} / {m['non_members']}",
+            f"{m['trials']}; {m['folds']} × {m['shadows']}",
+        ]
+        for s in audited
+        for m in s.summary.audits.membership
+    ]
+    parts = [
+        head,
+        "<p>Attacks on what each run's code releases, its latest audit of each kind "
+        "(<code>dpfl audit</code>, docs/audit.md). An ε lower bound holds at the confidence "
+        "shown: one above the ledger's ε is a bug in the code or its accounting; one far "
+        "below says only that this attack did not get close. The audits train on the "
+        "silos' records thousands of times: these figures are not DP releases.</p>",
+    ]
+    if bounds:
+        header = ["run", "method", "silo", "observer", "canary", "trials", "ε", "verdict"]
+        parts.append(_table(header, bounds))
+    if attacks:
+        header = ["run", "silo", "model", "attack", "AUC", "TPR at FPR 0.1 %"]
+        header += ["TPR at FPR 1 %", "members / non-members", "trials; shadows"]
+        parts.append(
+            _table(header, attacks)
+            + "<p>Membership inference on the final models: members are a silo's training "
+            "records, non-members its test records; AUC 0.5 is chance. Trials: the target "
+            "run's; shadows: folds × stacked trials (offline LiRA).</p>"
+        )
+    return "".join(parts)
 
 
 def _ledger_spent(s: Shown) -> str:
@@ -464,12 +542,8 @@ def _stopped_epsilon(spent: SiloEpsilons | None) -> str:
 
 def _table(header: list[str], rows: list[list[Any]]) -> str:
     """An HTML table; cells are escaped unless they are `_Html`."""
-
-    def cell(value: Any) -> str:
-        return value if isinstance(value, _Html) else _e(value)
-
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
-    body = "".join("<tr>" + "".join(f"<td>{cell(v)}</td>" for v in row) + "</tr>" for row in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
     return (
         f"<div class='scroll'><table><thead><tr>{head}</tr></thead>"
         f"<tbody>{body}</tbody></table></div>"
@@ -529,12 +603,19 @@ dd { margin: 0; }
 """
 
 
+def _cell(value: Any) -> str:
+    """A value escaped, unless it is markup built here from escaped parts (`_Html`)."""
+    return value if isinstance(value, _Html) else _e(value)
+
+
 def _e(value: object) -> str:
     return html.escape(str(value))
 
 
 def _number(value: Any, spec: str = ".3g", absent: str = "—") -> str:
-    """A float in `spec`; other values (counts, text) as they are; None as `absent`."""
+    """A float in `spec`; other values (counts, text, markup) as they are; None as `absent`."""
     if value is None:
         return absent
-    return format(value, spec) if isinstance(value, float) else str(value)
+    if isinstance(value, float):
+        return format(value, spec)
+    return value if isinstance(value, _Html) else str(value)
