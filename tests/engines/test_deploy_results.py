@@ -18,7 +18,7 @@ from dpfl.engines.flower import DeploymentError, DeploymentResult
 from dpfl.experiments.deploy import serve_study, stop_reason, unfinished
 from dpfl.experiments.queries import open_results, read_metrics, summarise
 from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE
+from dpfl.experiments.runner import STORE, owning
 from dpfl.experiments.store import ResultsStore, RunResults, StoreError
 from dpfl.privacy import Ledger
 
@@ -124,6 +124,20 @@ def test_the_server_says_whether_its_run_finished(study: Path, tmp_path: Path) -
     assert "did not end (running)" in (unfinished(study, out) or "")
     serve_study(InProcessGrid(nodes.values()), run_config(study, out))  # resumed
     assert unfinished(study, out) is None
+
+
+def test_a_second_server_on_a_held_out_folder_is_refused_naming_the_first(
+    study: Path, tmp_path: Path
+) -> None:
+    out = tmp_path / "results"
+    with owning(out):  # the first server's ServerApp holds OUT
+        result = CliRunner().invoke(
+            app,
+            ["deploy", "server", str(study), "--hospitals", "3", "--out", str(out)]
+            + ["--superlink", "127.0.0.1:1", "--insecure"],
+        )
+    assert result.exit_code == 2 and "is in use by" in result.output, result.output
+    assert not (out / STORE).exists()  # Flower was never asked to run anything
 
 
 def test_a_deployment_stopped_mid_run_keeps_the_epsilon_reported_until_then(

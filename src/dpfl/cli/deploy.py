@@ -171,12 +171,15 @@ def server(
     OUT's results store (`dpfl report OUT`). The server checkpoints each round in OUT: run
     it again with the same OUT to resume."""
     from dpfl.experiments.deploy import study_point, unfinished, write_app
+    from dpfl.experiments.runner import owning
 
     with reported_errors():
         study_point(study)
         transport = _transport(insecure, root_certificates)
         if missing not in ("stop", "continue"):
             raise ValueError(f"--missing must be 'stop' or 'continue', got {missing!r}")
+        with owning(out):  # another server on OUT: refused now, naming it, not after the run
+            pass
     home = _home(superlink, transport)
     run_config = (
         f'study="{study.resolve()}" hospitals={hospitals} out="{out.resolve()}" '
