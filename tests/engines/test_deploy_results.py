@@ -131,11 +131,8 @@ def test_a_second_server_on_a_held_out_folder_is_refused_naming_the_first(
 ) -> None:
     out = tmp_path / "results"
     with owning(out):  # the first server's ServerApp holds OUT
-        result = CliRunner().invoke(
-            app,
-            ["deploy", "server", str(study), "--hospitals", "3", "--out", str(out)]
-            + ["--superlink", "127.0.0.1:1", "--insecure"],
-        )
+        command = ["deploy", "server", str(study), "--hospitals", "3", "--out", str(out)]
+        result = CliRunner().invoke(app, [*command, "--superlink", "127.0.0.1:1", "--insecure"])
     assert result.exit_code == 2 and "is in use by" in result.output, result.output
     assert not (out / STORE).exists()  # Flower was never asked to run anything
 
