@@ -136,27 +136,74 @@ def test_ledger_command_on_a_missing_file_creates_nothing(tmp_path: Path) -> Non
     assert not (tmp_path / "none.sqlite").exists()
 
 
-def test_demo_trains_three_hospitals_within_budget_and_writes_the_report(tmp_path: Path) -> None:
+@pytest.mark.slow  # the real demo: six points, about a minute on two cores
+def test_demo_prints_the_privacy_utility_curve_with_the_ledgers_epsilon(tmp_path: Path) -> None:
     result = runner.invoke(app, ["demo", "--out", str(tmp_path)])
     assert result.exit_code == 0, result.output
-    (ledger_file,) = (tmp_path / "ledgers").glob("*.sqlite")
-    with Ledger(ledger_file, create=False) as ledger:
-        accounts = ledger.accounts()
-        assert {a.silo.split("/")[0] for a in accounts} == {
-            "hospital-0",
-            "hospital-1",
-            "hospital-2",
-        }
+    # the same directory again: every point is finished, so this only reads the store
+    data = _json(["demo", "--out", str(tmp_path), "--json"])
+    points: list[dict[str, Any]] = data["points"]  # type: ignore[assignment]
+    assert [p["epsilon_budget"] for p in points] == [0.5, 1, 2, 4, 8, None]
+    assert [p["private"] for p in points] == [True] * 5 + [False]
+
+    # ε per hospital, read from the ledgers themselves: one per point, found by its budget
+    by_budget: dict[float, dict[str, float]] = {}
+    unbudgeted = 0
+    for ledger_file in (tmp_path / "ledgers").glob("*.sqlite"):
+        with Ledger(ledger_file, create=False) as ledger:
+            accounts = ledger.accounts()
+        if not accounts:  # the non-private reference charges nothing
+            unbudgeted += 1
+            continue
         assert len(accounts) == 9  # three hospitals × three trials
+        (budget,) = {a.budget.epsilon for a in accounts}
+        spent: dict[str, float] = {}
         for account in accounts:
-            assert account.events == 20 and account.spent.epsilon <= 1.0
-    table = result.stdout
-    for hospital in ("hospital-0", "hospital-1", "hospital-2"):
-        row = next(line for line in table.splitlines() if hospital in line)
-        accuracy = float(row.split("│")[2].split("±")[0])
-        assert accuracy > 0.8  # the majority class is 0.63
+            assert account.events == 20 and account.budget.delta == 1e-5
+            hospital = account.silo.split("/")[0]
+            spent[hospital] = max(spent.get(hospital, 0.0), account.spent.epsilon)
+        by_budget[budget] = spent
+    assert unbudgeted == 1 and sorted(by_budget) == [0.5, 1, 2, 4, 8]
+    for point in points[:5]:
+        ledgers = by_budget[point["epsilon_budget"]]
+        assert set(ledgers) == {"hospital-0", "hospital-1", "hospital-2"}
+        shown = {h["silo"]: h["epsilon"] for h in point["hospitals"]}
+        assert shown == pytest.approx(ledgers, rel=1e-9)
+        assert point["epsilon"] == pytest.approx(max(ledgers.values()), rel=1e-9)
+        assert point["epsilon"] <= point["epsilon_budget"]
+        assert point["delta"] == 1e-5 and {h["delta"] for h in point["hospitals"]} == {1e-5}
+        assert point["accountant"] == "pld" and point["research_noise"]
+    reference = points[5]
+    assert reference["epsilon"] is None and reference["noise_multiplier"] is None
+    assert {h["epsilon"] for h in reference["hospitals"]} == {None}
+
+    # a sensible curve: less noise for more ε, utility rising with it, the reference on top
+    sigmas = [p["noise_multiplier"] for p in points[:5]]
+    assert sigmas == sorted(sigmas, reverse=True)
+    accuracy = [p["metrics"]["accuracy"]["mean"] for p in points]
+    assert accuracy[0] > 0.8  # the majority class is 0.63
+    assert accuracy[0] < accuracy[4] and accuracy[5] == max(accuracy)
+
+    # the printed table: a row per point, its figures those of the JSON
+    rows = [line for line in result.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 6
+    for row, point in zip(rows, points, strict=True):
+        cells = [cell.strip() for cell in row.strip("│").split("│")]
+        accuracy_cell = point["metrics"]["accuracy"]
+        assert cells[2] == f"{accuracy_cell['mean']:.3f} ± {accuracy_cell['std']:.3f}"
+        if point["private"]:
+            assert cells[:2] == [f"{point['epsilon_budget']:g}", f"{point['noise_multiplier']:.4f}"]
+            assert cells[4] == f"{point['epsilon']:.4f}"
+            assert cells[5] == " · ".join(f"{h['epsilon']:.4f}" for h in point["hospitals"])
+        else:
+            assert cells[0] == cells[4] == "∞" and cells[1] == "—"
+    flat = _flat(result.stdout)
+    assert "on the union of the three hospitals' test sets" in flat
+    assert _flat(f"† {RESEARCH_NOISE}") in flat  # seeded: not to be released
+    assert data["caveat"] == RESEARCH_NOISE
+    assert f"report: {data['report']}" in flat
+    assert Path(str(data["report"])) == tmp_path / "report" / "index.html"
     assert (tmp_path / "report" / "index.html").is_file()
-    assert "† research noise" in " ".join(table.split())  # seeded: not to be released
 
 
 STUDY = """
