@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint venv browser clean
+.PHONY: demo test test-loopback lint venv browser clean
 
 venv: $(STAMP)
 
@@ -32,8 +32,14 @@ browser:
 		DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null; } || \
 		echo "chromium not installed: the report rendering test will be skipped"
 
+# Two workers, a test file to each at a time (module fixtures are built once). The whole
+# deployments between processes (marker `loopback`, about ten minutes, mostly waiting on
+# Flower) run on their own in test-loopback, which CI runs after test.
 test: lint browser
-	$(BIN)/pytest
+	$(BIN)/pytest -n 2 --dist loadfile -m "not loopback"
+
+test-loopback: $(STAMP)
+	$(BIN)/pytest -m loopback
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -1,11 +1,9 @@
 """The Flower engine: the simulator's algorithm, split between a ServerApp and hospitals'
 ClientApps, each hospital enforcing its own budget from its own ledger.
 
-In process first (a grid that hands each message to the ClientApp, no network), then
-the real thing: a SuperLink and three SuperNodes as separate processes on loopback,
-over TLS with certificates made on the spot (`dpfl.engines.loopback`), here a refusal;
-tests/engines/test_flower_loopback.py runs whole studies that way (DP-FedAvg through a
-crash, Dopamine masked), each ending as the simulator's."""
+In process: a grid that hands each message to the ClientApp, no network. The real thing
+(a SuperLink and SuperNodes as separate processes on loopback, over TLS with
+certificates made on the spot) is in tests/engines/test_flower_loopback.py."""
 
 from __future__ import annotations
 
@@ -27,7 +25,6 @@ from flwr.supercore.task_identity import TaskIdentity
 from dpfl import secure
 from dpfl.engines import loopback
 from dpfl.engines.flower import DeploymentError, DeploymentResult, serve
-from dpfl.engines.loopback import deploy
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import client_app, deployment_of, study_point
@@ -373,18 +370,3 @@ def flower_installed() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail(f"CI=true but Flower's {', '.join(missing)} are missing from {loopback.BIN}")
     pytest.skip(f"Flower's {', '.join(missing)} are not installed in {loopback.BIN}")
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("flower_installed")
-def test_on_loopback_a_hospital_over_budget_refuses_and_an_unregistered_node_is_kept_out(
-    study: Path, tmp_path: Path
-) -> None:
-    nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
-    output, out, logs = deploy(study, nodes, tmp_path, cli=True, intruder=True)
-    result = DeploymentResult.load(out)
-    assert result.rounds_completed == 0 and list(result.refused) == ["hospital-2"], output
-    assert "hospital-2 refused: hospital-2/trial-0: 3 more rounds" in output
-    for name, node in nodes.items():
-        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
-    assert "Failed to activate SuperNode" in (logs / "intruder.log").read_text()

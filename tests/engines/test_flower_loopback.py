@@ -1,7 +1,10 @@
 """On loopback (beyond tests/engines/test_flower.py), a SuperLink and three SuperNodes as
 separate processes (`dpfl.engines.loopback`), TLS and registered keys, bounded in time:
-Dopamine's replies masked between them, and a hospital and the server killed mid-round,
-then restarted."""
+a hospital over its budget and an unregistered node, Dopamine's replies masked between
+them, and a hospital and the server killed mid-round, then restarted. Every such test
+lives in this file, marked `loopback`: `make test-loopback` runs them one at a time (CI
+after `make test`, which leaves them out: they are ten minutes mostly waiting on Flower,
+and on two cores beside the parallel suite each takes half as long again)."""
 
 from __future__ import annotations
 
@@ -25,7 +28,8 @@ from .test_flower import entries, flower_installed, hospitals, simulated, study
 from .test_flower_secure import DOPAMINE
 
 __all__ = ["flower_installed", "study"]  # fixtures, used by name
-DEADLINE = 300.0
+pytestmark = pytest.mark.loopback
+DEADLINE = 600.0
 REJOIN = 150.0
 """Seconds to wait for a reply from a hospital that restarts after a crash: the SuperLink
 lets its dead node go after two missed heartbeats (60 s), then it joins again."""
@@ -46,6 +50,21 @@ def same_as_simulated(
         assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")], name
         assert result.epsilon[name] == pytest.approx(book.spent(f"{name}/trial-0").epsilon)
     book.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
+def test_on_loopback_a_hospital_over_budget_refuses_and_an_unregistered_node_is_kept_out(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
+    output, out, logs = loopback.deploy(study, nodes, tmp_path, cli=True, intruder=True)
+    result = DeploymentResult.load(out)
+    assert result.rounds_completed == 0 and list(result.refused) == ["hospital-2"], output
+    assert "hospital-2 refused: hospital-2/trial-0: 3 more rounds" in output
+    for name, node in nodes.items():
+        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+    assert "Failed to activate SuperNode" in (logs / "intruder.log").read_text()
 
 
 @pytest.mark.slow
