@@ -15,7 +15,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from dpfl.experiments.queries import bound_text
+from dpfl.experiments.queries import bound_text, exceeds_ledger
 from dpfl.experiments.store import ResultsStore, RunRow
 
 from .common import console, print_json, reported_errors
@@ -136,9 +136,7 @@ def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float)
                 r.algorithm,
                 *(str(b[k]) for k in ("method", "silo", "observer", "canary", "trials")),
                 bound_text(b["epsilon_ledger"], b["epsilon_lower"], b["confidence"]),
-                "[red]EXCEEDS THE LEDGER[/red]"
-                if b["epsilon_lower"] > b["epsilon_ledger"]
-                else "ok",
+                "[red]EXCEEDS THE LEDGER[/red]" if exceeds_ledger(b) else "ok",
             )
         for m in membership:
             attacks.add_row(

@@ -85,3 +85,8 @@ def account_json(account: SiloAccount, rdp: SiloAccount) -> dict[str, Any]:
 def _bound(value: float, spec: str = "g") -> str:
     """A budget figure, or "none" for an account that records without a limit."""
     return "none" if math.isinf(value) else format(value, spec)
+
+
+def mean_std(value: dict[str, float] | None) -> str:
+    """A metric's mean ± sample std as the tables print it; a dash where it is undefined."""
+    return "—" if value is None else f"{value['mean']:.3f} ± {value['std']:.3f}"

@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from rich.table import Table
 
-from .common import console, errors, print_json, reported_errors
+from .common import console, errors, mean_std, print_json, reported_errors
 
 if TYPE_CHECKING:
     from dpfl.experiments.store import RunRow
@@ -222,14 +222,12 @@ def _table(points: list[dict[str, Any]]) -> Table:
         else:
             row = ["∞", "—", "∞", "∞", "∞"]
         table.add_row(
-            *row[:2], _mean(p["metrics"], "accuracy"), _mean(p["metrics"], "auroc"), *row[2:]
+            *row[:2],
+            mean_std(p["metrics"].get("accuracy")),
+            mean_std(p["metrics"].get("auroc")),
+            *row[2:],
         )
     return table
-
-
-def _mean(metrics: dict[str, dict[str, float]], name: str) -> str:
-    value = metrics.get(name)
-    return "—" if value is None else f"{value['mean']:.3f} ± {value['std']:.3f}"
 
 
 def _delta_text() -> str:

@@ -16,7 +16,7 @@ from rich.table import Table
 from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise
 from dpfl.experiments.store import enforcing_accountant
 
-from .common import console, errors, print_json, reported_errors
+from .common import console, errors, mean_std, print_json, reported_errors
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (results, ledgers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -300,7 +300,7 @@ def runs_table(
             "∞"
             if eps is None
             else _epsilon(eps[s["accountant"]], s["accountant"], s["research_noise"]),
-            *[_metric(s["metrics"].get(m)) for m in metrics],
+            *[mean_std(s["metrics"].get(m)) for m in metrics],
             f"{s['bytes_up_per_client']:,.0f}",
         )
     return table
@@ -320,7 +320,7 @@ def cross_silo_table(summary: dict[str, Any], metric: str) -> Table:
     for row in rows:
         by_model.setdefault(row["model"], {})[row["test"]] = row["metrics"].get(metric)
     for model, by_test in by_model.items():
-        cells = [_metric(by_test.get(test)) for test in tests]
+        cells = [mean_std(by_test.get(test)) for test in tests]
         table.add_row("shared (every silo's)" if model is None else model, *cells)
     return table
 
@@ -338,10 +338,6 @@ def _epsilon(value: float, accountant: str, seeded: bool) -> str:
 def _research_caption(seeded: Iterable[bool]) -> str | None:
     """The warning under a table whose ε include research runs."""
     return f"{RESEARCH_MARK} {RESEARCH_NOISE}" if any(seeded) else None
-
-
-def _metric(value: dict[str, float] | None) -> str:
-    return "—" if value is None else f"{value['mean']:.3f} ± {value['std']:.3f}"
 
 
 def _grid(grid: dict[str, Any]) -> str:

@@ -79,7 +79,7 @@ def audit_run(run: RunRow, plan: AuditPlan) -> list[Finding]:
     config = StudyConfig.model_validate(run.config)
     privacy = config.privacy
     silos = build_silos(config.data, config.seed)
-    algorithm = _as_run(build_algorithm(config, silos), run)
+    algorithm = _as_run(build_algorithm(config, silos), run, privacy.calibration == "per-silo")
     target = _silo(silos, plan.silo)
     delta = privacy.silos[target.name].delta if target.name in privacy.silos else privacy.delta
     common: dict[str, Any] = {
@@ -144,12 +144,12 @@ def rows(findings: Sequence[Finding]) -> tuple[list[dict[str, Any]], list[dict[s
     return bounds, membership
 
 
-def _as_run(algorithm: Algorithm, run: RunRow) -> Algorithm:
+def _as_run(algorithm: Algorithm, run: RunRow, per_silo: bool) -> Algorithm:
     """The algorithm at the noise the run used: each silo's own where it was calibrated
     per silo (its datasheet), else the run's one σ; AOP sets its own."""
     if algorithm.sets_own_noise or run.noise_multiplier is None:
         return algorithm
-    if StudyConfig.model_validate(run.config).privacy.calibration == "per-silo":
+    if per_silo:
         sheet = run.datasheet.get("silos") or {}
         return algorithm.with_silo_noise(
             {name: float(silo["noise_multiplier"]) for name, silo in sheet.items()}

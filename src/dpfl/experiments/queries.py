@@ -233,6 +233,12 @@ def read_audits(store: ResultsStore, run: RunRow) -> Audits:
     return Audits(*(list(rows.values()) for rows in latest.values()))
 
 
+def exceeds_ledger(bound: dict[str, Any]) -> bool:
+    """A stored lower bound above its ledger's ε: the code leaks more than it accounts for
+    (`LowerBound.exceeds_ledger`, read off an `audit_bounds` row)."""
+    return bool(bound["epsilon_lower"] > bound["epsilon_ledger"])
+
+
 def bound_text(epsilon_ledger: float, epsilon_lower: float, confidence: float) -> str:
     """An audit's ε lower bound beside the ledger's ε, as the report and the CLI print it."""
     ledger = "∞" if math.isinf(epsilon_ledger) else f"{epsilon_ledger:.2f}"

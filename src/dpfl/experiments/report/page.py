@@ -21,6 +21,7 @@ from dpfl.experiments.queries import (
     Spread,
     Traffic,
     bound_text,
+    exceeds_ledger,
     pool_seeds,
 )
 from dpfl.experiments.store import RunRow, SiloEpsilons
@@ -379,7 +380,7 @@ def _audits(shown: list[Shown]) -> str:
             b["canary"],
             b["trials"],
             bound_text(b["epsilon_ledger"], b["epsilon_lower"], b["confidence"]),
-            "EXCEEDS THE LEDGER: a bug" if b["epsilon_lower"] > b["epsilon_ledger"] else "ok",
+            "EXCEEDS THE LEDGER: a bug" if exceeds_ledger(b) else "ok",
         ]
         for s in audited
         for b in s.summary.audits.bounds
