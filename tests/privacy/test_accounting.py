@@ -102,6 +102,11 @@ def test_gaussian_mechanism_against_analytic_epsilon(sigma: float) -> None:
     by_pld = epsilon(events.gaussian(sigma), 1e-5, "pld").epsilon
     assert exact <= by_pld <= exact + 0.01
     assert epsilon(events.gaussian(sigma), 1e-5, "rdp").epsilon >= exact
+    # under replace-one, σ is relative to that relation's sensitivity: the same release
+    replaced = events.gaussian(sigma, count=3, neighbouring=events.Neighbouring.REPLACE_ONE)
+    added = events.gaussian(sigma, count=3)
+    assert epsilon(replaced, 1e-5, "pld").epsilon == epsilon(added, 1e-5, "pld").epsilon
+    assert epsilon(replaced, 1e-5, "pld").epsilon <= epsilon(replaced, 1e-5, "rdp").epsilon
 
 
 def test_laplace_is_pure_dp_at_scale_over_sensitivity() -> None:

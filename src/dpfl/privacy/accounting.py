@@ -178,7 +178,13 @@ class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
         if isinstance(event, dpe.GaussianDpEvent) and event.noise_multiplier > 0:
             if do_compose:  # k releases are one at σ/√k, as dp_accounting composes them
                 sigma = event.noise_multiplier / math.sqrt(count)
-                self._compose_repeated(_gaussian_step(sigma, 1.0, relation, interval), 1)
+                # σ is relative to the relation's own sensitivity, so either relation is
+                # one Gaussian shifted by 1; dp_accounting's REPLACE pairs the shifts ±1
+                # (sensitivity 2), which would count the 2C of replace-one twice, unlike
+                # its RDP accountant (one full-data σ = 1 release at δ = 1e-5: ε 10.0
+                # instead of the exact 4.38)
+                remove = NeighboringRelation.ADD_OR_REMOVE_ONE
+                self._compose_repeated(_gaussian_step(sigma, 1.0, remove, interval), 1)
             return None
         if (
             isinstance(event, dpe.LaplaceDpEvent)
