@@ -194,7 +194,7 @@ def test_update_is_clipped_sum_over_expected_batch_size_with_momentum() -> None:
         torch.testing.assert_close(result.velocity[k], velocity[k], rtol=1e-10, atol=1e-12)
 
 
-@pytest.mark.parametrize("kind", ["logistic", "mlp_momentum", "cnn"])
+@pytest.mark.parametrize("kind", ["logistic", "mlp_momentum", "mlp_adam", "cnn"])
 def test_stacked_trials_equal_the_same_trials_run_one_by_one(kind: str) -> None:
     trials = 4
     torch.manual_seed(0)
@@ -204,9 +204,15 @@ def test_stacked_trials_equal_the_same_trials_run_one_by_one(kind: str) -> None:
         data = (torch.randn(30, 3, 8, 8, generator=g, dtype=torch.float64), torch.arange(30) % 2)
         loss, config = cross_entropy, DPSGDConfig(1.0, 1.0, 0.05)
     else:
-        model = (mlp(6, (5,)) if kind == "mlp_momentum" else logistic_regression(6)).double()
+        model = (mlp(6, (5,)) if kind.startswith("mlp") else logistic_regression(6)).double()
         data, loss = _data(30, 6, 1), bce
-        config = DPSGDConfig(0.5, 1.1, 0.1, 0.9 if kind == "mlp_momentum" else 0.0)
+        config = DPSGDConfig(
+            0.5,
+            1.1,
+            0.1,
+            0.9 if kind == "mlp_momentum" else 0.0,
+            optimizer="adam" if kind == "mlp_adam" else "sgd",
+        )
     # Silos of different sizes (so different q·n normalisers and batch lengths).
     datasets = [
         (data[0][: 30 - 4 * t], data[1][: 30 - 4 * t]) if kind == "logistic" else data

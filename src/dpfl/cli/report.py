@@ -16,12 +16,13 @@ from .common import print_json, reported_errors
 def report(
     directory: Annotated[Path, typer.Argument(help="The study directory (holds results.sqlite).")],
     metric: Annotated[
-        str,
+        str | None,
         typer.Option(
             help="Metric of the figures: accuracy, balanced_accuracy, auroc, auprc, precision, "
-            "recall or loss."
+            "recall, loss; survival: c_index, c_index_uno, ibs, td_auc. Default: accuracy, "
+            "or c_index for survival models."
         ),
-    ] = "accuracy",
+    ] = None,
     out: Annotated[
         Path | None,
         typer.Option(help="Folder for index.html (default DIR/report); the study is only read."),

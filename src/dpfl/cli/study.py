@@ -60,7 +60,9 @@ def best(
     directory: Annotated[Path, typer.Argument(help="A study directory.")],
     epsilon: Annotated[float, typer.Option("--epsilon", "-e", help="Target ε per silo.")],
     delta: Annotated[float, typer.Option("--delta", "-d", help="Target δ per silo.")],
-    metric: Annotated[str, typer.Option(help="Metric to maximise (loss: minimise).")] = "accuracy",
+    metric: Annotated[
+        str, typer.Option(help="Metric to maximise (loss, ibs: minimise).")
+    ] = "accuracy",
     validation_silo: Annotated[
         str | None,
         typer.Option(help="Rank by this silo's test set (public or held out), not the union."),

@@ -52,7 +52,12 @@ def require_records(path: Path | str, count: int, what: str = "records") -> None
 
 @dataclass(frozen=True)
 class Dataset:
-    """Records (rows) with features, integer labels and optional per-record metadata.
+    """Records (rows) with features, labels and optional per-record metadata.
+
+    `labels` are integer classes (n,) or, for a survival task, float64 (n, 2) pairs
+    (time, event): follow-up time and 1 if the event was observed, 0 if censored then
+    (`survival_labels` builds them). Survival labels are never squeezed into classes: a
+    censored patient is not known to survive.
 
     `features` is float32: a dense array (n, d) for tables, (n, c, h, w) for images, or a
     CSR matrix (n, d). NaN marks a value the source declares missing; call
@@ -81,10 +86,17 @@ class Dataset:
             raise ValueError(f"{self.name}: features must be float32, got {self.features.dtype}")
         if sp.issparse(self.features) and not isinstance(self.features, sp.csr_matrix):
             raise ValueError(f"{self.name}: sparse features must be CSR")
-        if self.labels.shape != (n,) or not np.issubdtype(self.labels.dtype, np.integer):
+        if self.labels.ndim == 2:
+            if self.labels.shape != (n, 2) or self.class_names:
+                raise ValueError(
+                    f"{self.name}: survival labels are (time, event) pairs of shape ({n}, 2) "
+                    f"and have no class names, got {self.labels.shape}"
+                )
+            check_survival(self.labels, self.name)
+        elif self.labels.shape != (n,) or not np.issubdtype(self.labels.dtype, np.integer):
             raise ValueError(
-                f"{self.name}: labels must be an integer vector of length {n}, "
-                f"got {self.labels.dtype} {self.labels.shape}"
+                f"{self.name}: labels must be an integer vector of length {n} or survival "
+                f"(time, event) pairs, got {self.labels.dtype} {self.labels.shape}"
             )
         if self.features.ndim == 2 and len(self.feature_names) != self.features.shape[1]:
             raise ValueError(
@@ -140,6 +152,35 @@ class Dataset:
             raise ValueError(f"{self.name} has no split {name!r}; it has {sorted(set(self.split))}")
         return self.subset(np.flatnonzero(self.split == name))
 
+    @property
+    def is_survival(self) -> bool:
+        """Whether the labels are (time, event) pairs rather than classes."""
+        return bool(self.labels.ndim == 2)
+
+    @property
+    def strata(self) -> np.ndarray:
+        """Integer groups to stratify splits by: the classes, or for survival the event
+        indicator (so every part gets its share of observed events)."""
+        return self.labels[:, 1].astype(np.int64) if self.is_survival else self.labels
+
     def class_counts(self) -> np.ndarray:
-        size = max(len(self.class_names), int(self.labels.max(initial=-1)) + 1)
-        return np.bincount(self.labels, minlength=size)
+        """Records per class (per event indicator, censored first, for survival)."""
+        size = max(len(self.class_names), int(self.strata.max(initial=-1)) + 1)
+        return np.bincount(self.strata, minlength=size)
+
+
+def survival_labels(time: np.ndarray, event: np.ndarray, name: str = "survival") -> np.ndarray:
+    """(time, event) pairs, float64 (n, 2), checked: times finite and non-negative,
+    events 0 (censored) or 1 (observed)."""
+    labels = np.column_stack([np.asarray(time, np.float64), np.asarray(event, np.float64)])
+    check_survival(labels, name)
+    return labels
+
+
+def check_survival(labels: np.ndarray, name: str) -> None:
+    """Refuse survival labels that are not (time ≥ 0, event ∈ {0, 1}) pairs."""
+    time, event = labels[:, 0], labels[:, 1]
+    if not np.all(np.isfinite(time)) or np.any(time < 0):
+        raise ValueError(f"{name}: survival times must be finite and non-negative")
+    if not np.all((event == 0) | (event == 1)):
+        raise ValueError(f"{name}: survival events must be 0 (censored) or 1 (observed)")

@@ -55,13 +55,14 @@ def gse7390(directory: Path | str) -> Dataset:
     bad = [i for i, e in enumerate(events) if e not in ("0", "1")]
     if bad:
         raise DataFormatError(path, f"record {bad[0]}: e.tdm must be 0 or 1", column="e.tdm")
+    observed = np.asarray([int(e) for e in events], dtype=np.int64)
     return Dataset(
         name="gse7390",
         features=features,
-        labels=np.asarray([int(e) for e in events], dtype=np.int64),
+        labels=observed,
         feature_names=("age", "size", "grade", "er", *(p.removeprefix("X") for p in probes)),
         class_names=("no distant metastasis observed", "distant metastasis"),
-        extra={"t.tdm": np.asarray(records["t.tdm"], dtype=np.float32)},
+        extra={"t.tdm": np.asarray(records["t.tdm"], dtype=np.float32), "e.tdm": observed},
         description=(
             "GSE7390 (TRANSBIG, Desmedt et al. 2007) via scikit-survival: 198 node-negative "
             "breast cancers, 76 Wang-signature probesets (HG-U133A) + age, size, grade, ER; "

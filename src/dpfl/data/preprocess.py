@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import scipy.sparse as sp
 
-from dpfl.data.dataset import NONPRIVATE_MARK, Dataset
+from dpfl.data.dataset import NONPRIVATE_MARK, Dataset, survival_labels
 
 
 def _with(dataset: Dataset, note: str, **changes: Any) -> Dataset:
@@ -111,6 +111,23 @@ def select_features(dataset: Dataset, names: Sequence[str], reason: str) -> Data
         f"selected {len(columns)} features by public list ({reason})",
         features=dataset.features[:, columns],
         feature_names=tuple(names),
+    )
+
+
+def as_survival(dataset: Dataset, time: str, event: str) -> Dataset:
+    """The survival task: labels become the (time, event) pairs of the `extra` columns
+    `time` and `event` (each record's own values: free). The class labels they replace
+    stay in `extra` as "class"."""
+    for column in (time, event):
+        if column not in dataset.extra:
+            raise ValueError(f"as_survival: {dataset.name} has no column {column!r} in extra")
+    labels = survival_labels(dataset.extra[time], dataset.extra[event], dataset.name)
+    return _with(
+        dataset,
+        f"survival task: labels = ({time}, {event})",
+        labels=labels,
+        class_names=(),
+        extra={**dataset.extra, "class": dataset.labels},
     )
 
 

@@ -15,7 +15,9 @@ from torch.func import functional_call
 
 from dpfl.federation.metrics import classification_metrics
 from dpfl.federation.silo import Silo
+from dpfl.federation.survival_metrics import survival_metrics
 from dpfl.local.clipping import Params
+from dpfl.local.losses import Loss, time_cuts
 
 SiloModels = Sequence[Sequence[Params]]
 """Per silo (in the run's order), the model it uses in each trial."""
@@ -32,13 +34,36 @@ def scores(model: nn.Module, params: Params, x: Tensor) -> np.ndarray:
         return probabilities(functional_call(model, params, (x,)))
 
 
+def predictions(model: nn.Module, params: Params, x: Tensor, survival: bool) -> np.ndarray:
+    """What the metrics read: class probabilities, or for survival the raw outputs (a
+    risk score or hazard logits, see `survival_metrics`)."""
+    if not survival:
+        return scores(model, params, x)
+    with torch.no_grad():
+        raw: np.ndarray = functional_call(model, params, (x,)).double().numpy()
+        return raw
+
+
+def metrics(labels: np.ndarray, predicted: np.ndarray, loss: Loss | None) -> dict[str, float]:
+    """Classification metrics of probabilities, or survival metrics of outputs (the
+    loss names the time intervals of hazard logits)."""
+    if labels.ndim == 2:
+        return survival_metrics(labels, predicted, None if loss is None else time_cuts(loss))
+    return classification_metrics(labels, predicted)
+
+
 def evaluate(
-    model: nn.Module, models: SiloModels, silos: Sequence[Silo], round_: int
+    model: nn.Module,
+    models: SiloModels,
+    silos: Sequence[Silo],
+    round_: int,
+    loss: Loss | None = None,
 ) -> list[dict[str, Any]]:
     """Per trial: metrics on the union of the silos' test sets, each scored by its own
-    silo's model, and each silo's own."""
+    silo's model, and each silo's own. `loss`: the model's, which survival metrics need
+    to read hazard logits."""
     scored = [
-        (silo, [scores(model, params, silo.x_test) for params in models[k]])
+        (silo, [predictions(model, p, silo.x_test, silo.survival) for p in models[k]])
         for k, silo in enumerate(silos)
         if silo.x_test is not None
     ]
@@ -49,11 +74,11 @@ def evaluate(
         {
             "round": round_,
             "trial": r,
-            "metrics": classification_metrics(
-                labels, np.concatenate([trial_scores[r] for _, trial_scores in scored])
+            "metrics": metrics(
+                labels, np.concatenate([trial_scores[r] for _, trial_scores in scored]), loss
             ),
             "silos": {
-                silo.name: classification_metrics(silo.y_test.numpy(), trial_scores[r])
+                silo.name: metrics(silo.y_test.numpy(), trial_scores[r], loss)
                 for silo, trial_scores in scored
                 if silo.y_test is not None
             },
@@ -76,7 +101,11 @@ def shares_one_model(models: SiloModels) -> bool:
 
 
 def cross_evaluate(
-    model: nn.Module, models: SiloModels, silos: Sequence[Silo], round_: int
+    model: nn.Module,
+    models: SiloModels,
+    silos: Sequence[Silo],
+    round_: int,
+    loss: Loss | None = None,
 ) -> list[dict[str, Any]]:
     """Per trial, every silo's model on every silo's test set (the FLamby convention):
     one row `{round, trial, model, test, metrics}` per (trial, model silo, test silo).
@@ -102,8 +131,10 @@ def cross_evaluate(
                         "trial": r,
                         "model": owner,
                         "test": test.name,
-                        "metrics": classification_metrics(
-                            test.y_test.numpy(), scores(model, params, test.x_test)
+                        "metrics": metrics(
+                            test.y_test.numpy(),
+                            predictions(model, params, test.x_test, test.survival),
+                            loss,
                         ),
                     }
                 )

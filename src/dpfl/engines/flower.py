@@ -8,8 +8,8 @@ algorithm logic; this module only carries instructions and replies between the h
 Both halves build the algorithm from the same `Deployment` (the public design each
 machine reads from its copy of the study file: `dpfl.experiments.deploy`) and from
 public facts only: each hospital's name and declared public size, the feature shape and
-the number of classes, which the hospitals announce in reply to a first "hello". The
-server never sees a record.
+the number of classes (`SURVIVAL` for (time, event) labels), which the hospitals
+announce in reply to a first "hello". The server never sees a record.
 
 A hospital's node config (never the server) gives its data folder, public size,
 (ε, δ) and ledger. It registers its own account, checks its whole remaining plan before
@@ -91,6 +91,9 @@ INSTANCE = re.compile(r"[0-9a-f]{16}")
 """Seconds between the server's pulls of replies."""
 RECORD = "dpfl"
 """The one ConfigRecord every message carries."""
+
+SURVIVAL = 0
+"""The "number of classes" a hospital with survival (time, event) labels announces."""
 
 
 class DeploymentError(RuntimeError):
@@ -243,7 +246,7 @@ class _Hospital:
         return account(self.me.name, 0)
 
     def hello(self) -> dict[str, Any]:
-        classes = int(self.silo.y.max()) + 1
+        classes = SURVIVAL if self.silo.survival else int(self.silo.y.max()) + 1
         return {
             "protocol": PROTOCOL,
             "study": self.run.key,
@@ -404,7 +407,9 @@ class _Hospital:
         silo = dataclasses.replace(self.silo, x_test=tested.x, y_test=tested.y)
         with _one_thread():
             model = algorithm.model_of({"global": sent}, local)
-            (row,) = evaluate(algorithm.model, [[model]], [silo], int(fields["round"]))
+            (row,) = evaluate(
+                algorithm.model, [[model]], [silo], int(fields["round"]), algorithm.loss
+            )
         metrics: dict[str, float] = row["silos"][self.me.name]
         return {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
 
@@ -820,6 +825,9 @@ def serve(
     if len(shapes) != 1:
         raise DeploymentError(f"the hospitals' records have different shapes: {sorted(shapes)}")
     shape = list(shapes.pop())
+    tasks = {int(hello["classes"]) == SURVIVAL for _, hello in known.values()}
+    if len(tasks) != 1:
+        raise DeploymentError("some hospitals hold survival labels and others classes")
     classes = max(int(hello["classes"]) for _, hello in known.values())
     silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
     node = {name: n for name, (n, _) in known.items()}

@@ -405,7 +405,11 @@ def simulate(
                         )
                     if (current + 1) % eval_every == 0 or current == rounds - 1:
                         history += evaluate(
-                            algorithm.model, run.models(algorithm, silos), silos, current
+                            algorithm.model,
+                            run.models(algorithm, silos),
+                            silos,
+                            current,
+                            algorithm.loss,
                         )
                     if checkpoint is not None:
                         _save(checkpoint, fingerprint, instance, current, run, history, messages)
@@ -440,7 +444,8 @@ def simulate(
             history=history,
             silo_metrics=[
                 h["silos"]
-                for h in evaluated or evaluate(algorithm.model, models, silos, completed - 1)
+                for h in evaluated
+                or evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss)
             ],
             accounts=[
                 {
@@ -456,7 +461,9 @@ def simulate(
             ],
             messages=messages,
             cross_silo=(
-                cross_evaluate(algorithm.model, models, silos, completed - 1) if cross_silo else []
+                cross_evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss)
+                if cross_silo
+                else []
             ),
             ledger_path=book.path,
             interrupted=interrupted,
@@ -649,11 +656,13 @@ def _status(
     algorithm: Algorithm,
 ) -> str:
     """The worst ε spent so far over silos and trials (by the accountant that enforces
-    the budgets) and the latest accuracy."""
-    accuracy = history[-1]["metrics"]["accuracy"] if history else math.nan
+    the budgets) and the latest accuracy (C-index for survival)."""
+    latest = history[-1]["metrics"] if history else {}
+    name = "accuracy" if "accuracy" in latest or not latest else "c_index"
+    shown = f"{name} {latest.get(name, math.nan):.3f}"
     if not algorithm.private:
-        return f"non-private  accuracy {accuracy:.3f}"
-    return f"{worst_spent(book, silos, trials)}  accuracy {accuracy:.3f}"
+        return f"non-private  {shown}"
+    return f"{worst_spent(book, silos, trials)}  {shown}"
 
 
 def _ledger_path(ledger: str | Path | None) -> Path:

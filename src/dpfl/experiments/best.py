@@ -45,6 +45,10 @@ class Candidate:
     """every run pooled (the run alone unless pooled over seeds)"""
 
 
+LOWER_IS_BETTER = ("loss", "ibs")
+"""Metrics to minimise: the log loss and the integrated Brier score."""
+
+
 def candidates(
     directory: str | Path,
     *,
@@ -84,7 +88,7 @@ def candidates(
             silos |= metrics.silos
     if found and all(math.isnan(c.mean) for c in found):
         _require_known(names, silos, metric, validation_silo)
-    lower_is_better = metric == "loss"
+    lower_is_better = metric in LOWER_IS_BETTER
     return sorted(
         found,
         key=lambda c: (

@@ -61,8 +61,27 @@ AlgorithmName = Literal[
     "centralized",
 ]
 SecureAggregation = Literal["none", "ideal", "masking", "he"]
-Metric = Literal["accuracy", "balanced_accuracy", "auroc", "auprc", "precision", "recall", "loss"]
-LIST_VALUED = {("model", "hidden"), ("metrics",), ("data", "partition", "names")}
+Metric = Literal[
+    "accuracy",
+    "balanced_accuracy",
+    "auroc",
+    "auprc",
+    "precision",
+    "recall",
+    "loss",
+    "c_index",
+    "c_index_uno",
+    "ibs",
+    "td_auc",
+]
+"""Classification metrics, and survival ones: Harrell's and Uno's C-index, the integrated
+Brier score (lower is better) and the mean time-dependent AUROC."""
+LIST_VALUED = {
+    ("model", "hidden"),
+    ("model", "time_bins"),
+    ("metrics",),
+    ("data", "partition", "names"),
+}
 """Keys whose single value is a list: a grid over them is a list of lists."""
 
 
@@ -103,6 +122,10 @@ class DataConfig(_Strict):
     """Keyword arguments of the dataset's builder."""
     partition: PartitionConfig = PartitionConfig(kind="natural")
     test_fraction: float = Field(0.2, gt=0, lt=1)
+    split: Literal["stratified", "official"] = "stratified"
+    """Each silo's train/test split: "stratified" (by class, or by event for survival),
+    `test_fraction` of its records held out; "official", the dataset's own assignment
+    (FLamby's per-centre splits), `test_fraction` unused."""
     public_sizes: Literal["declared", "dp-count"] = "declared"
     """What shapes each silo's mechanism (q, steps, normaliser): "declared", the sizes of
     the study's own partition, published with the study; "dp-count", a DP count of each
@@ -143,6 +166,10 @@ class ModelConfig(_Strict):
     kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
     hidden: list[int] = Field(default_factory=lambda: [200, 200])
     """Hidden widths of the MLP (Kerkouche: 200, 200)."""
+    time_bins: list[float] | None = None
+    """Survival with the logistic_hazard loss: the public cut points (in the labels' time
+    unit, increasing) of the discrete time intervals, one hazard output per interval
+    (the last open-ended). Never chosen from the records' times: that would read them."""
     init: Literal["per-trial", "shared"] = "per-trial"
     """per-trial: every trial but the first starts from its own initialisation, so the
     spread over trials includes the initialisation's; shared: all trials start from the
@@ -158,8 +185,17 @@ class AlgorithmConfig(_Strict):
     clip_norm: float = Field(1.0, gt=0)
     expected_batch_size: float = Field(16.0, gt=0)
     momentum: float = Field(0.0, ge=0, lt=1)
-    loss: Literal["bce", "cross_entropy", "focal", "weighted_bce"] | None = None
-    """Default: bce for two classes, cross_entropy for more."""
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    """Local optimiser of the DP-SGD steps; adam is post-processing of the noisy gradient
+    (the same ε), FLamby's baselines' choice. Not for mrmtl, ditto, fedsgd_secure, whose
+    steps carry state between rounds or pulls (nor aop, which runs no SGD steps, nor sign,
+    which sends the signs of one gradient); its state restarts at each local training."""
+    loss: (
+        Literal["bce", "cross_entropy", "focal", "weighted_bce", "logistic_hazard", "cox"] | None
+    ) = None
+    """Default: bce for two classes, cross_entropy for more, logistic_hazard for survival
+    (discrete-time, over `model.time_bins`); cox, the partial likelihood, only without
+    privacy (its risk sets couple patients, so per-example clipping bounds nothing)."""
     positive_weight: float = Field(1.0, gt=0)
     """weighted_bce's weight of the positive class."""
     local_epochs: float = Field(1.0, gt=0)
@@ -271,6 +307,21 @@ class StudyConfig(_Strict):
         from dpfl.federation.algorithms import BY_NAME  # imports torch: only to validate
 
         name, kind = self.algorithm.name, BY_NAME[self.algorithm.name]
+        if self.algorithm.optimizer == "adam":
+            why = {
+                "mrmtl": "its pull towards the global model joins SGD's velocity",
+                "ditto": "its pull towards the global model joins SGD's velocity",
+                "fedsgd_secure": "its momentum is carried between rounds",
+                "aop": "it runs no SGD steps",
+                "sign": "it sends the signs of one gradient",
+            }.get(name)
+            if why is not None:
+                raise ValueError(f"algorithm.optimizer 'adam' is not for {name}: {why}; use 'sgd'")
+            if self.algorithm.momentum:
+                raise ValueError(
+                    "algorithm.optimizer 'adam' takes no algorithm.momentum (Adam's first "
+                    "moment is its momentum): leave momentum at 0"
+                )
         if kind.sets_own_noise and not self.privacy.private:
             raise ValueError(
                 f"{name} has no non-private form; the non-private reference is fedavg or "
@@ -284,6 +335,18 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
         if self.privacy.calibration == "per-silo" and not kind.silo_noise_allowed:
             raise ValueError(f"{name}'s silos cannot have noise multipliers of their own")
+        if self.algorithm.loss == "cox" and self.privacy.private:
+            raise ValueError(
+                "algorithm.loss: the Cox partial likelihood couples the patients of a batch "
+                "through its risk sets, so clipping each patient's gradient does not bound "
+                "one patient's influence: it is not DP. Use loss = 'logistic_hazard' (a sum "
+                "over patients) for private survival, or privacy.private = false"
+            )
+        if self.algorithm.loss == "logistic_hazard" and not self.model.time_bins:
+            raise ValueError("algorithm.loss = 'logistic_hazard' needs model.time_bins")
+        bins = self.model.time_bins or []
+        if any(b <= 0 for b in bins) or any(b >= c for b, c in itertools.pairwise(bins)):
+            raise ValueError(f"model.time_bins must increase from above 0, got {bins}")
         if kind.needs_linear_model and self.model.kind != "logistic_regression":
             raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
         if kind.needs_secure_sum and self.secure_aggregation == "none":
@@ -314,6 +377,14 @@ class StudyConfig(_Strict):
                 del resolved[option]
         if not self.algorithm.tolerated_dropouts:
             del resolved["algorithm"]["tolerated_dropouts"]
+        for section, option, default in (
+            ("data", "split", "stratified"),
+            ("model", "time_bins", None),
+        ):
+            if resolved[section][option] == default:  # keys from before the option stay
+                del resolved[section][option]
+        if self.algorithm.optimizer == "sgd":
+            del resolved["algorithm"]["optimizer"]
         text = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 

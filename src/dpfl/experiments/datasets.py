@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from dpfl.data import Dataset, partition, preprocess
-from dpfl.federation.silo import Silo, silos_from_dataset
+from dpfl.federation.silo import Silo, silos_from_dataset, silos_from_splits
 
 if TYPE_CHECKING:  # config validates names against this registry
     from dpfl.experiments.config import DataConfig
@@ -72,11 +72,38 @@ a fixed map of each value, never a statistic of the records."""
 def _gse7390(path: Path, options: dict[str, Any]) -> Dataset:
     """The probesets of a published signature (`signature`, default Wang's `gene76`, which
     are the file's 76), matched by probe id; log2 values centred at a declared constant.
-    The clinical columns are left out: the seeds learn from expression alone."""
+    The clinical columns are left out: the seeds learn from expression alone. `task`:
+    "metastasis" (observed or not, the seeds' label) or "survival" (time to distant
+    metastasis, censored)."""
     from dpfl.data import genomics
 
-    data = _signature(genomics.gse7390(path), path, options, probe_level=True)
-    return _centre_log2(data)
+    task = options.pop("task", "metastasis")
+    if task not in ("metastasis", "survival"):
+        raise ValueError(f"data.options.task: 'metastasis' or 'survival', got {task!r}")
+    data = _centre_log2(_signature(genomics.gse7390(path), path, options, probe_level=True))
+    return preprocess.as_survival(data, "t.tdm", "e.tdm") if task == "survival" else data
+
+
+TCGA_AGE = (20.0, 90.0)
+"""Declared bounds of age at diagnosis (TCGA-BRCA reports 26-90): scaling by them is a
+fixed map of each value, so it costs nothing."""
+
+
+def _tcga_brca(path: Path, options: dict[str, Any]) -> Dataset:
+    """FLamby's Fed-TCGA-BRCA: 39 clinical features (age scaled by declared bounds, the
+    rest one-hot), 6 regional centres, FLamby's split (`data.split = "official"`).
+    `task`: "survival" (time to death, censored; the benchmark's task) or
+    "death_observed" (the binary label, which conflates censoring with survival)."""
+    from dpfl.data import tabular
+
+    task = options.get("task", "survival")
+    if set(options) - {"task"} or task not in ("survival", "death_observed"):
+        raise ValueError(
+            f"data.options: tcga_brca takes only task = 'survival' or 'death_observed', "
+            f"got {options}"
+        )
+    data = preprocess.scale_to_ranges(tabular.tcga_brca_clinical(path), {"age_at_index": TCGA_AGE})
+    return preprocess.as_survival(data, "T", "E") if task == "survival" else data
 
 
 def _bc_tcga(path: Path, options: dict[str, Any]) -> Dataset:
@@ -142,6 +169,7 @@ READERS: dict[str, Reader] = {
     "breastmnist": _image("breastmnist"),
     "gse7390": _gse7390,
     "bc_tcga": _bc_tcga,
+    "tcga_brca": _tcga_brca,
 }
 """Real data: name -> reader of the folder `data.path`."""
 GENERATORS: dict[str, Generator] = {
@@ -173,14 +201,34 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
     names = config.partition.names or _site_names(data, config, len(parts))
     if len(names) != len(parts):
         raise ValueError(f"data.partition.names: {len(names)} names for {len(parts)} silos")
+    declare_sizes = config.public_sizes == "declared"
+    if config.split == "official":
+        return silos_from_splits(
+            data, _official(data, parts, names), names=names, declare_sizes=declare_sizes
+        )
     return silos_from_dataset(
         data,
         parts,
         test_fraction=config.test_fraction,
         seed=seed,
         names=names,
-        declare_sizes=config.public_sizes == "declared",
+        declare_sizes=declare_sizes,
     )
+
+
+def _official(
+    data: Dataset, parts: list[np.ndarray], names: list[str]
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each silo's records split by the source's own train/test assignment."""
+    if data.split is None:
+        raise ValueError(f"data.split: {data.name} has no official split; use 'stratified'")
+    splits = []
+    for name, part in zip(names, parts, strict=True):
+        train, test = (part[data.split[part] == which] for which in ("train", "test"))
+        if not len(train) or not len(test):
+            raise ValueError(f"data.split: silo {name!r} has no official train or test records")
+        splits.append((train, test))
+    return splits
 
 
 def _partition(config: DataConfig, data: Dataset, seed: int) -> list[np.ndarray]:
@@ -189,9 +237,9 @@ def _partition(config: DataConfig, data: Dataset, seed: int) -> list[np.ndarray]
         return list(partition.natural(data.site_ids, spec.silos))
     assert spec.silos is not None  # checked by PartitionConfig
     if spec.kind == "iid":
-        return list(partition.iid_stratified(data.labels, spec.silos, seed))
+        return list(partition.iid_stratified(data.strata, spec.silos, seed))
     if spec.kind == "dirichlet":
-        return list(partition.dirichlet_label_skew(data.labels, spec.silos, spec.alpha, seed))
+        return list(partition.dirichlet_label_skew(data.strata, spec.silos, spec.alpha, seed))
     return list(partition.quantity_skew(len(data.labels), spec.silos, spec.alpha, seed))
 
 

@@ -72,12 +72,11 @@ def algorithm_for(
     config: StudyConfig, silos: Sequence[SiloInfo], shape: Sequence[int], classes: int
 ) -> Algorithm:
     """The study's algorithm as the simulator builds it, from public facts only: each
-    silo's name and public size, the feature shape and the number of classes."""
+    silo's name and public size, the feature shape and the number of classes
+    (`flower.SURVIVAL`: survival labels)."""
+    label = torch.ones(1, 2) if classes == flower.SURVIVAL else torch.tensor([classes - 1])
     placeholders = [
-        Silo(
-            s.name, torch.zeros((1, *shape)), torch.tensor([classes - 1]), public_size=s.public_size
-        )
-        for s in silos
+        Silo(s.name, torch.zeros((1, *shape)), label, public_size=s.public_size) for s in silos
     ]
     return build_algorithm(config, placeholders)
 

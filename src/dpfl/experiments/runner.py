@@ -375,17 +375,21 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
 def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Algorithm:
     """The configured algorithm, its model initialised from the study's seed."""
     spec, privacy = config.algorithm, config.privacy
-    classes = int(max(int(s.y.max()) for s in silos)) + 1
-    outputs = 1 if classes == 2 else classes
+    outputs, loss = _head(config, silos)
     torch.manual_seed(config.seed)
-    model = _model(config, silos[0], classes, outputs)
-    loss = _loss(spec.loss or ("bce" if outputs == 1 else "cross_entropy"), spec.positive_weight)
+    model = _model(config, silos[0], outputs)
     dpsgd = (
         DPSGDConfig(
-            spec.clip_norm, privacy.noise_multiplier or 1.0, spec.learning_rate, spec.momentum
+            spec.clip_norm,
+            privacy.noise_multiplier or 1.0,
+            spec.learning_rate,
+            spec.momentum,
+            optimizer=spec.optimizer,
         )
         if privacy.private
-        else DPSGDConfig.non_private(spec.learning_rate, spec.momentum)  # no clipping either
+        else DPSGDConfig.non_private(  # no clipping either
+            spec.learning_rate, spec.momentum, optimizer=spec.optimizer
+        )
     )
     common: dict[str, Any] = {
         "model": model,
@@ -439,26 +443,50 @@ def _aop(config: StudyConfig, model: torch.nn.Module, loss: losses.Loss) -> algo
     return algorithms.AOP(model=model, loss=loss, config=aop, epochs=config.rounds)
 
 
-def _model(config: StudyConfig, silo: Silo, classes: int, outputs: int) -> torch.nn.Module:
+SURVIVAL_LOSSES = ("logistic_hazard", "cox")
+
+
+def _head(config: StudyConfig, silos: Sequence[Silo]) -> tuple[int, losses.Loss]:
+    """The model's number of outputs and the loss: one logit for two classes, one per
+    class for more; for survival labels, one hazard logit per time interval
+    (logistic_hazard) or one risk score (cox)."""
+    spec = config.algorithm
+    if any(s.survival for s in silos):
+        name = spec.loss or "logistic_hazard"
+        if name not in SURVIVAL_LOSSES:
+            raise ValueError(
+                f"algorithm.loss: {name} is a classification loss and the labels are "
+                f"survival (time, event) pairs; use one of {', '.join(SURVIVAL_LOSSES)}"
+            )
+        if name == "cox":
+            return 1, losses.cox
+        if not config.model.time_bins:
+            raise ValueError("survival with logistic_hazard needs model.time_bins")
+        return len(config.model.time_bins) + 1, losses.logistic_hazard(config.model.time_bins)
+    classes = int(max(int(s.y.max()) for s in silos)) + 1
+    outputs = 1 if classes == 2 else classes
+    name = spec.loss or ("bce" if outputs == 1 else "cross_entropy")
+    if name in SURVIVAL_LOSSES:
+        raise ValueError(f"algorithm.loss: {name} needs survival (time, event) labels")
+    if name == "weighted_bce":
+        return outputs, losses.weighted_bce(spec.positive_weight)
+    if name == "focal":
+        return outputs, losses.focal()
+    loss: losses.Loss = getattr(losses, name)
+    return outputs, loss
+
+
+def _model(config: StudyConfig, silo: Silo, outputs: int) -> torch.nn.Module:
     shape = tuple(silo.x.shape[1:])
     if config.model.kind == "small_cnn":
-        if len(shape) != 3:
-            raise ValueError(f"model.kind: small_cnn needs images, the data have shape {shape}")
-        return models.small_cnn(shape[0], shape[1], n_classes=classes)
+        if len(shape) != 3 or silo.survival:
+            raise ValueError(f"model.kind: small_cnn classifies images, got {shape} records")
+        return models.small_cnn(shape[0], shape[1], n_classes=max(outputs, 2))
     if len(shape) != 1:
         raise ValueError(f"model.kind: {config.model.kind} needs a feature vector, got {shape}")
     if config.model.kind == "mlp":
         return models.mlp(shape[0], config.model.hidden, n_outputs=outputs)
-    return models.logistic_regression(shape[0], classes)
-
-
-def _loss(name: str, positive_weight: float) -> losses.Loss:
-    if name == "weighted_bce":
-        return losses.weighted_bce(positive_weight)
-    if name == "focal":
-        return losses.focal()
-    loss: losses.Loss = getattr(losses, name)
-    return loss
+    return torch.nn.Linear(shape[0], outputs)
 
 
 def _results(

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from dpfl.data.dataset import Dataset
+from dpfl.data.dataset import Dataset, check_survival
 from dpfl.data.partition import per_silo_splits
 
 
@@ -34,7 +34,8 @@ class SiloInfo:
 class Silo:
     """Training tensors x (float32, dense or sparse COO) and y (labels), optional test set.
 
-    Labels stay integers: binary losses cast them, cross-entropy needs them as classes.
+    Class labels stay integers (binary losses cast them, cross-entropy needs them as
+    classes); survival labels are float32 (n, 2) pairs (time, event).
     `public_size` is the declared public record count (None: the engine releases a DP
     count first); `size` is the true count, which only indexes the data.
     """
@@ -61,6 +62,11 @@ class Silo:
             raise ValueError(f"silo {self.name!r}: give both x_test and y_test, or neither")
         if self.x_test is not None and self.y_test is not None:
             _check_pair(self.name, "test", self.x_test, self.y_test)
+
+    @property
+    def survival(self) -> bool:
+        """Whether the labels are (time, event) pairs."""
+        return self.y.ndim == 2
 
     @property
     def size(self) -> int:
@@ -97,13 +103,17 @@ class Silo:
         *,
         public_size: int | None = None,
     ) -> Silo:
-        """From numpy arrays: features become float32, labels int64."""
+        """From numpy arrays: features become float32, class labels int64, survival
+        (time, event) pairs (n, 2) float32."""
 
         def features(a: np.ndarray) -> Tensor:
             return torch.as_tensor(np.asarray(a, dtype=np.float32))
 
         def labels(a: np.ndarray) -> Tensor:
             values = np.asarray(a)
+            if values.ndim == 2:
+                check_survival(values.astype(np.float64), f"silo {name!r}")
+                return torch.as_tensor(values.astype(np.float32))
             if not np.all(np.isfinite(values)) or not np.all(values == np.round(values)):
                 raise ValueError(f"silo {name!r}: labels must be integers")
             return torch.as_tensor(values.astype(np.int64))
@@ -136,12 +146,28 @@ def silos_from_dataset(
     it). False leaves the sizes private, to be released as DP counts by the engine."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
-    if names is not None and len(names) != len(partition):
-        raise ValueError(f"{len(names)} names for {len(partition)} silos")
     splits = per_silo_splits(
-        list(partition), dataset.labels, [1 - test_fraction, test_fraction], seed
+        list(partition), dataset.strata, [1 - test_fraction, test_fraction], seed
     )
-    labels = torch.as_tensor(dataset.labels.astype(np.int64))
+    return silos_from_splits(dataset, splits, names=names, declare_sizes=declare_sizes)
+
+
+def silos_from_splits(
+    dataset: Dataset,
+    splits: Sequence[Sequence[np.ndarray]],
+    *,
+    names: Sequence[str] | None = None,
+    declare_sizes: bool = True,
+) -> list[Silo]:
+    """One silo per (train, test) pair of index arrays into `dataset`: a split of one's
+    own (`silos_from_dataset`) or the source's official one (FLamby's per-centre split)."""
+    if names is not None and len(names) != len(splits):
+        raise ValueError(f"{len(names)} names for {len(splits)} silos")
+    labels = (
+        torch.as_tensor(dataset.labels.astype(np.float32))
+        if dataset.is_survival
+        else torch.as_tensor(dataset.labels.astype(np.int64))
+    )
     silos = []
     for k, (train, test) in enumerate(splits):
         name = names[k] if names is not None else f"silo-{k}"
@@ -170,7 +196,8 @@ def _features(dataset: Dataset, rows: np.ndarray) -> Tensor:
 
 
 def _check_pair(name: str, part: str, x: Tensor, y: Tensor) -> None:
-    if x.shape[0] != y.shape[0] or y.ndim != 1:
+    survival = y.ndim == 2 and y.shape[1] == 2 and y.is_floating_point()
+    if x.shape[0] != y.shape[0] or not (y.ndim == 1 or survival):
         raise ValueError(
             f"silo {name!r}: {part} features have {x.shape[0]} rows but labels have shape "
             f"{tuple(y.shape)}"

@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import math
 import weakref
+from collections.abc import Callable
 from functools import partial
 from typing import cast
 
@@ -47,7 +48,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 
-from dpfl.local.losses import Loss, output_gradient
+from dpfl.local.losses import Loss, couples_examples, output_gradient
 from dpfl.models import check_per_example
 
 Params = dict[str, Tensor]
@@ -68,6 +69,7 @@ class ClippedGradientSum:
         self.model = model
         self.loss = loss
         self._closed_form = output_gradient(loss)
+        self._coupled = couples_examples(loss)
         self._layers: list[tuple[str, nn.Module]] | None = None
         if isinstance(model, nn.Linear):
             self._layers = [("", model)]
@@ -94,6 +96,8 @@ class ClippedGradientSum:
         layer-by-layer backward pass then uses `torch.func.grad` instead of the lighter
         `torch.autograd.grad`, which `vmap` does not support."""
         self._check(tuple(x.shape[1:]))
+        if self._coupled:
+            return self._batch_gradient(params, x, y, mask, clip_norm)
         if self._layers is None:
             if x.is_sparse:
                 raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
@@ -120,7 +124,7 @@ class ClippedGradientSum:
         whatever else is stacked with it and wherever it sits in the stack. There
         `input_norms` (members, batch), if given, are `input_norms(params, ·)` of the
         batches' records, computed once per dataset and gathered with them."""
-        if not self._direct_applies(params, x):
+        if self._coupled or not self._direct_applies(params, x):
             return self._vmapped(params, x, y, mask, clip_norm)
         self._check(tuple(x.shape[2:]))
         return self._stacked_linear(params, x, y, mask, clip_norm, input_norms)
@@ -140,6 +144,28 @@ class ClippedGradientSum:
         mapped = vmap(partial(self, under_vmap=True), in_dims=(0, 0, 0, 0, None))
         result: tuple[Params, Tensor] = mapped(params, x, y, mask, clip_norm)
         return result
+
+    def _batch_gradient(
+        self, params: Params, x: Tensor, y: Tensor, mask: Tensor, clip_norm: float
+    ) -> tuple[Params, Tensor]:
+        """The gradient of a coupled loss (`losses.couples_examples`, Cox's) summed over
+        the batch's real rows. It has no per-example gradients to clip, so it is for
+        non-private runs (C = ∞) only; the norms returned are NaN: there are none."""
+        if math.isfinite(clip_norm):
+            raise ValueError(
+                "this loss couples the examples of a batch (Cox's risk sets): per-example "
+                "clipping does not bound one record's influence, so it cannot be trained "
+                "with DP; use a loss that is a sum over records (logistic_hazard)"
+            )
+        if x.is_sparse:
+            raise ValueError("a coupled loss needs dense inputs")
+
+        def total(p: Params) -> Tensor:
+            loss = cast(Callable[[Tensor, Tensor, Tensor], Tensor], self.loss)
+            return loss(functional_call(self.model, p, (x,)), y, mask).sum()
+
+        sums: Params = grad(total)(params)
+        return sums, torch.full(mask.shape, math.nan, dtype=mask.dtype)
 
     def _loss_sum(self, z: Tensor, y: Tensor) -> Tensor:
         return self.loss(z, y).sum()

@@ -4,7 +4,11 @@ One step (Owkin Alg. 1/2, Dopamine Alg. 1 lines 7-14): draw a batch with the sam
 sum the per-example gradients clipped to C, add N(0, σ²C²) to the sum, divide by the
 sampler's data-independent expected batch size (q·n for Poisson batches: the realised
 size is a private count), then v ← βv + g̃ and θ ← θ − ηv. Momentum only re-uses noisy
-gradients, so it is post-processing and costs nothing (Dopamine, App. C).
+gradients, so it is post-processing and costs nothing (Dopamine, App. C). So does Adam
+(`optimizer="adam"`, FLamby's baselines' choice), which rescales the same g̃ per
+coordinate: m ← β₁m + (1−β₁)g̃, s ← β₂s + (1−β₂)g̃², θ ← θ − η·m̂/(√ŝ + ε) with the bias
+corrections m̂ = m/(1−β₁ᵗ), ŝ = s/(1−β₂ᵗ), as torch.optim.Adam's default; its state
+restarts at each local training (t counts from 1 within one `run`).
 
 The sampler declares the privacy event (ARCHITECTURE.md's one rule); `run` asks for it
 *before* the first step, so a sampler that cannot be accounted for (shuffled batches)
@@ -18,7 +22,7 @@ import contextlib
 import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -43,7 +47,10 @@ benchmarks/bench_vs_torch.py --threads 2). 0 leaves torch's setting alone."""
 
 @dataclass(frozen=True)
 class DPSGDConfig:
-    """Clipping bound C, noise multiplier σ (noise std σ·C on the sum), step size, momentum.
+    """Clipping bound C, noise multiplier σ (noise std σ·C on the sum), step size, momentum,
+    and the optimiser that turns each noisy gradient into a step: "sgd" (with `momentum`)
+    or "adam" (with `betas` and `eps`, no momentum). Either is post-processing of the noisy
+    gradient: the privacy event is the same.
 
     σ = 0 is the non-private reference (FL-STANDARD, FL-SIGN, F): no noise and no privacy
     event; `NON_PRIVATE` also sets C = ∞ so that nothing is clipped.
@@ -53,6 +60,9 @@ class DPSGDConfig:
     noise_multiplier: float
     learning_rate: float
     momentum: float = 0.0
+    optimizer: Literal["sgd", "adam"] = "sgd"
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
 
     def __post_init__(self) -> None:
         if (
@@ -62,15 +72,35 @@ class DPSGDConfig:
             or not 0 <= self.momentum < 1
         ):
             raise ValueError(f"invalid DP-SGD configuration {self}")
+        if self.optimizer not in ("sgd", "adam"):
+            raise ValueError(f"optimizer must be 'sgd' or 'adam', got {self.optimizer!r}")
+        if len(self.betas) != 2 or not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"Adam's betas must be two numbers in [0, 1), got {self.betas}")
+        if not self.eps > 0:
+            raise ValueError(f"Adam's eps must be > 0, got {self.eps}")
+        if self.optimizer == "adam" and self.momentum:
+            raise ValueError(
+                f"momentum must be 0 with optimizer 'adam' (got {self.momentum}): Adam's "
+                "first moment, betas[0], is its momentum"
+            )
 
     @property
     def private(self) -> bool:
         return self.noise_multiplier > 0
 
     @classmethod
-    def non_private(cls, learning_rate: float, momentum: float = 0.0) -> DPSGDConfig:
-        """Plain minibatch SGD on the same Poisson batches: the non-private baseline."""
-        return cls(math.inf, 0.0, learning_rate, momentum)
+    def non_private(
+        cls,
+        learning_rate: float,
+        momentum: float = 0.0,
+        *,
+        optimizer: Literal["sgd", "adam"] = "sgd",
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+    ) -> DPSGDConfig:
+        """Plain minibatch SGD (or Adam) on the same Poisson batches: the non-private
+        baseline."""
+        return cls(math.inf, 0.0, learning_rate, momentum, optimizer, betas, eps)
 
 
 @dataclass(frozen=True)
@@ -124,6 +154,8 @@ class DPSGD:
         """`steps` DP-SGD steps on one silo's (x, y); x may be a sparse COO tensor.
 
         Noise is cryptographically secure unless a `SeededNoise` is passed (research mode).
+        `velocity` carries SGD's momentum over from an earlier run; with Adam the returned
+        `velocity` is its first moment, and no velocity may be passed (its state restarts).
         """
         result = self._train(
             {k: v.unsqueeze(0) for k, v in params.items()},
@@ -169,6 +201,11 @@ class DPSGD:
         velocity: Params | None,
     ) -> StackedResult:
         cfg = self.config
+        if cfg.optimizer == "adam" and velocity is not None:
+            raise ValueError(
+                "adam's state restarts at each local training; pass no velocity "
+                "(its second moment and step count are not carried between runs)"
+            )
         declared = (
             [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers] if cfg.private else []
         )
@@ -195,13 +232,22 @@ class DPSGD:
             self._steps(params, velocity, datasets, samplers, noises, steps, pool, scales, std)
         metadata = [
             {
-                "mechanism": "dp-sgd" if cfg.private else "sgd (non-private)",
+                "mechanism": (
+                    ("dp-sgd" if cfg.private else "sgd (non-private)")
+                    if cfg.optimizer == "sgd"
+                    else ("dp-adam" if cfg.private else "adam (non-private)")
+                ),
                 "sampler": type(s).__name__,
                 "expected_batch_size": s.expected_batch_size,
                 "clip_norm": cfg.clip_norm,
                 "noise_multiplier": cfg.noise_multiplier,
                 "learning_rate": cfg.learning_rate,
                 "momentum": cfg.momentum,
+                **(
+                    {"optimizer": "adam", "betas": list(cfg.betas), "eps": cfg.eps}
+                    if cfg.optimizer == "adam"
+                    else {}
+                ),
                 "steps": steps,
                 "event": described,
                 **n.metadata(),
@@ -227,9 +273,14 @@ class DPSGD:
         scales: Params,
         std: float,
     ) -> None:
-        """`steps` DP-SGD steps, updating `params` and `velocity` in place."""
+        """`steps` DP-SGD steps, updating `params` and `velocity` in place (with Adam,
+        `velocity` is the first moment m; the second moment lives for this call only)."""
         cfg = self.config
         clip_norm, rate, momentum = cfg.clip_norm, cfg.learning_rate, cfg.momentum
+        adam = cfg.optimizer == "adam"
+        beta1, beta2 = cfg.betas
+        # Adam's second moment s, one row per member like m (= velocity, zeros here)
+        second = {k: torch.zeros_like(v) for k, v in velocity.items()} if adam else {}
         dtype = next(iter(params.values())).dtype
         lone = len(samplers) == 1
         # a lone member is computed beside a masked twin (see `_with_twin`): its rows of
@@ -250,7 +301,7 @@ class DPSGD:
             updates.append((name, value, scales[name], noise))
             offset += size
         stacked = self.clipped_sum.stacked
-        for _ in range(steps):
+        for t in range(1, steps + 1):
             indices = [s.sample() for s in samplers]
             if pool is None:  # one sparse member: its own batch, as it is
                 x, y, mask = _batch(datasets[0], indices[0], dtype)
@@ -274,6 +325,11 @@ class DPSGD:
                 if noise is not None:
                     g.add_(noise)
                 g.div_(scale)
+                if adam:
+                    _adam_step(
+                        value, g, velocity[name], second[name], t, rate, beta1, beta2, cfg.eps
+                    )
+                    continue
                 if momentum:
                     g.add_(velocity[name], alpha=momentum)
                 velocity[name] = g
@@ -281,6 +337,29 @@ class DPSGD:
         if own is not params:
             for name, value in own.items():
                 params[name].copy_(value)
+
+
+def _adam_step(
+    value: Tensor,
+    g: Tensor,
+    m: Tensor,
+    s: Tensor,
+    t: int,
+    rate: float,
+    beta1: float,
+    beta2: float,
+    eps: float,
+) -> None:
+    """Adam's t-th update of `value` (torch.optim.Adam's default: no weight decay, no
+    amsgrad) from the noisy gradient `g`, with moments `m` and `s`; all in place, `g`
+    used up. Only element-wise products, sums, quotients and square roots, each rounded
+    once whatever the vector width: a member's bits do not depend on its stack."""
+    square = torch.mul(g, g).mul_(1 - beta2)
+    s.mul_(beta2).add_(square)
+    m.mul_(beta1).add_(g.mul_(1 - beta1))
+    denominator = torch.sqrt(s, out=square).div_(math.sqrt(1 - beta2**t)).add_(eps)
+    step = torch.div(m, denominator, out=g).mul_(rate / (1 - beta1**t))
+    value.sub_(step)
 
 
 @contextlib.contextmanager

@@ -3,11 +3,14 @@
 DP-SGD needs the loss of each example separately (its gradient is clipped on its own),
 so every loss here keeps the batch dimension. Binary losses take logits of shape
 `(batch, 1)` and targets in {0, 1}; `cross_entropy` takes `(batch, classes)` and integer
-class targets.
+class targets; the survival losses take (time, event) targets of shape `(batch, 2)`:
+`logistic_hazard` (one logit per public time interval, a sum over patients) and `cox`
+(one risk score; its terms couple the patients of a batch, see `couples_examples`).
 """
 
 from __future__ import annotations
 
+import math
 import weakref
 from collections.abc import Callable
 
@@ -22,9 +25,13 @@ __all__ = [
     "Loss",
     "OutputGradient",
     "bce",
+    "couples_examples",
+    "cox",
     "cross_entropy",
     "focal",
+    "logistic_hazard",
     "output_gradient",
+    "time_cuts",
     "weighted_bce",
 ]
 
@@ -142,3 +149,90 @@ def _cross_entropy_gradient(logits: Tensor, target: Tensor) -> Tensor:
 
 
 _OUTPUT_GRADIENTS[cross_entropy] = _cross_entropy_gradient
+
+
+_CUTS: weakref.WeakKeyDictionary[Loss, tuple[float, ...]] = weakref.WeakKeyDictionary()
+"""Discrete-time survival losses (by identity) and the cut points of their intervals."""
+
+
+def time_cuts(loss: Loss) -> tuple[float, ...] | None:
+    """The interval cut points of a `logistic_hazard` loss (its outputs are one hazard
+    logit per interval); None for any other loss."""
+    return _CUTS.get(loss)
+
+
+def logistic_hazard(cuts: tuple[float, ...] | list[float]) -> Loss:
+    """Discrete-time survival: the negative log-likelihood of a logistic hazard model
+    (Kvamme & Borgan 2019; nnet-survival, Gensheimer & Narasimhan 2019).
+
+    The cut points 0 < c_1 < … < c_{K−1} (public: part of the study's design, never read
+    from the records) make K intervals, the last open-ended; the model outputs one logit
+    z_k per interval, the hazard h_k = σ(z_k) of the event in interval k given survival
+    to its start. A patient whose time falls in interval j contributes Σ_{k<j} −log(1 −
+    h_k) (survived those) plus −log h_j if the event was observed there; a censored
+    patient is known to survive only the intervals before j. Each patient's term depends
+    on their own record alone, so per-example clipping and Poisson DP-SGD stay sound."""
+    boundaries = torch.tensor([float(c) for c in cuts], dtype=torch.float64)
+    if (
+        len(boundaries) == 0
+        or bool((boundaries <= 0).any())
+        or bool((boundaries[1:] <= boundaries[:-1]).any())
+    ):
+        raise ValueError(f"logistic_hazard needs increasing cut points above 0, got {cuts}")
+
+    def targets(logits: Tensor, target: Tensor) -> tuple[Tensor, Tensor]:
+        """Per interval: the event indicator y_k and which intervals count (w_k)."""
+        if logits.shape[-1] != len(boundaries) + 1 or target.shape[-1] != 2:
+            raise ValueError(
+                f"logistic_hazard over {len(boundaries) + 1} intervals needs that many "
+                f"logits and (time, event) targets, got {tuple(logits.shape)} and "
+                f"{tuple(target.shape)}"
+            )
+        time, event = target[..., 0].double().contiguous(), target[..., 1].to(logits.dtype)
+        interval = torch.bucketize(time, boundaries, right=True).unsqueeze(-1)
+        k = torch.arange(logits.shape[-1]).expand_as(logits)
+        at = (k == interval).to(logits.dtype)
+        weight = (k < interval).to(logits.dtype).add_(at * event.unsqueeze(-1))
+        return at.mul_(event.unsqueeze(-1)), weight
+
+    def loss(logits: Tensor, target: Tensor) -> Tensor:
+        y, weight = targets(logits, target)
+        terms = F.binary_cross_entropy_with_logits(logits, y, reduction="none")
+        return (terms * weight).sum(-1)
+
+    def gradient(logits: Tensor, target: Tensor) -> Tensor:
+        y, weight = targets(logits, target)
+        return _sigmoid(logits).sub_(y).mul_(weight)
+
+    _OUTPUT_GRADIENTS[loss] = gradient
+    _CUTS[loss] = tuple(float(c) for c in cuts)
+    return loss
+
+
+_COUPLED: weakref.WeakSet[Loss] = weakref.WeakSet()
+
+
+def couples_examples(loss: Loss) -> bool:
+    """Whether each example's term depends on the other examples of its batch (`cox`):
+    such a loss has no per-example gradient to clip, so it cannot be trained with DP."""
+    return loss in _COUPLED
+
+
+def cox(logits: Tensor, target: Tensor, mask: Tensor | None = None) -> Tensor:
+    """Cox's negative log partial likelihood within the batch (Breslow's ties), one term
+    per patient: e_i·(log Σ_{j: t_j ≥ t_i} exp η_j − η_i), over the real rows of `mask`.
+
+    The risk set of each patient holds the others, so one patient moves every term: not
+    a sum of per-patient terms, and no per-example clipping bounds its sensitivity. For
+    non-private references only (FLamby's Fed-TCGA-BRCA baseline)."""
+    risk = logits.squeeze(-1)
+    time, event = target[..., 0], target[..., 1].to(risk.dtype)
+    real = torch.ones_like(risk) if mask is None else mask.to(risk.dtype)
+    at_risk = (time.unsqueeze(-2) >= time.unsqueeze(-1)) & (real.unsqueeze(-2) > 0)
+    at_risk |= torch.eye(len(risk), dtype=torch.bool)  # never empty, even for padding
+    scores = risk.unsqueeze(-2).expand(at_risk.shape).masked_fill(~at_risk, -math.inf)
+    log_sum = torch.logsumexp(scores, dim=-1)
+    return real * event * (log_sum - risk)
+
+
+_COUPLED.add(cox)

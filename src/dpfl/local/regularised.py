@@ -5,7 +5,9 @@ DP-SGD gradient g̃ plus the gradient of λ/2‖θ − w̄‖²; Ditto's persona
 with the global model as anchor. The anchor is public to the silo, so adding λ(θ − w̄)
 is post-processing of g̃ and costs no privacy (seed, footnote 3). It must act at every
 step, not once at the end, so each step here is one `DPSGD` step followed by the pull;
-with momentum β the pull joins the velocity, as part of the gradient it is.
+with momentum β the pull joins the velocity, as part of the gradient it is. Adam is
+refused: there the pull would be rescaled per coordinate by Adam's second moment, a
+different algorithm from MR-MTL's and Ditto's.
 """
 
 from __future__ import annotations
@@ -25,7 +27,14 @@ __all__ = ["ProximalDPSGD", "check_strength"]
 
 def check_strength(config: DPSGDConfig, strength: float) -> None:
     """Refuse a λ for which the explicit step on λ/2‖θ − anchor‖² diverges: heavy-ball
-    on a quadratic of curvature λ converges only for η·λ < 2(1 + β)."""
+    on a quadratic of curvature λ converges only for η·λ < 2(1 + β). Refuse Adam too: the
+    pull joins SGD's velocity, and with Adam it would be rescaled per coordinate."""
+    if config.optimizer != "sgd":
+        raise ValueError(
+            f"the proximal (MR-MTL, Ditto) trainer needs optimizer 'sgd', got "
+            f"{config.optimizer!r}: its pull λ(θ − anchor) joins SGD's velocity; with Adam "
+            "it would be rescaled per coordinate by the second moment, a different algorithm"
+        )
     if not 0 <= strength < math.inf:
         raise ValueError(f"the proximal strength λ must be finite and ≥ 0, got {strength}")
     if config.learning_rate * strength >= 2 * (1 + config.momentum):

@@ -28,10 +28,11 @@ class ReportError(ValueError):
     """The report cannot be drawn as asked (e.g. no run has the requested metric)."""
 
 
-def write_report(directory: Path, *, metric: str = "accuracy", out: Path | None = None) -> Path:
+def write_report(directory: Path, *, metric: str | None = None, out: Path | None = None) -> Path:
     """Write OUT/index.html (figures embedded; OUT defaults to DIR/report) from
     DIR/results.sqlite, which is only read (a read-only study is reported elsewhere with
-    `out`); return it.
+    `out`); return it. `metric` of the figures: by default accuracy, or Harrell's C-index
+    where the runs are survival models.
 
     Raises `StoreError` if DIR holds no results store, and `ReportError` if no finished
     run has `metric`."""
@@ -47,6 +48,8 @@ def write_report(directory: Path, *, metric: str = "accuracy", out: Path | None 
             r.id: store.epsilon_by_silo(r) for r in runs if r.status == "failed" and r.reported
         }
     available = {m for s in shown for m in s.summary.metrics.names}
+    if metric is None:
+        metric = "c_index" if "c_index" in available and "accuracy" not in available else "accuracy"
     if shown and metric not in available:
         raise ReportError(
             f"no finished run has the metric {metric!r}; the store has "

@@ -25,11 +25,13 @@ from dpfl.experiments.queries import (
     pool_seeds,
 )
 from dpfl.experiments.store import RunRow, SiloEpsilons
+from dpfl.federation.survival_metrics import SURVIVAL_METRICS
 
 from . import figures
 from .shown import Shown, byte_text, metric_name, point
 
 TABLE_METRICS = ("accuracy", "auroc", "balanced_accuracy")
+SURVIVAL_TABLE_METRICS = ("c_index", "c_index_uno", "ibs")
 MAX_EPSILON_PANELS = 12
 REPORTED = (
     "ε marked “reported” is a deployed run's: the server keeps no ledger, so it is each "
@@ -104,8 +106,9 @@ def _figures(shown: list[Shown], metric: str) -> str:
             "<h2 id='learning-curves'>Learning curves</h2>",
             figure_html(
                 figures.learning_curves(shown, metric, colors),
-                f"{name.capitalize()} on the union of the silos' test sets at each evaluated "
-                "round: mean over trials, band ± 1 sample std (no band with a single trial).",
+                f"{name[:1].upper()}{name[1:]} on the union of the silos' test sets at each "
+                "evaluated round: mean over trials, band ± 1 sample std (no band with a single "
+                "trial).",
                 f"No run has {name} on the union of the silos' test sets (a deployment's "
                 "hospitals each score their own, once: see its datasheet).",
             ),
@@ -209,8 +212,10 @@ def _bytes_up(runs: Iterable[RunRow], traffic: Traffic) -> str:
 
 
 def _table_metrics(metric: str) -> list[str]:
-    """The metric asked for, then the table's usual ones."""
-    return list(dict.fromkeys([metric, *TABLE_METRICS]))
+    """The metric asked for, then the table's usual ones (survival ones beside a
+    survival metric)."""
+    usual = SURVIVAL_TABLE_METRICS if metric in SURVIVAL_METRICS else TABLE_METRICS
+    return list(dict.fromkeys([metric, *usual]))
 
 
 def _pooled_table(groups: list[Pooled], metric: str) -> str:

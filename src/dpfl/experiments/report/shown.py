@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from dpfl.experiments.queries import RunSummary
 from dpfl.experiments.store import RunRow
 
-_METRIC_NAMES = {"auroc": "AUROC", "auprc": "AUPRC"}
+_METRIC_NAMES = {
+    "auroc": "AUROC",
+    "auprc": "AUPRC",
+    "c_index": "C-index (Harrell)",
+    "c_index_uno": "C-index (Uno)",
+    "ibs": "integrated Brier score",
+    "td_auc": "time-dependent AUROC",
+}
 
 
 @dataclass(frozen=True)

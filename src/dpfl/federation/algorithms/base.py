@@ -156,6 +156,7 @@ class Algorithm(ABC):
     needs_linear_model: ClassVar[bool] = False
     """True: the mechanism's guarantee holds for a linear (convex) model only."""
     model: nn.Module
+    loss: Loss
 
     @property
     @abstractmethod
