@@ -77,6 +77,7 @@ _EVENT_TYPES: dict[str, type[dpe.DpEvent]] = {
         dpe.ComposedDpEvent,
         dpe.PoissonSampledDpEvent,
         dpe.SampledWithoutReplacementDpEvent,
+        dpe.RepeatAndSelectDpEvent,
         ApproximateDpEvent,
         ClientSampledDpEvent,
     )
@@ -254,6 +255,22 @@ def kerkouche_round(
     return compose([PrivacyEvent(first), PrivacyEvent(rest)])
 
 
+def tuned(run: PrivacyEvent, *, mean: float, shape: float) -> PrivacyEvent:
+    """Private hyperparameter selection (Papernot & Steinke, ICLR 2022): a random number
+    K of candidate runs, each at most `run`, of which only the best is released.
+
+    K is drawn (by `dpfl.privacy.selection.repetitions`, never chosen) from a truncated
+    negative binomial of this `shape` (0: logarithmic, 1: geometric) or, for
+    `shape = inf`, a Poisson distribution, with mean `mean`; K itself and the other runs
+    stay secret. Accounted by RDP (`dp_accounting`'s `RepeatAndSelectDpEvent`, their
+    Theorems 2 and 6): the cost over one run is modest, far below K runs composed."""
+    if not (math.isfinite(mean) and mean >= 1):
+        raise PrivacyParameterError(f"the mean number of runs must be ≥ 1, got {mean!r}")
+    if math.isnan(shape) or shape < 0:
+        raise PrivacyParameterError(f"the shape must be ≥ 0 (inf: Poisson), got {shape!r}")
+    return PrivacyEvent(dpe.RepeatAndSelectDpEvent(run.dp_event, mean, shape), run.neighbouring)
+
+
 def compose(events: Sequence[PrivacyEvent]) -> PrivacyEvent:
     """Adaptive composition of events under one neighbouring relation."""
     if not events:
@@ -342,6 +359,12 @@ def _validate(event: dpe.DpEvent, neighbouring: Neighbouring, *, top_level: bool
     elif isinstance(event, ClientSampledDpEvent):
         _check_probability("client sampling rate C", event.sampling_probability)
         _validate(event.event, neighbouring, top_level=False)
+    elif isinstance(event, dpe.RepeatAndSelectDpEvent):
+        if not (math.isfinite(event.mean) and event.mean >= 1) or not event.shape >= 0:
+            raise PrivacyParameterError(
+                f"a tuned event needs mean ≥ 1 and shape ≥ 0, got {event.mean}, {event.shape}"
+            )
+        _validate(event.event, neighbouring, top_level=False)  # RDP: no (ε, δ) inside
     else:
         raise PrivacyParameterError(f"dpfl does not account for {type(event).__name__}")
 
@@ -368,6 +391,9 @@ def _describe(event: dpe.DpEvent) -> str:
         return f"(ε={event.epsilon:g}, δ={event.delta:g})-DP"
     if isinstance(event, ClientSampledDpEvent):
         return f"client-sampled(C={event.sampling_probability:g}) {_describe(event.event)}"
+    if isinstance(event, dpe.RepeatAndSelectDpEvent):
+        law = "Poisson" if math.isinf(event.shape) else f"TNB(shape={event.shape:g})"
+        return f"best of {law} runs (mean {event.mean:g}) of {_describe(event.event)}"
     return type(event).__name__
 
 
