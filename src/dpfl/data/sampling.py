@@ -51,6 +51,9 @@ class PoissonSampler(BatchSampler):
     under add/remove, and dividing by q·n would let one more record move every update.
     """
 
+    sensitivity_in_clip_norms = 1.0
+    """How far one record moves a batch's sum of clipped gradients, in units of C."""
+
     def __init__(
         self,
         dataset_size: int,
@@ -79,7 +82,15 @@ class PoissonSampler(BatchSampler):
         return self.sample_rate * self.public_size
 
     def privacy_event(self, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
-        return events.poisson_gaussian(self.sample_rate, noise_multiplier, steps=steps)
+        return self.event(self.sample_rate, noise_multiplier, steps)
+
+    @classmethod
+    def event(cls, sample_rate: float, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
+        """What `privacy_event` declares, known before any record is read (a plan): the
+        Poisson-sampled Gaussian at σ over this sampler's sensitivity."""
+        return events.poisson_gaussian(
+            sample_rate, noise_multiplier / cls.sensitivity_in_clip_norms, steps=steps
+        )
 
 
 class ShuffledSampler(BatchSampler):
@@ -117,7 +128,7 @@ class ShuffledSampler(BatchSampler):
         )
 
 
-class BalancedPoissonSampler(BatchSampler):
+class BalancedPoissonSampler(PoissonSampler):
     """Kerkouche's downsampling (Alg. 7) applied to a Poisson batch (Alg. 6, line 2-3).
 
     A Poisson batch B is split by label into C₁, C₂; s = min(|C₁|, |C₂|) records are kept
@@ -139,6 +150,9 @@ class BalancedPoissonSampler(BatchSampler):
     the true sensitivity, and that is what this sampler declares. (Kerkouche et al.
     charge σ; their ε is therefore optimistic.) The bound is attained: with q = 1, one
     minority record and aligned gradients, removing it removes two clipped gradients.
+
+    The normaliser stays the Poisson batch's q·n (n public): the mean balanced size
+    2·E[s] depends on the private class counts; the learning rate absorbs the ratio.
     """
 
     sensitivity_in_clip_norms = 2.0
@@ -153,31 +167,20 @@ class BalancedPoissonSampler(BatchSampler):
     ) -> None:
         labels = np.asarray(labels)
         classes = np.unique(labels)
-        if len(classes) > 2:
-            raise ValueError(f"balanced downsampling is for two classes, got {len(classes)}")
-        self._poisson = PoissonSampler(len(labels), sample_rate, rng, public_size=public_size)
+        if labels.ndim != 1 or len(classes) > 2:
+            raise ValueError(
+                f"balanced downsampling is for two classes, got labels of shape {labels.shape} "
+                f"with {len(classes)} values"
+            )
+        super().__init__(len(labels), sample_rate, rng, public_size=public_size)
         self._labels = labels
         self._classes = classes
-        self._rng = rng
-        self.dataset_size = len(labels)
-        self.sample_rate = sample_rate
 
     def sample(self) -> np.ndarray:
-        batch = self._poisson.sample()
+        batch = super().sample()
         by_class = [batch[self._labels[batch] == c] for c in self._classes]
         if len(by_class) < 2:
             return np.empty(0, dtype=np.int64)
         keep = min(len(members) for members in by_class)
         kept = [self._rng.choice(members, size=keep, replace=False) for members in by_class]
         return np.sort(np.concatenate(kept)).astype(np.int64)
-
-    @property
-    def expected_batch_size(self) -> float:
-        """q·n, n public: a constant; the mean balanced size 2·E[s] depends on private class
-        counts. The ratio between the two is absorbed by the learning rate."""
-        return self._poisson.expected_batch_size
-
-    def privacy_event(self, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
-        return events.poisson_gaussian(
-            self.sample_rate, noise_multiplier / self.sensitivity_in_clip_norms, steps=steps
-        )

@@ -196,6 +196,10 @@ class AlgorithmConfig(_Strict):
     """Default: bce for two classes, cross_entropy for more, logistic_hazard for survival
     (discrete-time, over `model.time_bins`); cox, the partial likelihood, only without
     privacy (its risk sets couple patients, so per-example clipping bounds nothing)."""
+    sampling: Literal["poisson", "balanced"] = "poisson"
+    """Local batches: "poisson", or "balanced", Kerkouche's downsampling of each Poisson
+    batch to as many records of each class as the rarer has (two classes; charged at σ/2,
+    since one record then moves the clipped sum by up to 2C)."""
     positive_weight: float = Field(1.0, gt=0)
     """weighted_bce's weight of the positive class."""
     local_epochs: float = Field(1.0, gt=0)
@@ -335,6 +339,8 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
         if self.privacy.calibration == "per-silo" and not kind.silo_noise_allowed:
             raise ValueError(f"{name}'s silos cannot have noise multipliers of their own")
+        if self.algorithm.sampling == "balanced" and not getattr(kind, "balances_batches", False):
+            raise ValueError(f"algorithm.sampling: {name} cannot draw balanced batches")
         if self.algorithm.loss == "cox" and self.privacy.private:
             raise ValueError(
                 "algorithm.loss: the Cox partial likelihood couples the patients of a batch "
@@ -378,6 +384,7 @@ class StudyConfig(_Strict):
         if not self.algorithm.tolerated_dropouts:
             del resolved["algorithm"]["tolerated_dropouts"]
         for section, option, default in (
+            ("algorithm", "sampling", "poisson"),
             ("data", "split", "stratified"),
             ("model", "time_bins", None),
         ):

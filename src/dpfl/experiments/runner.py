@@ -396,6 +396,7 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
         "loss": loss,
         "dpsgd": dpsgd,
         "expected_batch_size": spec.expected_batch_size,
+        "balanced": spec.sampling == "balanced",
     }
     local: dict[str, Any] = {"local_epochs": spec.local_epochs}
     weighted: dict[str, Any] = {} if spec.weighting is None else {"weighting": spec.weighting}

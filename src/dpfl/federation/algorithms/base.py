@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dpfl.data.sampling import PoissonSampler
+from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler
 from dpfl.federation.messages import Encoding, SecureSum
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
@@ -290,12 +290,21 @@ class DPSGDAlgorithm(Algorithm):
     expected_batch_size: float = 16.0
     silo_noise: tuple[tuple[str, float], ...] = ()
     """(silo, σ_k) pairs that override `dpsgd.noise_multiplier` for those silos."""
+    balanced: bool = False
+    """Kerkouche's downsampling (Alg. 7): each Poisson batch keeps as many records of each
+    of the two classes as the rarer one has (`BalancedPoissonSampler`). One record then
+    moves the clipped sum by up to 2C, so each step is charged at σ/2."""
 
     silo_noise_allowed: ClassVar[bool] = True
+    balances_batches: ClassVar[bool] = True
+    """False: the algorithm declares its events itself (Dopamine's shares of noise), so
+    its batches cannot be downsampled without changing them."""
 
     def __post_init__(self) -> None:
         if self.expected_batch_size <= 0:
             raise ValueError(f"expected batch size must be > 0, got {self.expected_batch_size}")
+        if self.balanced and not self.balances_batches:
+            raise ValueError(f"{self.name} declares its own events: no balanced batches")
         if self.silo_noise and not self.silo_noise_allowed:
             raise ValueError(f"{self.name}'s silos cannot have noise multipliers of their own")
         if any(not sigma > 0 for _, sigma in self.silo_noise):
@@ -360,10 +369,25 @@ class DPSGDAlgorithm(Algorithm):
         return self.training_event(silo)
 
     def training_event(self, silo: SiloInfo) -> events.PrivacyEvent:
-        """One `train` of the silo: `local_steps` Poisson DP-SGD steps."""
-        return events.poisson_gaussian(
-            self.sample_rate(silo), self.noise_of(silo.name), steps=self.local_steps(silo)
+        """One `train` of the silo: `local_steps` Poisson DP-SGD steps, as its sampler
+        will declare them."""
+        return self.sampler.event(
+            self.sample_rate(silo), self.noise_of(silo.name), self.local_steps(silo)
         )
+
+    @property
+    def sampler(self) -> type[PoissonSampler]:
+        """The sampler of every local batch (balanced or plain Poisson)."""
+        return BalancedPoissonSampler if self.balanced else PoissonSampler
+
+    def sampler_of(self, silo: Silo, rng: np.random.Generator) -> PoissonSampler:
+        """The silo's batch sampler: q from its public size, records its own."""
+        rate, public = self.sample_rate(silo), silo.declared_size
+        if self.balanced:
+            if silo.survival:
+                raise ValueError("balanced batches need class labels, not survival pairs")
+            return BalancedPoissonSampler(silo.y.numpy(), rate, rng, public_size=public)
+        return PoissonSampler(silo.size, rate, rng, public_size=public)
 
     def train(
         self,
@@ -395,10 +419,7 @@ class DPSGDAlgorithm(Algorithm):
                 start = stack([job.start for job in chosen])
                 data = [(silo.x, silo.y) for silo in silos]
                 samplers = [
-                    PoissonSampler(
-                        silo.size, self.sample_rate(silo), ctx.rng(), public_size=silo.declared_size
-                    )
-                    for silo, ctx in zip(silos, ctxs, strict=True)
+                    self.sampler_of(silo, ctx.rng()) for silo, ctx in zip(silos, ctxs, strict=True)
                 ]
                 noises = [ctx.noise() for ctx in ctxs]
                 if proximal is None:

@@ -67,6 +67,7 @@ class FedSGDSecure(DPSGDAlgorithm):
     stops_at_budget: ClassVar[bool] = True
     needs_secure_sum: ClassVar[bool] = True
     silo_noise_allowed: ClassVar[bool] = False
+    balances_batches: ClassVar[bool] = False
     tolerated_dropouts: int = 0
     """d: a round's sum is revealed if at most d hospitals' replies are missing from it;
     every hospital is charged the noise of K − d shares."""
