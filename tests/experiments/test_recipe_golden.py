@@ -91,6 +91,9 @@ def test_every_recipe_module_exports_one_registered_recipe() -> None:
         "kerkouche-fl-sign",
         "puffle-mrmtl",
         "dopamine",
+        "flamby-heart-disease",
+        "flamby-tcga-brca",
+        "gse7390-survival",
     ]
     exported = []
     for info in pkgutil.iter_modules(recipes.__path__):

@@ -10,7 +10,11 @@ import pytest
 from sksurv.metrics import concordance_index_censored, integrated_brier_score
 from sksurv.util import Surv
 
-from dpfl.federation.survival_metrics import survival_curves, survival_metrics
+from dpfl.federation.survival_metrics import (
+    expected_survival,
+    survival_curves,
+    survival_metrics,
+)
 
 CUTS = (10.0, 20.0, 30.0)
 
@@ -73,3 +77,24 @@ def test_bad_outputs_are_refused() -> None:
         survival_metrics(labels, np.zeros((5, 4)), (10.0,))
     with pytest.raises(ValueError, match="time, event"):
         survival_metrics(labels[:, 0], np.zeros((5, 1)), None)
+
+
+def test_every_intervals_hazard_moves_the_ranking_the_open_one_included() -> None:
+    """With a single cut the patients differ only in their hazards, and C must see them
+    (a risk read from interval starts alone gave 0.5 whatever the model)."""
+    rng = np.random.default_rng(2)
+    n = 300
+    risky = rng.random(n) < 0.5
+    time = np.where(risky, rng.exponential(800, n), rng.exponential(3000, n))
+    labels = np.column_stack([time, np.ones(n)])
+    for risky_hazards, safe_hazards in (([0.4, 0.2], [0.1, 0.2]), ([0.2, 0.6], [0.2, 0.1])):
+        outputs = np.where(
+            risky[:, None], logit(np.array([risky_hazards])), logit(np.array([safe_hazards]))
+        )
+        assert survival_metrics(labels, outputs, (1825.0,))["c_index"] > 0.6
+
+
+def test_expected_survival_is_exact_for_a_constant_hazard() -> None:
+    constant = logit(np.full((1, 4), 0.25))  # unit-wide intervals, S(k) = 0.75^k
+    exact = sum(0.75**k for k in range(400)) - 0.5  # the trapezoid rule's sum
+    assert expected_survival(constant, (1.0, 2.0, 3.0))[0] == pytest.approx(exact, rel=1e-9)

@@ -41,6 +41,18 @@ def _heart_disease(path: Path, options: dict[str, Any]) -> Dataset:
     return preprocess.zero_impute(preprocess.scale_to_ranges(data, tabular.HEART_RANGES))
 
 
+def _flamby_heart_disease(path: Path, options: dict[str, Any]) -> Dataset:
+    """FLamby's Fed-Heart-Disease (740 patients, FLamby's split: `data.split =
+    "official"`). `scaling`: "flamby" (each centre's training mean/std, as FLamby; not
+    private), "flamby-pooled" (FLamby's pooled baseline's; not private) or "public"
+    (declared ranges, free: the DP runs')."""
+    from dpfl.data import flamby
+
+    if set(options) - {"scaling"}:
+        raise ValueError(f"data.options: flamby_heart_disease takes only scaling, got {options}")
+    return flamby.flamby_heart_disease(path, scaling=options.get("scaling", "flamby"))
+
+
 _PHYSIONET_PARSED: dict[tuple[Path, str], Dataset] = {}
 """Parsed PhysioNet sets by (folder, options): the points of a sweep that run in one
 process share one parse of the 8,000 stay files instead of repeating it."""
@@ -164,6 +176,7 @@ def _image(loader: str) -> Reader:
 
 READERS: dict[str, Reader] = {
     "heart_disease": _heart_disease,
+    "flamby_heart_disease": _flamby_heart_disease,
     "physionet2012": _physionet2012,
     "retinamnist": _image("retinamnist"),
     "breastmnist": _image("breastmnist"),

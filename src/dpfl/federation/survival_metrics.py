@@ -3,8 +3,8 @@
 Labels are (time, event) pairs. A model has either one output, a risk score (Cox), or
 one hazard logit per public time interval (`losses.logistic_hazard`), whose survival
 curve S(t) = Π (1 − h_k) over the intervals completed by t gives the integrated Brier
-score, and whose restricted mean survival time up to the last cut ranks the patients
-(risk = −RMST). Metrics:
+score, and whose expected survival time (`expected_survival`) ranks the patients
+(risk = its negative). Metrics:
 
 * `c_index`: Harrell's concordance (FLamby's Fed-TCGA-BRCA metric);
 * `c_index_uno`: Uno's IPCW concordance, less biased under heavy censoring;
@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import sklearn
 
-__all__ = ["SURVIVAL_METRICS", "survival_curves", "survival_metrics"]
+__all__ = ["SURVIVAL_METRICS", "expected_survival", "survival_curves", "survival_metrics"]
 
 SURVIVAL_METRICS = ("c_index", "c_index_uno", "td_auc", "ibs")
 
@@ -41,6 +41,22 @@ def survival_curves(logits: np.ndarray, cuts: Sequence[float], times: np.ndarray
     completed = np.searchsorted(np.asarray(cuts, np.float64), times, side="right")
     with_start = np.hstack([np.ones((len(hazards), 1)), surviving])
     result: np.ndarray = with_start[:, completed]
+    return result
+
+
+def expected_survival(logits: np.ndarray, cuts: Sequence[float]) -> np.ndarray:
+    """Each record's expected survival time under its hazards: S(t) linear within each
+    closed interval (the trapezoid rule), and beyond the last cut the open interval's
+    hazard repeated over intervals as wide as the last closed one (a geometric tail:
+    w·S·(2 − h)/(2h)). Every interval's hazard moves it, the open one's included."""
+    cuts_ = np.asarray(cuts, np.float64)
+    widths = np.diff(np.concatenate([[0.0], cuts_]))
+    at_cuts = survival_curves(logits, cuts, cuts_)  # S at the end of each closed interval
+    starts = np.hstack([np.ones((len(at_cuts), 1)), at_cuts[:, :-1]])
+    closed = (widths * (starts + at_cuts) / 2).sum(axis=1)
+    last = 1.0 / (1.0 + np.exp(-np.asarray(logits, np.float64)[:, -1]))
+    tail = widths[-1] * at_cuts[:, -1] * (2.0 - last) / (2.0 * np.maximum(last, 1e-300))
+    result: np.ndarray = closed + tail
     return result
 
 
@@ -65,10 +81,7 @@ def survival_metrics(
         raise ValueError(f"{outputs.shape[1]} hazard logits need {outputs.shape[1] - 1} cuts")
     if curves:
         assert cuts is not None
-        widths = np.diff(np.concatenate([[0.0], np.asarray(cuts, np.float64)]))
-        at_cuts = survival_curves(outputs, cuts, np.asarray(cuts[:-1], np.float64))
-        starts = np.hstack([np.ones((len(outputs), 1)), at_cuts])
-        risk = -(starts * widths).sum(axis=1)  # −RMST up to the last cut
+        risk = -expected_survival(outputs, cuts)
     else:
         risk = outputs[:, 0]
     # td-AUC and the IBS at the cut points inside the follow-up (where they are defined);

@@ -17,7 +17,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfl.experiments.recipes import astar, dopamine, kerkouche, owkin, puffle
+from dpfl.experiments.recipes import (
+    astar,
+    dopamine,
+    flamby_heart,
+    flamby_tcga,
+    gse7390_survival,
+    kerkouche,
+    owkin,
+    puffle,
+)
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, mean_std, real_folder
 from dpfl.experiments.runner import STORE, Progress, run_study
 from dpfl.experiments.store import ResultsStore, RunRow
@@ -37,7 +46,16 @@ __all__ = [
 
 RECIPES: dict[str, Recipe] = {
     r.name: r
-    for r in (owkin.RECIPE, astar.RECIPE, kerkouche.RECIPE, puffle.RECIPE, dopamine.RECIPE)
+    for r in (
+        owkin.RECIPE,
+        astar.RECIPE,
+        kerkouche.RECIPE,
+        puffle.RECIPE,
+        dopamine.RECIPE,
+        flamby_heart.RECIPE,
+        flamby_tcga.RECIPE,
+        gse7390_survival.RECIPE,
+    )
 }
 """Command name -> recipe, in the order the docs present them."""
 
