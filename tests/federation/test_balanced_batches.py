@@ -56,6 +56,11 @@ def test_every_local_batch_comes_from_the_balanced_sampler() -> None:
         assert (y[batch] == 1).sum() == (y[batch] == 0).sum()
     plan = algorithm.training_event(silo.info)
     assert plan == sampler.privacy_event(1.0, algorithm.local_steps(silo.info))
+    # one more patient (a death) changes the batches, never the declared event
+    grown = Silo.from_arrays("h", rng.normal(size=(201, 30)), np.append(y, 1), public_size=200)
+    bigger = algorithm.sampler_of(grown, np.random.default_rng(1))
+    assert bigger.expected_batch_size == sampler.expected_batch_size
+    assert bigger.privacy_event(1.0, algorithm.local_steps(grown.info)) == plan
     plain = build_algorithm(Study({**STUDY, "algorithm": {"name": "fedavg"}}).points[0][1], [silo])
     assert type(plain.sampler_of(silo, np.random.default_rng(1))) is PoissonSampler
 

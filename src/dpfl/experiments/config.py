@@ -384,14 +384,13 @@ class StudyConfig(_Strict):
         if not self.algorithm.tolerated_dropouts:
             del resolved["algorithm"]["tolerated_dropouts"]
         for section, option, default in (
+            ("algorithm", "optimizer", "sgd"),
             ("algorithm", "sampling", "poisson"),
             ("data", "split", "stratified"),
             ("model", "time_bins", None),
         ):
             if resolved[section][option] == default:  # keys from before the option stay
                 del resolved[section][option]
-        if self.algorithm.optimizer == "sgd":
-            del resolved["algorithm"]["optimizer"]
         text = json.dumps(resolved, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
