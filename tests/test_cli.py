@@ -86,6 +86,22 @@ def test_max_steps_json() -> None:
     assert epsilon(events.poisson_gaussian(0.01, 1.0, steps=steps + 1), 1e-5, "rdp").epsilon > 1
 
 
+def test_node_level_epsilon_grows_with_the_rows_a_person_is_in() -> None:
+    """One epoch of the seed's Fig. 10 setting at δ = 1/n, each ε the accountant's."""
+    args = ["privacy", "node-level", "-s", "2", "-b", "512", "-n", "2600000"]
+    data = _json([*args, "-S", "1", "-S", "10", "-S", "50", "--json"])
+    assert data["steps"] == 5078
+    shown = {int(s): r["epsilon"] for s, r in data["by_appearances"].items()}
+    for s, value in shown.items():
+        event = events.node_gaussian(
+            2.0, appearances=s, dataset_size=2_600_000, batch_size=512, steps=5078
+        )
+        assert value == epsilon(event, 1 / 2_600_000).epsilon
+    assert shown[1] < shown[10] < shown[50]
+    result = runner.invoke(app, [*args, "-S", "0"])
+    assert result.exit_code == 2 and "appearances" in result.output
+
+
 def test_impossible_parameters_exit_2_with_a_message() -> None:
     base = ["privacy", "epsilon", "-q", "0.01", "-T", "10", "-d", "1e-5"]
     cases = [

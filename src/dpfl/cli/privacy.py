@@ -71,6 +71,57 @@ def epsilon_command(
             console.print(escape(chosen.note), soft_wrap=True)
 
 
+@app.command("node-level")
+def node_level_command(
+    noise_multiplier: NoiseOpt,
+    batch_size: Annotated[int, typer.Option("--batch-size", "-b", help="Rows in each batch.")],
+    dataset_size: Annotated[
+        int, typer.Option("--dataset-size", "-n", help="Rows (neighbourhoods) at the silo.")
+    ],
+    appearances: Annotated[
+        list[int],
+        typer.Option("--appearances", "-S", help="Most rows one person is in; repeat for more."),
+    ],
+    epochs: Annotated[float, typer.Option(help="Passes over the rows: n/b steps each.")] = 1.0,
+    delta: Annotated[float | None, typer.Option("--delta", "-d", help="δ (default 1/n).")] = None,
+    json: JsonOpt = False,
+) -> None:
+    """Node-level ε of DP-SGD on fixed-size batches of graph neighbourhoods (replace one
+    person), for each S: the seed's Fig. 10 (puffle, after Daigavane et al. 2021)."""
+    with reported_errors():
+        chosen_delta = 1 / dataset_size if delta is None else delta
+        check_delta(chosen_delta)
+        steps = max(1, round(epochs * dataset_size / batch_size))
+        reports = {
+            s: epsilon(
+                events.node_gaussian(
+                    noise_multiplier,
+                    appearances=s,
+                    dataset_size=dataset_size,
+                    batch_size=batch_size,
+                    steps=steps,
+                ),
+                chosen_delta,
+            )
+            for s in appearances
+        }
+        if json:
+            print_json(
+                {"steps": steps, "by_appearances": {s: _report_json(r) for s, r in reports.items()}}
+            )
+            return
+        console.print(
+            f"{steps:,} steps of {batch_size} of {dataset_size:,} rows, "
+            f"σ = {noise_multiplier:g}, δ = {chosen_delta:.3g} (RDP, replace one person)"
+        )
+        table = Table()
+        table.add_column("S (rows a person is in)", justify="right")
+        table.add_column("ε", justify="right")
+        for s, report in reports.items():
+            table.add_row(str(s), f"{report.epsilon:.2f}")
+        console.print(table)
+
+
 @app.command("calibrate")
 def calibrate_command(
     target_epsilon: Annotated[float, typer.Option("--epsilon", "-e", help="Target ε.")],

@@ -66,6 +66,9 @@ class Dataset:
     `extra` carries per-record side columns that are not features (survival time, ...).
     `preprocessing` lists every transform applied, in order; notes starting with
     `NONPRIVATE_MARK` were fitted on private data without DP.
+    `appearances` is the most training records one person can influence: 1 where a
+    record is one patient; S where a record is a person's neighbourhood in a contact
+    graph pruned so that each person is in at most S of them (node-level privacy).
     """
 
     name: str
@@ -79,9 +82,14 @@ class Dataset:
     split: np.ndarray | None = None
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
     preprocessing: tuple[str, ...] = ()
+    appearances: int = 1
 
     def __post_init__(self) -> None:
         n = self.features.shape[0]
+        if isinstance(self.appearances, bool) or not (
+            isinstance(self.appearances, int) and self.appearances >= 1
+        ):
+            raise ValueError(f"{self.name}: appearances must be an integer ≥ 1")
         if self.features.dtype != np.float32:
             raise ValueError(f"{self.name}: features must be float32, got {self.features.dtype}")
         if sp.issparse(self.features) and not isinstance(self.features, sp.csr_matrix):

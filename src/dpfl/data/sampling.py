@@ -49,6 +49,10 @@ class PoissonSampler(BatchSampler):
     Mechanism analysis assumes; each step is one `PoissonSampledDpEvent`. The normaliser
     is q times the silo's *public* size (declared, or a DP count): the true n is private
     under add/remove, and dividing by q·n would let one more record move every update.
+
+    Where one person can be in up to S = `appearances` records (their neighbourhood and
+    S − 1 others' in a pruned contact graph), each step is a node-level event instead:
+    the person's records in a batch are Binomial(S, q) (`events.node_gaussian`).
     """
 
     sensitivity_in_clip_norms = 1.0
@@ -61,7 +65,9 @@ class PoissonSampler(BatchSampler):
         rng: np.random.Generator,
         *,
         public_size: int,
+        appearances: int = 1,
     ) -> None:
+        self._check_appearances(appearances)
         if dataset_size < 1 or public_size < 1:
             raise ValueError(
                 f"dataset and public sizes must be positive, got {dataset_size}, {public_size}"
@@ -71,6 +77,7 @@ class PoissonSampler(BatchSampler):
         self.dataset_size = dataset_size
         self.public_size = public_size
         self.sample_rate = sample_rate
+        self.appearances = appearances
         self._rng = rng
 
     def sample(self) -> np.ndarray:
@@ -82,15 +89,34 @@ class PoissonSampler(BatchSampler):
         return self.sample_rate * self.public_size
 
     def privacy_event(self, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
-        return self.event(self.sample_rate, noise_multiplier, steps)
+        return self.event(self.sample_rate, noise_multiplier, steps, appearances=self.appearances)
 
     @classmethod
-    def event(cls, sample_rate: float, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
+    def event(
+        cls, sample_rate: float, noise_multiplier: float, steps: int, *, appearances: int = 1
+    ) -> events.PrivacyEvent:
         """What `privacy_event` declares, known before any record is read (a plan): the
-        Poisson-sampled Gaussian at σ over this sampler's sensitivity."""
+        Poisson-sampled Gaussian at σ over this sampler's sensitivity, or the node-level
+        step where one person is in up to `appearances` records."""
+        cls._check_appearances(appearances)
+        if appearances > 1:
+            return events.node_gaussian(
+                noise_multiplier, appearances=appearances, sample_rate=sample_rate, steps=steps
+            )
         return events.poisson_gaussian(
             sample_rate, noise_multiplier / cls.sensitivity_in_clip_norms, steps=steps
         )
+
+    @classmethod
+    def _check_appearances(cls, appearances: int) -> None:
+        if isinstance(appearances, bool) or not (isinstance(appearances, int) and appearances >= 1):
+            raise ValueError(f"appearances must be an integer ≥ 1, got {appearances!r}")
+        if appearances > 1 and cls.sensitivity_in_clip_norms != 1.0:
+            raise UnsupportedAccountingError(
+                f"{cls.__name__} has no node-level analysis: its records move the sum by "
+                f"{cls.sensitivity_in_clip_norms:g}C each, which the node-level bound "
+                "does not cover"
+            )
 
 
 class ShuffledSampler(BatchSampler):

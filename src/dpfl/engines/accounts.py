@@ -21,7 +21,7 @@ import torch
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.noise import NoiseSource
-from dpfl.privacy import Accountant, Budget, Ledger, Neighbouring, calibrate_noise, events
+from dpfl.privacy import Accountant, Budget, Ledger, calibrate_noise, events
 
 DEFAULT_SIZE_NOISE = 20.0
 """Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
@@ -49,7 +49,7 @@ def register_accounts(book: Ledger, silos: Sequence[Silo], trials: int, budgets:
     for silo in silos:
         eps, delta = budgets[silo.name]
         budget = Budget(
-            math.inf if eps is None else eps, delta, Neighbouring.ADD_REMOVE, silo.public_size
+            math.inf if eps is None else eps, delta, silo.neighbouring, silo.public_size
         )
         opened.update({account(silo, trial): budget for trial in range(trials)})
     book.register_silos(opened)
@@ -70,7 +70,7 @@ def register_views(
     book.register_silos(
         {
             account(silo, trial, view): Budget(
-                math.inf, budgets[silo.name][1], Neighbouring.ADD_REMOVE, declared[silo.name]
+                math.inf, budgets[silo.name][1], silo.neighbouring, declared[silo.name]
             )
             for silo in (silos if observed is None else observed)
             for view in algorithm.view_events(silo, silos)

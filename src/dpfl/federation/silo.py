@@ -20,14 +20,28 @@ from torch import Tensor
 
 from dpfl.data.dataset import Dataset, check_survival
 from dpfl.data.partition import per_silo_splits
+from dpfl.privacy import Neighbouring
 
 
 @dataclass(frozen=True)
 class SiloInfo:
-    """What anyone may know of a silo: its name and public size (never its records)."""
+    """What anyone may know of a silo: its name, public size and the most records one
+    person can be in (1, or S for neighbourhoods of a pruned contact graph); never its
+    records."""
 
     name: str
     public_size: int
+    appearances: int = 1
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return unit_of_privacy(self.appearances)
+
+
+def unit_of_privacy(appearances: int) -> Neighbouring:
+    """Add/remove one patient's record, or, where a person is in several records, replace
+    one person (node-level, `events.node_gaussian`)."""
+    return Neighbouring.ADD_REMOVE if appearances == 1 else Neighbouring.REPLACE_ONE
 
 
 @dataclass(frozen=True)
@@ -37,7 +51,8 @@ class Silo:
     Class labels stay integers (binary losses cast them, cross-entropy needs them as
     classes); survival labels are float32 (n, 2) pairs (time, event).
     `public_size` is the declared public record count (None: the engine releases a DP
-    count first); `size` is the true count, which only indexes the data.
+    count first); `size` is the true count, which only indexes the data. `appearances`:
+    the most training records one person is in (`Dataset.appearances`), public.
     """
 
     name: str
@@ -46,6 +61,7 @@ class Silo:
     x_test: Tensor | None = None
     y_test: Tensor | None = None
     public_size: int | None = None
+    appearances: int = 1
 
     def __post_init__(self) -> None:
         if not self.name:
@@ -57,11 +73,25 @@ class Silo:
                 f"silo {self.name!r}: public_size must be a positive integer, got "
                 f"{self.public_size!r}"
             )
+        if isinstance(self.appearances, bool) or not (
+            isinstance(self.appearances, int) and self.appearances >= 1
+        ):
+            raise ValueError(f"silo {self.name!r}: appearances must be an integer ≥ 1")
+        if self.appearances > 1 and self.public_size is None:
+            raise ValueError(
+                f"silo {self.name!r}: a person is in up to {self.appearances} records, so its "
+                "privacy is node-level (replace one person), under which the record count is "
+                "public: declare it"
+            )
         _check_pair(self.name, "training", self.x, self.y)
         if (self.x_test is None) != (self.y_test is None):
             raise ValueError(f"silo {self.name!r}: give both x_test and y_test, or neither")
         if self.x_test is not None and self.y_test is not None:
             _check_pair(self.name, "test", self.x_test, self.y_test)
+
+    @property
+    def neighbouring(self) -> Neighbouring:
+        return unit_of_privacy(self.appearances)
 
     @property
     def survival(self) -> bool:
@@ -90,7 +120,7 @@ class Silo:
     @property
     def info(self) -> SiloInfo:
         """The silo's public facts (refuses if it has no public size yet)."""
-        return SiloInfo(self.name, self.declared_size)
+        return SiloInfo(self.name, self.declared_size, self.appearances)
 
     @classmethod
     def from_arrays(
@@ -146,6 +176,12 @@ def silos_from_dataset(
     it). False leaves the sizes private, to be released as DP counts by the engine."""
     if not 0 < test_fraction < 1:
         raise ValueError(f"test_fraction must lie in (0, 1), got {test_fraction}")
+    if dataset.appearances > 1:
+        raise ValueError(
+            f"{dataset.name}: a person is in up to {dataset.appearances} records, which a "
+            "random split could move between training and test; use the dataset's own "
+            "split (data.split = 'official')"
+        )
     splits = per_silo_splits(
         list(partition), dataset.strata, [1 - test_fraction, test_fraction], seed
     )
@@ -179,6 +215,7 @@ def silos_from_splits(
                 _features(dataset, test),
                 labels[test],
                 len(train) if declare_sizes else None,
+                dataset.appearances,
             )
         )
     return silos

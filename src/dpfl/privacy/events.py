@@ -3,7 +3,7 @@
 An event is a `dp_accounting` `DpEvent` tree plus the neighbouring relation under which
 it was analysed. The code that samples a batch or adds noise builds the event (the one
 rule in ARCHITECTURE.md); accountants and the ledger only read events. Two event types
-are ours because `dp_accounting` has none for them:
+are ours because `dp_accounting` has none for them (three, with node-level steps):
 
 * `ApproximateDpEvent`: a mechanism known only to be (ε, δ)-DP (A*STAR's approximate
   output perturbation). It has no Rényi or PLD curve, so it is composed by basic
@@ -12,6 +12,8 @@ are ours because `dp_accounting` has none for them:
   does not, sends nothing. Whoever sees the messages knows whether it took part, so the
   round's privacy loss is 0 with probability 1 - C and the inner event's loss with
   probability C. See `client_sampled` for why this is not Poisson subsampling at rate C·q.
+* `NodeSampledGaussianDpEvent`: one DP-SGD step over graph neighbourhoods, in which one
+  person can be in up to S rows (node-level DP; see `node_gaussian`).
 """
 
 from __future__ import annotations
@@ -67,6 +69,20 @@ class ClientSampledDpEvent(dpe.DpEvent):  # type: ignore[misc]
     event: dpe.DpEvent
 
 
+@attr.s(frozen=True, slots=True, auto_attribs=True)
+class NodeSampledGaussianDpEvent(dpe.DpEvent):  # type: ignore[misc]
+    """One DP-SGD step (noise multiplier σ: std σC on a sum of gradients clipped to C) on
+    a batch of rows of which one person influences at most `appearances`; the batch is
+    Poisson at `sampling_probability`, or `batch_size` rows of `dataset_size` without
+    replacement (the other fields None)."""
+
+    noise_multiplier: float
+    appearances: int
+    sampling_probability: float | None = None
+    dataset_size: int | None = None
+    batch_size: int | None = None
+
+
 _EVENT_TYPES: dict[str, type[dpe.DpEvent]] = {
     cls.__name__: cls
     for cls in (
@@ -80,6 +96,7 @@ _EVENT_TYPES: dict[str, type[dpe.DpEvent]] = {
         dpe.RepeatAndSelectDpEvent,
         ApproximateDpEvent,
         ClientSampledDpEvent,
+        NodeSampledGaussianDpEvent,
     )
 }
 
@@ -197,6 +214,41 @@ def fixed_size_gaussian(
     _check_noise(dpsgd_noise_multiplier)
     step = dpe.SampledWithoutReplacementDpEvent(
         dataset_size, batch_size, dpe.GaussianDpEvent(dpsgd_noise_multiplier / 2)
+    )
+    return PrivacyEvent(_repeat(step, steps), Neighbouring.REPLACE_ONE)
+
+
+def node_gaussian(
+    noise_multiplier: float,
+    *,
+    appearances: int,
+    sample_rate: float | None = None,
+    dataset_size: int | None = None,
+    batch_size: int | None = None,
+    steps: int = 1,
+) -> PrivacyEvent:
+    """`steps` DP-SGD steps over neighbourhoods of a contact graph pruned so that each
+    person is in at most S = `appearances` rows (node-level DP, replace-one person).
+
+    Give a Poisson `sample_rate` q, or a fixed `batch_size` b of `dataset_size` n rows.
+    Replacing one person changes at most S rows, each by up to 2C; the ρ of them that
+    the batch holds move the noisy sum by up to 2ρC, where ρ ~ Binomial(S, q) (Poisson)
+    or Hypergeometric(n, S, b). The Rényi divergence of the mixture is at most the
+    mixture of the per-ρ Gaussians' (joint convexity; Daigavane et al. 2021, Thm 1, as
+    puffle adapts it):
+
+        γ(α) = ln E_ρ[exp(α(α − 1)·2ρ²/σ²)] / (α − 1)   per step, composed over steps.
+
+    `dpfl.privacy.accounting` reads it by RDP only; docs/privacy.md derives it.
+    """
+    fixed = dataset_size is not None or batch_size is not None
+    if (sample_rate is not None) == fixed:
+        raise PrivacyParameterError(
+            "a node-level step is Poisson (sample_rate) or fixed-size (dataset_size and "
+            "batch_size): give exactly one of the two"
+        )
+    step = NodeSampledGaussianDpEvent(
+        noise_multiplier, appearances, sample_rate, dataset_size, batch_size
     )
     return PrivacyEvent(_repeat(step, steps), Neighbouring.REPLACE_ONE)
 
@@ -359,6 +411,8 @@ def _validate(event: dpe.DpEvent, neighbouring: Neighbouring, *, top_level: bool
     elif isinstance(event, ClientSampledDpEvent):
         _check_probability("client sampling rate C", event.sampling_probability)
         _validate(event.event, neighbouring, top_level=False)
+    elif isinstance(event, NodeSampledGaussianDpEvent):
+        _validate_node_step(event, neighbouring)
     elif isinstance(event, dpe.RepeatAndSelectDpEvent):
         if not (math.isfinite(event.mean) and event.mean >= 1) or not event.shape >= 0:
             raise PrivacyParameterError(
@@ -367,6 +421,29 @@ def _validate(event: dpe.DpEvent, neighbouring: Neighbouring, *, top_level: bool
         _validate(event.event, neighbouring, top_level=False)  # RDP: no (ε, δ) inside
     else:
         raise PrivacyParameterError(f"dpfl does not account for {type(event).__name__}")
+
+
+def _validate_node_step(event: NodeSampledGaussianDpEvent, neighbouring: Neighbouring) -> None:
+    if neighbouring is not Neighbouring.REPLACE_ONE:
+        raise PrivacyParameterError(
+            "node-level steps are accounted under replace-one neighbouring only: adding a "
+            "person would change the graph's rows as well as their count"
+        )
+    _check_noise(event.noise_multiplier)
+    count = event.appearances
+    if isinstance(count, bool) or not (isinstance(count, int) and count >= 1):
+        raise PrivacyParameterError(f"appearances must be an integer ≥ 1, got {count!r}")
+    n, b = event.dataset_size, event.batch_size
+    if event.sampling_probability is not None:
+        _check_probability("sample rate q", event.sampling_probability)
+        if n is not None or b is not None:
+            raise PrivacyParameterError("a Poisson node-level step has no fixed batch size")
+        return
+    if not (isinstance(n, int) and isinstance(b, int) and 0 < b <= n and count <= n):
+        raise PrivacyParameterError(
+            f"fixed-size node-level steps need 0 < batch_size <= dataset_size and "
+            f"appearances <= dataset_size, got {b} of {n}, appearances {count}"
+        )
 
 
 def _describe(event: dpe.DpEvent) -> str:
@@ -391,6 +468,13 @@ def _describe(event: dpe.DpEvent) -> str:
         return f"(ε={event.epsilon:g}, δ={event.delta:g})-DP"
     if isinstance(event, ClientSampledDpEvent):
         return f"client-sampled(C={event.sampling_probability:g}) {_describe(event.event)}"
+    if isinstance(event, NodeSampledGaussianDpEvent):
+        if event.sampling_probability is not None:
+            batch = f"Poisson(q={event.sampling_probability:g})"
+        else:
+            batch = f"fixed-size({event.batch_size} of {event.dataset_size})"
+        sigma = f"Gaussian(σ={event.noise_multiplier:g})"
+        return f"node-level(≤{event.appearances} rows a person) {batch} {sigma}"
     if isinstance(event, dpe.RepeatAndSelectDpEvent):
         law = "Poisson" if math.isinf(event.shape) else f"TNB(shape={event.shape:g})"
         return f"best of {law} runs (mean {event.mean:g}) of {_describe(event.event)}"

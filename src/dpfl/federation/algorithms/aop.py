@@ -30,6 +30,7 @@ from dpfl.federation.algorithms.base import (
     State,
     flat,
     received,
+    record_level,
     unflat,
 )
 from dpfl.federation.messages import SecureSum
@@ -81,6 +82,7 @@ class AOP(Algorithm):
 
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """One (ε/T, δ/T) release per round, for every silo."""
+        record_level(self.name, silo)
         release = self.epoch_config
         return events.approximate_dp(release.epsilon, release.delta)
 

@@ -111,6 +111,17 @@ def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction
     return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
 
 
+def record_level(algorithm: str, silo: SiloInfo) -> None:
+    """Refuse a silo whose persons are in several records, for an algorithm whose events
+    are analysed for one record per person."""
+    if silo.appearances > 1:
+        raise ValueError(
+            f"{algorithm} accounts for one record per person, but in silo {silo.name!r} a "
+            f"person is in up to {silo.appearances} (node-level privacy): use an algorithm "
+            "whose silos train with local DP-SGD"
+        )
+
+
 def check_weighting(weighting: str) -> None:
     if weighting not in ("size", "uniform"):
         raise ValueError(f"weighting must be 'size' or 'uniform', got {weighting!r}")
@@ -372,7 +383,10 @@ class DPSGDAlgorithm(Algorithm):
         """One `train` of the silo: `local_steps` Poisson DP-SGD steps, as its sampler
         will declare them."""
         return self.sampler.event(
-            self.sample_rate(silo), self.noise_of(silo.name), self.local_steps(silo)
+            self.sample_rate(silo),
+            self.noise_of(silo.name),
+            self.local_steps(silo),
+            appearances=silo.appearances,
         )
 
     @property
@@ -387,7 +401,9 @@ class DPSGDAlgorithm(Algorithm):
             if silo.survival:
                 raise ValueError("balanced batches need class labels, not survival pairs")
             return BalancedPoissonSampler(silo.y.numpy(), rate, rng, public_size=public)
-        return PoissonSampler(silo.size, rate, rng, public_size=public)
+        return PoissonSampler(
+            silo.size, rate, rng, public_size=public, appearances=silo.appearances
+        )
 
     def train(
         self,

@@ -45,18 +45,22 @@ POOL = "pooled"
 
 def pool(silos: Sequence[Silo]) -> Silo:
     """All silos' training records as one dataset (test sets stay with their silos); its
-    public size is the sum of theirs."""
+    public facts are `pooled`'s."""
+    info = pooled([s.info for s in silos])
     return Silo(
         POOL,
         torch.cat([s.x for s in silos]),
         torch.cat([s.y for s in silos]),
-        public_size=pooled_size([s.info for s in silos]),
+        public_size=info.public_size,
+        appearances=info.appearances,
     )
 
 
-def pooled_size(silos: Sequence[SiloInfo]) -> int:
-    """N: the pool's public size, from the silos' public sizes (no data is pooled)."""
-    return sum(s.public_size for s in silos)
+def pooled(silos: Sequence[SiloInfo]) -> SiloInfo:
+    """The pool's public facts, from the silos' (no data is pooled): N, the sum of their
+    public sizes, and a person's most records, the largest of theirs (a person's records
+    are all in one silo)."""
+    return SiloInfo(POOL, sum(s.public_size for s in silos), max(s.appearances for s in silos))
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,7 @@ class Centralized(DPSGDAlgorithm):
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """The pooled run's event (q = B / N over the N pooled records' public size),
         whichever silo; from public sizes only, without pooling any data."""
-        return self.training_event(SiloInfo(POOL, pooled_size(silos)))
+        return self.training_event(pooled(silos))
 
     def configure(
         self,

@@ -44,6 +44,7 @@ from dpfl.federation.algorithms.base import (
     charge,
     flat,
     received,
+    record_level,
     unflat,
 )
 from dpfl.federation.messages import SecureSum
@@ -96,6 +97,7 @@ class FedSGDSecure(DPSGDAlgorithm):
 
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """One step at q_k, with the noise of the weakest sum that may be revealed."""
+        record_level(self.name, silo)
         fewest = self.fewest_replies(len(silos))
         return events.poisson_gaussian(self.sample_rate(silo), self.share_noise(len(silos), fewest))
 
