@@ -75,6 +75,34 @@ def _synthetic_ehr(seed: int, options: dict[str, Any]) -> Dataset:
     return synthetic.synthetic_ehr(seed, **options)
 
 
+_POPULATION_OPTIONS = {
+    "people",
+    "regions",
+    "transmission",
+    "initial_infected",
+    "asymptomatic",
+    "region_spread",
+}
+_TABLE_OPTIONS = {"max_appearances", "window", "horizon", "train_days", "contacts"}
+
+
+def _pandemic(seed: int, options: dict[str, Any]) -> Dataset:
+    """The PETs-challenge-shaped population (`data.options.people`, default 20,000, ...),
+    its contact graph pruned so a person is in at most `max_appearances` rows, and one
+    train row (a random window) and one test row (the latest) per person, drawn from the
+    study's seed. Node-level privacy: train with `data.split = "official"`, the natural
+    partition (the regions) and `privacy.accountant = "rdp"`."""
+    from dpfl.data import pandemic
+
+    unknown = set(options) - _POPULATION_OPTIONS - _TABLE_OPTIONS
+    if unknown:
+        raise ValueError(f"data.options: pandemic does not take {sorted(unknown)}")
+    world = {k: v for k, v in options.items() if k in _POPULATION_OPTIONS}
+    population = pandemic.pandemic_population(world.pop("people", 20_000), seed=seed, **world)
+    table = {k: v for k, v in options.items() if k in _TABLE_OPTIONS}
+    return pandemic.pandemic_dataset(population, seed=seed, **table)
+
+
 LOG2_CENTRE = 8.0
 """A declared centre of log2 expression: microarray intensities lie in 0-16 on the log2
 scale and the BC-TCGA-shaped generator draws its gene means around 8. Subtracting it is
@@ -189,9 +217,11 @@ GENERATORS: dict[str, Generator] = {
     "breast_cancer": _breast_cancer,
     "synthetic_ehr": _synthetic_ehr,
     "synthetic_bc_tcga": _synthetic_bc_tcga,
+    "pandemic": _pandemic,
 }
 """Data that need no files: `breast_cancer` (scikit-learn's embedded WDBC table, scaled
-by published ranges) and the synthetic generators."""
+by published ranges) and the synthetic generators (`pandemic`: a contact graph, node-level
+privacy)."""
 DATASETS = (*GENERATORS, *READERS)
 """Every name a study's `data.dataset` can take."""
 

@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as dpe
 
-from dpfl.privacy import Ledger
+from dpfl.privacy import Ledger, Neighbouring
+from dpfl.privacy.events import NodeSampledGaussianDpEvent
 
 if TYPE_CHECKING:  # the report reads datasheets without importing torch
     from dpfl.engines.simulation import SimulationResult
@@ -62,6 +63,13 @@ def research_noise(run: RunRow) -> bool:
     return bool(run.datasheet.get("research_noise"))
 
 
+NODE_LEVEL_UNIT = (
+    "one person with all their contacts (node-level): neighbouring contact graphs differ by "
+    "replacing one person; the graph is pruned so that a person is in at most S training "
+    "rows (each silo's events say S), and the guarantee holds for the pruned graph"
+)
+
+
 def datasheet(
     config: StudyConfig, kind: type[Algorithm], result: SimulationResult, book: Ledger
 ) -> dict[str, Any]:
@@ -88,6 +96,9 @@ def datasheet(
     if not private or not any(result.accounts):
         return sheet
     released = set(result.metadata.get("released_sizes", []))
+    first = book.budget(next(iter(result.accounts[0].values()))[None])
+    if first.neighbouring is Neighbouring.REPLACE_ONE:
+        sheet["unit"] = NODE_LEVEL_UNIT
     for silo in result.accounts[0]:
         trials = [accounts[silo] for accounts in result.accounts]
         entries = [book.entries(views[None]) for views in trials]
@@ -138,7 +149,7 @@ def _evaluation(config: StudyConfig, result: SimulationResult) -> str:
 
 def _sample_rates(node: dpe.DpEvent) -> set[float]:
     """The Poisson sampling rates q inside a recorded event."""
-    if isinstance(node, dpe.PoissonSampledDpEvent):
-        return {node.sampling_probability}
+    if isinstance(node, dpe.PoissonSampledDpEvent | NodeSampledGaussianDpEvent):
+        return set() if node.sampling_probability is None else {node.sampling_probability}
     inner = getattr(node, "events", None) or [getattr(node, "event", None)]
     return {q for child in inner if child is not None for q in _sample_rates(child)}

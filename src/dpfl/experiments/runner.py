@@ -52,6 +52,7 @@ from dpfl.local import losses
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.output_perturbation import AOPConfig
 from dpfl.privacy import Accountant, Ledger
+from dpfl.privacy.errors import UnsupportedAccountingError
 
 STORE = "results.sqlite"
 LOCK = "study.lock"
@@ -347,6 +348,12 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
     privacy = config.privacy
+    if privacy.private and privacy.accountant == "pld" and any(s.appearances > 1 for s in silos):
+        raise ValueError(
+            f"privacy.accountant: in {config.data.dataset} a person is in up to "
+            f"{max(s.appearances for s in silos)} records, and such node-level steps are "
+            "accounted by RDP only: set privacy.accountant = 'rdp'"
+        )
     fixed_noise = privacy.noise_multiplier is not None or algorithm.sets_own_noise
     with Ledger(ledger, accountant=privacy.accountant) as book:
         book.claim(key)  # readers refuse this ledger for any other run
@@ -519,11 +526,14 @@ def _results(
             for silo, views in accounts.items():
                 for view, name in views.items():
                     delta = book.budget(name).delta
-                    for r, accountant in [(r, own) for r in rounds] + [(last, other)]:
-                        spent = book.spent(name, accountant=accountant, through_round=r)
-                        privacy.append(
-                            (trial, r, silo, view, accountant.value, delta, spent.epsilon)
-                        )
+                    for r in rounds:
+                        spent = book.spent(name, accountant=own, through_round=r)
+                        privacy.append((trial, r, silo, view, own.value, delta, spent.epsilon))
+                    try:  # the other accountant's figure, where it can analyse the run
+                        spent = book.spent(name, accountant=other)
+                    except UnsupportedAccountingError:  # node-level steps: RDP only
+                        continue
+                    privacy.append((trial, last, silo, view, other.value, delta, spent.epsilon))
         sheet = datasheet(config, algorithms.BY_NAME[config.algorithm.name], result, book)
     return RunResults(
         rounds_completed=result.rounds_completed,
