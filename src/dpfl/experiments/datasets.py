@@ -9,6 +9,8 @@ paid for in the ledger; no builder does that.
 from __future__ import annotations
 
 import dataclasses
+import functools
+import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -92,11 +94,19 @@ def _pandemic(seed: int, options: dict[str, Any]) -> Dataset:
     train row (a random window) and one test row (the latest) per person, drawn from the
     study's seed. Node-level privacy: train with `data.split = "official"`, the natural
     partition (the regions) and `privacy.accountant = "rdp"`."""
-    from dpfl.data import pandemic
-
     unknown = set(options) - _POPULATION_OPTIONS - _TABLE_OPTIONS
     if unknown:
         raise ValueError(f"data.options: pandemic does not take {sorted(unknown)}")
+    return _pandemic_built(seed, json.dumps(options, sort_keys=True))
+
+
+@functools.lru_cache(maxsize=1)
+def _pandemic_built(seed: int, options_json: str) -> Dataset:
+    """Kept for the next point of a sweep in the same process (most share the data);
+    one only, since at a million people it holds gigabytes."""
+    from dpfl.data import pandemic
+
+    options = json.loads(options_json)
     world = {k: v for k, v in options.items() if k in _POPULATION_OPTIONS}
     population = pandemic.pandemic_population(world.pop("people", 20_000), seed=seed, **world)
     table = {k: v for k, v in options.items() if k in _TABLE_OPTIONS}
@@ -247,7 +257,7 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
     declare_sizes = config.public_sizes == "declared"
     if config.split == "official":
         return silos_from_splits(
-            data, _official(data, parts, names), names=names, declare_sizes=declare_sizes
+            data, official_splits(data, parts, names), names=names, declare_sizes=declare_sizes
         )
     return silos_from_dataset(
         data,
@@ -259,7 +269,7 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
     )
 
 
-def _official(
+def official_splits(
     data: Dataset, parts: list[np.ndarray], names: list[str]
 ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Each silo's records split by the source's own train/test assignment."""
