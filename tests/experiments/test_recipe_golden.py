@@ -90,6 +90,7 @@ def test_every_recipe_module_exports_one_registered_recipe() -> None:
         "astar-aop",
         "kerkouche-fl-sign",
         "puffle-mrmtl",
+        "puffle-pandemic",
         "dopamine",
         "flamby-heart-disease",
         "flamby-tcga-brca",

@@ -159,8 +159,8 @@ def reproduce(
     name: Annotated[
         str,
         typer.Argument(
-            help="owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl, dopamine, "
-            "flamby-heart-disease, flamby-tcga-brca or gse7390-survival."
+            help="owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl, puffle-pandemic, "
+            "dopamine, flamby-heart-disease, flamby-tcga-brca or gse7390-survival."
         ),
     ],
     out: OutOpt,

@@ -26,6 +26,7 @@ from dpfl.experiments.recipes import (
     kerkouche,
     owkin,
     puffle,
+    puffle_pandemic,
 )
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, mean_std, real_folder
 from dpfl.experiments.runner import STORE, Progress, run_study
@@ -51,6 +52,7 @@ RECIPES: dict[str, Recipe] = {
         astar.RECIPE,
         kerkouche.RECIPE,
         puffle.RECIPE,
+        puffle_pandemic.RECIPE,
         dopamine.RECIPE,
         flamby_heart.RECIPE,
         flamby_tcga.RECIPE,
