@@ -19,6 +19,7 @@ from dpfl.data.pandemic import (
     RECOVERED,
     SUSCEPTIBLE,
     Population,
+    _outbreak,
     pair_hash,
     pandemic_dataset,
     pandemic_population,
@@ -283,6 +284,29 @@ def test_the_summary_averages_the_slots_and_adds_exposure_hours(
     assert summary.features[:, -2].max() > 0  # someone was exposed
     with pytest.raises(ValueError, match="contacts"):
         pandemic_dataset(population, seed=0, contacts="graph")
+
+
+def test_heterogeneity_changes_only_how_infection_spreads_by_region(small: Population) -> None:
+    """Each region's own factors per contact kind: the same people and contacts, another
+    outbreak; 0 is the homogeneous model. A factor applies to contacts *into* its region:
+    zero for region 1 leaves only its day-0 cases infected, and the others infected."""
+    plain = pandemic_population(20_000, seed=2)
+    assert _same(plain, pandemic_population(20_000, seed=2, heterogeneity=0.0))
+    mixed = pandemic_population(20_000, seed=2, heterogeneity=1.0)
+    for name in ("age", "household", "region", "contact_a", "contact_b", "contact_hours"):
+        np.testing.assert_array_equal(getattr(plain, name), getattr(mixed, name))
+    assert not np.array_equal(plain.infection_day, mixed.infection_day)
+    a, b = small.contact_a, small.contact_b
+    into_region_1 = small.region[np.concatenate([b, a])] == 1
+    infection, _, _ = _outbreak(
+        a, b, small.contact_kind, small.contact_hours, small.age,
+        np.where(into_region_1, 0.0, 1.0), 63, 3.0, 0.01, 0.3, np.random.default_rng(0),
+    )  # fmt: skip
+    region_1 = small.region == 1
+    assert np.all(infection[region_1] <= 0)  # never, or a day-0 case
+    assert np.sum(infection[~region_1] > 0) > 20
+    with pytest.raises(ValueError, match="heterogeneity"):
+        pandemic_population(1_000, seed=0, heterogeneity=-1.0)
 
 
 def test_dataset_metadata_declares_the_pruning(dataset: Dataset) -> None:

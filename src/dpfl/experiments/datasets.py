@@ -78,6 +78,7 @@ def _synthetic_ehr(seed: int, options: dict[str, Any]) -> Dataset:
 
 
 _POPULATION_OPTIONS = {
+    "heterogeneity",
     "people",
     "regions",
     "transmission",
