@@ -115,13 +115,14 @@ def public_sizes(
 def calibrated_sigma(
     algorithm: Algorithm,
     silos: Sequence[SiloInfo],
-    rounds: int,
+    rounds: Mapping[str, int],
     budgets: Budgets,
     accountant: Accountant | None,
     counts: Mapping[str, events.PrivacyEvent],
 ) -> dict[str, float]:
-    """Per silo, the least σ that keeps its whole plan (with its released count, if any)
-    within its budget, by the ledger's accountant, which will hold the run to it."""
+    """Per silo, the least σ that keeps its whole plan (its `rounds[name]` scheduled
+    rounds, with its released count, if any) within its budget, by the ledger's
+    accountant, which will hold the run to it."""
     sigmas: dict[str, float] = {}
     memo: dict[tuple[str, float, float], float] = {}
     for silo in silos:
@@ -134,7 +135,7 @@ def calibrated_sigma(
             sigma: float, silo: SiloInfo = silo, before: list[events.PrivacyEvent] = before
         ) -> events.PrivacyEvent:
             rounds_of = events.repeat(
-                algorithm.with_noise(sigma).participation_event(silo, silos), rounds
+                algorithm.with_noise(sigma).participation_event(silo, silos), rounds[silo.name]
             )
             return events.compose([*before, rounds_of]) if before else rounds_of
 
@@ -218,18 +219,19 @@ def check_plans(
     algorithm: Algorithm,
     silos: Sequence[SiloInfo],
     trials: int,
-    rounds_left: int,
+    rounds_left: Mapping[tuple[str, int], int],
     budgets: Budgets,
     paid: Prepaid,
 ) -> None:
-    """Check that the rest of every account's plan fits (a first round already paid for,
-    see `prepaid`, is not planned twice)."""
+    """Check that the rest of every account's plan fits: `rounds_left[name, trial]` more
+    rounds (a first round already paid for, see `prepaid`, is not planned twice)."""
     accounts_paid = {name for name, _, _ in paid}
     for silo in silos:
         event = algorithm.participation_event(silo, silos)
         for trial in range(trials):
             name = account(silo, trial)
-            why = unaffordable(book, name, event, rounds_left - (name in accounts_paid))
+            left = rounds_left[silo.name, trial] - (name in accounts_paid)
+            why = unaffordable(book, name, event, left)
             if why is not None:
                 raise ValueError(
                     f"{why}; add noise, run fewer rounds, or calibrate the noise to the budget"

@@ -7,10 +7,13 @@ What it adds around the halves (the bookkeeping shared with any engine is in
 `dpfl.engines.accounts`):
 
 * privacy: one ledger account per (silo, trial), with the silo's (ε, δ) budget. The
-  whole plan (every round the silo could take part in) is checked before round 0, so an
-  unaffordable run fails before it touches data; each event is recorded during the
-  round, before the update it paid for is aggregated. With `calibrate=True`, σ is the
-  least noise that keeps every silo's plan within its budget.
+  server's cohorts depend on the run's seed alone (`Algorithm.cohort`), so the schedule
+  of every round is drawn before round 0, and each account's plan is the rounds its
+  silo is scheduled for. The whole plan is checked before round 0, so an unaffordable
+  run fails before it touches data; each event is recorded during the round, before
+  the update it paid for is aggregated. With `calibrate=True`, σ is the least noise
+  that keeps every silo's plan within its budget: under client sampling, its own
+  scheduled rounds, not every round.
 * public sizes: a silo that declares no public size gets a DP count of its records,
   released once (charged to each of its accounts before anything else, kept in the
   ledger and re-used by every later run over it); mechanisms are shaped by it alone.
@@ -81,7 +84,7 @@ from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
-from dpfl.privacy import EpsilonReport, Ledger, events
+from dpfl.privacy import Accountant, EpsilonReport, Ledger, events
 from dpfl.secure import IdealSecureSum, InTheClear
 
 __all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
@@ -129,6 +132,9 @@ class SimulationResult:
     """With `simulate(cross_silo=True)`, the final models only: one row per trial, model
     silo and test silo (`model` None: the one model every silo shares), each silo's
     model scored on every silo's test set; empty unless asked."""
+    accountant: Accountant | None = None
+    """The accountant the ledger enforced the budgets with (None: PLD where it applies,
+    else RDP), which `epsilon` and `views` read the ledger with."""
 
     @property
     def traffic(self) -> dict[str, dict[str, int]]:
@@ -162,7 +168,7 @@ class SimulationResult:
     def _reports(self) -> list[dict[str, dict[str | None, EpsilonReport]]]:
         if not any(self.accounts):
             return [{} for _ in self.accounts]
-        with Ledger(self.ledger_path, create=False) as book:
+        with Ledger(self.ledger_path, create=False, accountant=self.accountant) as book:
             return [
                 {
                     silo: {view: book.spent(name) for view, name in names.items()}
@@ -208,6 +214,7 @@ class _RunState:
         noise: Streams[NoiseSource],
         ledger: Charges,
         secure_sum: SecureSum,
+        schedule: Schedule,
         observe: Observer | None = None,
     ) -> list[dict[str, Any]]:
         """One configure-train-aggregate exchange of every trial: the server half once per
@@ -224,6 +231,13 @@ class _RunState:
             orders = algorithm.configure(
                 server, round_, infos, functools.partial(rng, r, -1), exchange
             )
+            unplanned = set(orders) - schedule[round_, r] if curator is None else set()
+            if unplanned:
+                raise RuntimeError(
+                    f"{algorithm.name} instructed {sorted(unplanned)} in round {round_}, "
+                    "outside the schedule its plan was made of: its configure must draw "
+                    "the round's silos with `cohort`"
+                )
             for name, instruction in orders.items():
                 k = -1 if curator is not None else _index(index, name)
                 ctx = HospitalContext(
@@ -318,12 +332,15 @@ def simulate(
         else:  # nothing is protected, so the true counts may shape the reference run
             silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
         infos = [s.info for s in silos]
+        schedule = drawn_schedule(algorithm, infos, trials, seed, rounds)
         if calibrate:
             if calibrate not in (True, "common", "per-silo"):
                 raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
             if not algorithm.private:
                 raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-            sigmas = calibrated_sigma(algorithm, infos, rounds, targets, book.accountant, counts)
+            scheduled = participations(schedule, 0, rounds)
+            planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}
+            sigmas = calibrated_sigma(algorithm, infos, planned, targets, book.accountant, counts)
             algorithm = (
                 algorithm.with_silo_noise(sigmas)
                 if calibrate == "per-silo"
@@ -358,7 +375,8 @@ def simulate(
         label = f"{algorithm.name} run {fingerprint[:12]} instance {instance}"
         paid = prepaid(book, algorithm, infos, trials, start, label) if resumed else Counter[Any]()
         if algorithm.private:
-            check_plans(book, algorithm, infos, trials, rounds - start, targets, paid)
+            left = participations(schedule, start, rounds)
+            check_plans(book, algorithm, infos, trials, left, targets, paid)
 
         def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
             """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
@@ -401,6 +419,7 @@ def simulate(
                             noise,
                             record,
                             summing,
+                            schedule,
                             observe,
                         )
                     if (current + 1) % eval_every == 0 or current == rounds - 1:
@@ -466,6 +485,7 @@ def simulate(
                 else []
             ),
             ledger_path=book.path,
+            accountant=book.accountant,
             interrupted=interrupted,
             stopped_by_budget=stopped_by_budget,
             metadata={
@@ -583,6 +603,35 @@ def _traffic(round_: int, trial: int, member: Member, reply: Reply | None) -> li
 
 def _stacked(params: Sequence[Params]) -> Params:
     return {name: torch.stack([p[name] for p in params]) for name in params[0]}
+
+
+Schedule = dict[tuple[int, int], frozenset[str]]
+"""(round, trial) -> the names of the silos the server's `cohort` takes that round."""
+
+
+def drawn_schedule(
+    algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int, seed: int, rounds: int
+) -> Schedule:
+    """Every round's cohort, drawn before round 0 from the very stream `configure` will
+    draw it from (the server's first stream of the round): public, from the seed alone."""
+    return {
+        (round_, trial): frozenset(
+            s.name for s in algorithm.cohort(round_, silos, functools.partial(streams, trial, -1))
+        )
+        for round_ in range(rounds)
+        for streams in [Streams(seed, round_, stream_rng)]
+        for trial in range(trials)
+    }
+
+
+def participations(schedule: Schedule, first: int, last: int) -> Counter[tuple[str, int]]:
+    """Rounds in [first, last) each (silo, trial) is scheduled for."""
+    return Counter(
+        (name, trial)
+        for (round_, trial), names in schedule.items()
+        if first <= round_ < last
+        for name in names
+    )
 
 
 class Streams(Generic[_T]):

@@ -221,6 +221,14 @@ class Algorithm(ABC):
         silo, each a hand-off of the model)."""
         return 1
 
+    def cohort(
+        self, round: int, silos: Sequence[SiloInfo], rng: Callable[[], np.random.Generator]
+    ) -> tuple[SiloInfo, ...]:
+        """The silos that take part in `round`, drawn by the server's first `rng()` stream
+        and from nothing else (no state, no data): the engine draws the whole schedule
+        before round 0 and plans each silo's budget on its own rounds. Default: all."""
+        return tuple(silos)
+
     def configure(
         self,
         state: State,

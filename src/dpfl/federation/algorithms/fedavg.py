@@ -92,9 +92,36 @@ def apply_sum(state: State, replies: Mapping[str, Reply], secure_sum: SecureSum)
 
 
 @dataclass(frozen=True)
-class FedAvg(LocalEpochs):
+class SampledClients(LocalEpochs):
+    """Local DP-SGD whose rounds take all silos, each with probability `client_rate`, or
+    `clients_per_round` of them (Kerkouche's FL-STANDARD-DP and FL-SIGN-DP)."""
+
     client_rate: float | None = None
     clients_per_round: int | None = None
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.client_rate is not None and self.clients_per_round is not None:
+            raise ValueError("give client_rate or clients_per_round, not both")
+
+    def cohort(
+        self, round: int, silos: Sequence[SiloInfo], rng: Callable[[], np.random.Generator]
+    ) -> tuple[SiloInfo, ...]:
+        return sampled_cohort(silos, rng, self.client_rate, self.clients_per_round)
+
+    def configure(
+        self,
+        state: State,
+        round: int,
+        silos: Sequence[SiloInfo],
+        rng: Callable[[], np.random.Generator],
+        exchange: int = 0,
+    ) -> dict[str, Instruction]:
+        return broadcast(state, self.cohort(round, silos, rng))
+
+
+@dataclass(frozen=True)
+class FedAvg(SampledClients):
     weighting: Literal["size", "uniform"] = "size"
     robust: Callable[[Tensor], Tensor] | None = None
     """A robust aggregator of the [K, P] model updates (e.g. `aggregators.coordinate_median`
@@ -112,19 +139,6 @@ class FedAvg(LocalEpochs):
     def __post_init__(self) -> None:
         super().__post_init__()
         check_weighting(self.weighting)
-        if self.client_rate is not None and self.clients_per_round is not None:
-            raise ValueError("give client_rate or clients_per_round, not both")
-
-    def configure(
-        self,
-        state: State,
-        round: int,
-        silos: Sequence[SiloInfo],
-        rng: Callable[[], np.random.Generator],
-        exchange: int = 0,
-    ) -> dict[str, Instruction]:
-        cohort = sampled_cohort(silos, rng, self.client_rate, self.clients_per_round)
-        return broadcast(state, cohort)
 
     def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
         trained = self.train([Job(received(m), m) for m in members])

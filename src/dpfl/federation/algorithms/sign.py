@@ -12,7 +12,7 @@ the rounds it takes part in, as in FedAvg.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -21,21 +21,17 @@ import torch
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
-    Instruction,
     Job,
-    LocalEpochs,
     Member,
     Outcome,
     Reply,
     State,
-    broadcast,
     flat,
     received,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import sampled_cohort
+from dpfl.federation.algorithms.fedavg import SampledClients
 from dpfl.federation.messages import Encoding, SecureSum
-from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 
 
@@ -50,12 +46,10 @@ def random_signs(update: Tensor, rng: np.random.Generator) -> Tensor:
 
 
 @dataclass(frozen=True)
-class Sign(LocalEpochs):
+class Sign(SampledClients):
     """FL-SIGN (σ = 0) or FL-SIGN-DP; `server_learning_rate` is Kerkouche's γ
     (0.001 for FL-SIGN, 0.005 for FL-SIGN-DP in their Table 5)."""
 
-    client_rate: float | None = None
-    clients_per_round: int | None = None
     server_learning_rate: float = 0.005
 
     name: ClassVar[str] = "sign"
@@ -68,20 +62,6 @@ class Sign(LocalEpochs):
         super().__post_init__()
         if self.server_learning_rate <= 0:
             raise ValueError(f"server_learning_rate must be > 0, got {self.server_learning_rate}")
-        if self.client_rate is not None and self.clients_per_round is not None:
-            raise ValueError("give client_rate or clients_per_round, not both")
-
-    def configure(
-        self,
-        state: State,
-        round: int,
-        silos: Sequence[SiloInfo],
-        rng: Callable[[], np.random.Generator],
-        exchange: int = 0,
-    ) -> dict[str, Instruction]:
-        return broadcast(
-            state, sampled_cohort(silos, rng, self.client_rate, self.clients_per_round)
-        )
 
     def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
         trained = self.train([Job(received(m), m) for m in members])
