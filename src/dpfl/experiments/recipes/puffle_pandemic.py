@@ -19,10 +19,11 @@ smallest 40, δ = 1e-6), σ calibrated per region. The seed's own entry ran at �
 Runs: logistic regression and a one-hidden-layer MLP (32 units), plain, weighted (×10 on
 infections) and focal BCE, local training, FedAvg and MR-MTL(λ), each beside the same
 run without privacy; local, FedAvg and MR-MTL also on a population whose regions have
-their own infection models (`HETEROGENEITY`), what personalisation needs. 10 rounds of half a local epoch, batches of 2,048 rows, clip 1,
-learning rate 16 for every run: chosen on another population (seed 1, FedAvg) among
-{4, 16, 32, 64} (logistic regression) and {1, 4, 16} (MLP), by the test AUPRC averaged
-over BCE and focal loss, with and without privacy (16 was best or tied in all four).
+their own infection models (`HETEROGENEITY`), what personalisation needs. 10 rounds of
+half a local epoch, batches of 2,048 rows, clip 1, learning rate 16 for every run:
+chosen on another population (seed 1, FedAvg) among {4, 16, 32, 64} (logistic
+regression) and {1, 4, 16} (MLP), by the test AUPRC averaged over BCE and focal loss,
+with and without privacy (16 was best or tied in all four).
 AUPRC (average precision; random = the positive rate) on the union of the regions'
 test rows and per region.
 """
@@ -311,26 +312,33 @@ def _by_region(store: ResultsStore, run: RunRow) -> dict[str, float]:
 
 
 def _model_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
-    (dp,), (plain,) = by_study["pandemic-mlp-dp"], by_study["pandemic-mlp-nonprivate"]
-    linear_dp = _pick(by_study["pandemic-losses-dp"], "algorithm.loss", "focal")
-    linear = _pick(by_study["pandemic-losses-nonprivate"], "algorithm.loss", "focal")
     return Row(
         "logistic regression vs MLP (32 hidden), FedAvg, focal: AUPRC",
         "logistic regression 2.05 vs 3-layer MLP 0.33 (×10⁻²): simple is good",
-        f"linear: {_pair(store, linear_dp, linear)}; MLP: {_pair(store, dp, plain)}",
+        _against_reference(store, by_study, "mlp", "MLP", "linear"),
     )
 
 
 def _layout_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
-    (dp,), (plain,) = by_study["pandemic-slots-dp"], by_study["pandemic-slots-nonprivate"]
-    summary_dp = _pick(by_study["pandemic-losses-dp"], "algorithm.loss", "focal")
-    summary = _pick(by_study["pandemic-losses-nonprivate"], "algorithm.loss", "focal")
     return Row(
         "neighbourhood layout, FedAvg, logistic regression, focal: AUPRC",
         "one slot per sampled contact, concatenated (the seed's Fig. 8)",
-        f"slots: {_pair(store, dp, plain)}; summary: {_pair(store, summary_dp, summary)}",
+        _against_reference(store, by_study, "slots", "slots", "summary"),
         "summary: the contacts' features averaged plus hours with infected contacts (ours)",
     )
+
+
+def _against_reference(
+    store: ResultsStore, by_study: dict[str, list[RunRow]], tag: str, label: str, reference: str
+) -> str:
+    """The `tag` studies' one run each, private and not, beside the reference run (FedAvg,
+    logistic regression, focal loss, summary layout) from the losses study."""
+    (dp,), (plain,) = by_study[f"pandemic-{tag}-dp"], by_study[f"pandemic-{tag}-nonprivate"]
+    ref_dp, ref = (
+        _pick(by_study[f"pandemic-losses-{kind}"], "algorithm.loss", "focal")
+        for kind in ("dp", "nonprivate")
+    )
+    return f"{label}: {_pair(store, dp, plain)}; {reference}: {_pair(store, ref_dp, ref)}"
 
 
 RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)
