@@ -58,7 +58,10 @@ def test_on_loopback_a_hospital_over_budget_refuses_and_an_unregistered_node_is_
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
-    output, out, logs = loopback.deploy(study, nodes, tmp_path, cli=True, intruder=True)
+    # 60 s for each reply, as the other deployments here: the first message cold-starts a
+    # ClientApp process per hospital (about 5 s of imports each, four SuperNodes on two
+    # cores); at 30 s the hellos once came back just too late under CI's load
+    output, out, logs = loopback.deploy(study, nodes, tmp_path, cli=True, intruder=True, timeout=60)
     result = DeploymentResult.load(out)
     assert result.rounds_completed == 0 and list(result.refused) == ["hospital-2"], output
     assert "hospital-2 refused: hospital-2/trial-0: 3 more rounds" in output
