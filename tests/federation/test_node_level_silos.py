@@ -64,6 +64,21 @@ def test_the_sampler_declares_the_node_level_event_that_the_plan_charges(tmp_pat
     assert report.epsilon == pytest.approx(epsilon(events.repeat(declared, 3), 1e-5).epsilon)
 
 
+def test_one_more_row_changes_neither_the_declared_event_nor_the_normaliser() -> None:
+    """q, steps and the normaliser come from the declared size, not the rows held."""
+    silo = _silos()[0]
+    grown = dataclasses.replace(
+        silo, x=torch.cat([silo.x, silo.x[:1]]), y=torch.cat([silo.y, silo.y[:1]])
+    )
+    algorithm = _fedavg()
+    plan = algorithm.training_event(silo.info)
+    assert algorithm.training_event(grown.info) == plan
+    before, after = (algorithm.sampler_of(s, np.random.default_rng(0)) for s in (silo, grown))
+    assert after.expected_batch_size == before.expected_batch_size
+    steps = algorithm.local_steps(grown.info)
+    assert after.privacy_event(1.0, steps) == before.privacy_event(1.0, steps) == plan
+
+
 def test_calibration_reaches_the_budget_through_the_node_level_bound() -> None:
     """Every silo ends within its budget, at far more noise than one record a person
     would need (RDP, for both)."""

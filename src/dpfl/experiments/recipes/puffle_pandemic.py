@@ -280,11 +280,11 @@ def _algorithms_row(
     )
     wins = ""
     if best is not None:
-        fedavg = _pick(dp, "algorithm.name", "fedavg")
+        fedavg = _by_region(store, _pick(dp, "algorithm.name", "fedavg"))
         better = [
             silo
             for silo, value in _by_region(store, best).items()
-            if value > _by_region(store, fedavg).get(silo, float("inf"))
+            if value > fedavg.get(silo, float("inf"))
         ]
         wins = f"; DP {_label(best)} beats DP FedAvg in {len(better)} of {REGIONS} regions"
     rate = _positive_rates(*_data_key(dp[0]))[None]
