@@ -21,7 +21,7 @@ import torch
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.noise import NoiseSource
-from dpfl.privacy import Accountant, Budget, Ledger, calibrate_noise, events
+from dpfl.privacy import Accountant, Budget, Ledger, calibrate_noise, epsilon, events
 
 DEFAULT_SIZE_NOISE = 20.0
 """Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
@@ -118,30 +118,40 @@ def calibrated_sigma(
     rounds: Mapping[str, int],
     budgets: Budgets,
     accountant: Accountant | None,
-    counts: Mapping[str, events.PrivacyEvent],
+    others: Mapping[str, Sequence[events.PrivacyEvent]],
 ) -> dict[str, float]:
     """Per silo, the least σ that keeps its whole plan (its `rounds[name]` scheduled
-    rounds, with its released count, if any) within its budget, by the ledger's
-    accountant, which will hold the run to it."""
+    rounds, with the releases `others[name]` whose noise is not σ: a record count, a
+    threshold) within its budget, by the ledger's accountant, which will hold the run
+    to it."""
     sigmas: dict[str, float] = {}
     memo: dict[tuple[str, float, float], float] = {}
     for silo in silos:
         eps, delta = budgets[silo.name]
         if eps is None:
             raise ValueError("calibration needs an ε budget for every silo")
-        before = [counts[silo.name]] if silo.name in counts else []
+        fixed = list(others.get(silo.name, ()))
 
         def plan(
-            sigma: float, silo: SiloInfo = silo, before: list[events.PrivacyEvent] = before
+            sigma: float, silo: SiloInfo = silo, fixed: list[events.PrivacyEvent] = fixed
         ) -> events.PrivacyEvent:
             rounds_of = events.repeat(
                 algorithm.with_noise(sigma).participation_event(silo, silos), rounds[silo.name]
             )
-            return events.compose([*before, rounds_of]) if before else rounds_of
+            return events.compose([*fixed, rounds_of]) if fixed else rounds_of
 
         key = (plan(1.0).to_json(), eps, delta)
-        if key not in memo:
-            memo[key] = calibrate_noise(eps, delta, plan, accountant=accountant)
+        if key in memo:
+            sigmas[silo.name] = memo[key]
+            continue
+        if fixed:
+            alone = epsilon(events.compose(fixed), delta, accountant=accountant).epsilon
+            if alone > eps:
+                raise ValueError(
+                    f"{silo.name}: {' and '.join(e.describe() for e in fixed)} alone spend "
+                    f"ε={alone:.4g} of its ε={eps:g}: no σ leaves room for the rounds"
+                )
+        memo[key] = calibrate_noise(eps, delta, plan, accountant=accountant)
         sigmas[silo.name] = memo[key]
     return sigmas
 
@@ -222,31 +232,48 @@ def check_plans(
     rounds_left: Mapping[tuple[str, int], int],
     budgets: Budgets,
     paid: Prepaid,
+    releases: Mapping[str, tuple[events.PrivacyEvent, int]] | None = None,
 ) -> None:
     """Check that the rest of every account's plan fits: `rounds_left[name, trial]` more
-    rounds (a first round already paid for, see `prepaid`, is not planned twice)."""
+    rounds and `releases[name]` = (event, count) more releases besides (a first round,
+    or release, already paid for, see `prepaid`, is not planned twice)."""
     accounts_paid = {name for name, _, _ in paid}
+    events_paid = {(name, text) for name, _, text in paid}
     for silo in silos:
         event = algorithm.participation_event(silo, silos)
+        release = (releases or {}).get(silo.name)
         for trial in range(trials):
             name = account(silo, trial)
             left = rounds_left[silo.name, trial] - (name in accounts_paid)
-            why = unaffordable(book, name, event, left)
+            extra = []
+            if release is not None:
+                count = release[1] - ((name, release[0].to_json()) in events_paid)
+                extra = [events.repeat(release[0], count)] if count > 0 else []
+            why = unaffordable(book, name, event, left, extra)
             if why is not None:
                 raise ValueError(
                     f"{why}; add noise, run fewer rounds, or calibrate the noise to the budget"
                 )
 
 
-def unaffordable(book: Ledger, name: str, event: events.PrivacyEvent, rounds: int) -> str | None:
-    """Why `rounds` more rounds of `event` would pass account `name`'s budget, or None
-    if they fit."""
+def unaffordable(
+    book: Ledger,
+    name: str,
+    event: events.PrivacyEvent,
+    rounds: int,
+    extra: Sequence[events.PrivacyEvent] = (),
+) -> str | None:
+    """Why `rounds` more rounds of `event` (and the releases `extra`) would pass account
+    `name`'s budget, or None if they fit."""
     plan = events.repeat(event, rounds)
+    if extra:
+        plan = events.compose([plan, *extra])
     if book.can_afford(name, plan):
         return None
     budget = book.budget(name)
+    besides = "".join(f" and {e.describe()}" for e in extra)
     return (
-        f"{name}: {rounds} more rounds of {event.describe()} would exceed "
+        f"{name}: {rounds} more rounds of {event.describe()}{besides} would exceed "
         f"ε={budget.epsilon:g} at δ={budget.delta:g} (ε would be "
         f"{book.projected(name, plan).epsilon:.4g})"
     )

@@ -1,11 +1,13 @@
 """Scoring models on the silos' held-out test sets (released without noise: outside ε,
 which protects the training records only): each silo's model on its own test set and the
 union (`evaluate`, every evaluated round), and, when asked, every silo's model on every
-silo's test set (`cross_evaluate`, the FLamby convention)."""
+silo's test set (`cross_evaluate`, the FLamby convention). Binary models predict from a
+decision threshold (`chosen_thresholds`): 0.5, or one chosen on DP-released histograms
+of training scores, which the training records pay for."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -16,11 +18,15 @@ from torch.func import functional_call
 from dpfl.federation.metrics import classification_metrics
 from dpfl.federation.silo import Silo
 from dpfl.federation.survival_metrics import survival_metrics
+from dpfl.federation.threshold import FIXED, BalancedThreshold
 from dpfl.local.clipping import Params
 from dpfl.local.losses import Loss, time_cuts
+from dpfl.local.noise import NoiseSource
 
 SiloModels = Sequence[Sequence[Params]]
 """Per silo (in the run's order), the model it uses in each trial."""
+Thresholds = Sequence[Sequence[float]]
+"""Per silo (in the run's order), its model's decision threshold in each trial."""
 
 
 def probabilities(logits: Tensor) -> np.ndarray:
@@ -44,12 +50,18 @@ def predictions(model: nn.Module, params: Params, x: Tensor, survival: bool) -> 
         return raw
 
 
-def metrics(labels: np.ndarray, predicted: np.ndarray, loss: Loss | None) -> dict[str, float]:
-    """Classification metrics of probabilities, or survival metrics of outputs (the
-    loss names the time intervals of hazard logits)."""
+def metrics(
+    labels: np.ndarray,
+    predicted: np.ndarray,
+    loss: Loss | None,
+    threshold: float | np.ndarray = FIXED,
+) -> dict[str, float]:
+    """Classification metrics of probabilities (binary ones predicted from `threshold`
+    on), or survival metrics of outputs (the loss names the time intervals of hazard
+    logits)."""
     if labels.ndim == 2:
         return survival_metrics(labels, predicted, None if loss is None else time_cuts(loss))
-    return classification_metrics(labels, predicted)
+    return classification_metrics(labels, predicted, threshold)
 
 
 def evaluate(
@@ -58,33 +70,77 @@ def evaluate(
     silos: Sequence[Silo],
     round_: int,
     loss: Loss | None = None,
+    thresholds: Thresholds | None = None,
 ) -> list[dict[str, Any]]:
     """Per trial: metrics on the union of the silos' test sets, each scored by its own
     silo's model, and each silo's own. `loss`: the model's, which survival metrics need
-    to read hazard logits."""
+    to read hazard logits. `thresholds`: each silo's decision thresholds, reported among
+    its metrics (default: 0.5 for all, not reported)."""
     scored = [
-        (silo, [predictions(model, p, silo.x_test, silo.survival) for p in models[k]])
+        (k, silo, [predictions(model, p, silo.x_test, silo.survival) for p in models[k]])
         for k, silo in enumerate(silos)
-        if silo.x_test is not None
+        if silo.x_test is not None and silo.y_test is not None
     ]
     if not scored:
         return []
-    labels = np.concatenate([s.y_test.numpy() for s, _ in scored if s.y_test is not None])
+    labels = np.concatenate([s.y_test.numpy() for _, s, _ in scored if s.y_test is not None])
+
+    def cut(k: int, r: int) -> float:
+        return FIXED if thresholds is None else thresholds[k][r]
+
+    def own(k: int, silo: Silo, r: int, predicted: np.ndarray) -> dict[str, float]:
+        assert silo.y_test is not None
+        out = metrics(silo.y_test.numpy(), predicted, loss, cut(k, r))
+        return out if thresholds is None or silo.survival else {**out, "threshold": cut(k, r)}
+
     return [
         {
             "round": round_,
             "trial": r,
             "metrics": metrics(
-                labels, np.concatenate([trial_scores[r] for _, trial_scores in scored]), loss
+                labels,
+                np.concatenate([trial_scores[r] for _, _, trial_scores in scored]),
+                loss,
+                np.concatenate([np.full(len(s[r]), cut(k, r)) for k, _, s in scored]),
             ),
-            "silos": {
-                silo.name: metrics(silo.y_test.numpy(), trial_scores[r], loss)
-                for silo, trial_scores in scored
-                if silo.y_test is not None
-            },
+            "silos": {silo.name: own(k, silo, r, s[r]) for k, silo, s in scored},
         }
-        for r in range(len(scored[0][1]))
+        for r in range(len(scored[0][2]))
     ]
+
+
+def chosen_thresholds(
+    threshold: float | BalancedThreshold,
+    model: nn.Module,
+    models: SiloModels,
+    silos: Sequence[Silo],
+    noise: Callable[[int, int], NoiseSource] | None,
+) -> list[list[float]]:
+    """Each silo's decision threshold in each trial: a fixed (public) one, or one chosen
+    on histograms of its model's scores on its training records, released with noise
+    `noise(trial, silo index)` (None: exact, for a non-private run) and summed over the
+    silos where they all share one model. The caller charges the releases first."""
+    trials = len(models[0]) if models else 0
+    if not isinstance(threshold, BalancedThreshold):
+        return [[threshold] * trials for _ in silos]
+    released = [
+        [
+            threshold.release(
+                scores(model, params, silo.x),
+                silo.y.numpy(),
+                None if noise is None else noise(r, k),
+            )
+            for r, params in enumerate(models[k])
+        ]
+        for k, silo in enumerate(silos)
+    ]
+    if shares_one_model(models):
+        pooled = [
+            threshold.choose(np.sum([per_silo[r] for per_silo in released], axis=0))
+            for r in range(trials)
+        ]
+        return [pooled for _ in silos]
+    return [[threshold.choose(counts) for counts in per_silo] for per_silo in released]
 
 
 def shares_one_model(models: SiloModels) -> bool:
@@ -106,9 +162,11 @@ def cross_evaluate(
     silos: Sequence[Silo],
     round_: int,
     loss: Loss | None = None,
+    thresholds: Thresholds | None = None,
 ) -> list[dict[str, Any]]:
     """Per trial, every silo's model on every silo's test set (the FLamby convention):
-    one row `{round, trial, model, test, metrics}` per (trial, model silo, test silo).
+    one row `{round, trial, model, test, metrics}` per (trial, model silo, test silo),
+    a model predicting from its silo's threshold (`thresholds`, default 0.5).
 
     Where every silo uses the same model in every trial (a non-personalised algorithm),
     the rows collapse to one per (trial, test silo) with `model` None, "the shared
@@ -117,25 +175,30 @@ def cross_evaluate(
     if not tested or not models:
         return []
     shared = shares_one_model(models)
-    owners: list[tuple[str | None, Sequence[Params]]] = (
-        [(None, models[0])] if shared else [(s.name, models[k]) for k, s in enumerate(silos)]
+    owners: list[tuple[str | None, int]] = (
+        [(None, 0)] if shared else [(s.name, k) for k, s in enumerate(silos)]
     )
     rows = []
-    for owner, per_trial in owners:
-        for r, params in enumerate(per_trial):
+    for owner, k in owners:
+        for r, params in enumerate(models[k]):
             for test in tested:
                 assert test.x_test is not None and test.y_test is not None
+                cut = FIXED if thresholds is None else thresholds[k][r]
+                scored = metrics(
+                    test.y_test.numpy(),
+                    predictions(model, params, test.x_test, test.survival),
+                    loss,
+                    cut,
+                )
+                if thresholds is not None and not test.survival:
+                    scored["threshold"] = cut
                 rows.append(
                     {
                         "round": round_,
                         "trial": r,
                         "model": owner,
                         "test": test.name,
-                        "metrics": metrics(
-                            test.y_test.numpy(),
-                            predictions(model, params, test.x_test, test.survival),
-                            loss,
-                        ),
+                        "metrics": scored,
                     }
                 )
     return rows

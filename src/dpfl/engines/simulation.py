@@ -68,7 +68,7 @@ from dpfl.engines.accounts import (
     unpaid,
     worst_spent,
 )
-from dpfl.engines.evaluation import cross_evaluate, evaluate
+from dpfl.engines.evaluation import chosen_thresholds, cross_evaluate, evaluate
 from dpfl.federation.algorithms.base import (
     Algorithm,
     Charges,
@@ -81,6 +81,7 @@ from dpfl.federation.algorithms.base import (
 from dpfl.federation.algorithms.centralized import pool
 from dpfl.federation.messages import Encoding, SecureSum, payload_bytes
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.federation.threshold import FIXED, BalancedThreshold
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
@@ -291,6 +292,7 @@ def simulate(
     threads: int | None = 1,
     cross_silo: bool = False,
     observe: Observer | None = None,
+    threshold: float | BalancedThreshold = FIXED,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -314,9 +316,12 @@ def simulate(
     states, replies, revealed)`, if given, is called after every exchange with every
     trial's server state, every trial's replies and whether the server saw them (False: a
     secure sum gave it their sum only), for audits (`dpfl.audit`); it reads them and
-    copies what it keeps."""
+    copies what it keeps. `threshold`: the decision threshold of binary models, a public
+    number, or a `BalancedThreshold` released at every evaluation from each silo's
+    training records, charged to its accounts and planned with its rounds."""
     with _torch_threads(threads):
         _check_run(silos, rounds, trials, eval_every)
+        _check_threshold(threshold, algorithm, silos)
         summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
         targets: Budgets = {
             s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos
@@ -333,6 +338,15 @@ def simulate(
             silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
         infos = [s.info for s in silos]
         schedule = drawn_schedule(algorithm, infos, trials, seed, rounds)
+        evaluations = [r for r in range(rounds) if (r + 1) % eval_every == 0 or r == rounds - 1]
+
+        def releases(first: int) -> dict[str, tuple[events.PrivacyEvent, int]]:
+            """Per silo, the threshold releases of the evaluations from round `first` on."""
+            if not (algorithm.private and isinstance(threshold, BalancedThreshold)):
+                return {}
+            count = sum(r >= first for r in evaluations)
+            return {s.name: (threshold.event(s), count) for s in infos}
+
         if calibrate:
             if calibrate not in (True, "common", "per-silo"):
                 raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
@@ -340,7 +354,10 @@ def simulate(
                 raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
             scheduled = participations(schedule, 0, rounds)
             planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}
-            sigmas = calibrated_sigma(algorithm, infos, planned, targets, book.accountant, counts)
+            others = {s.name: [counts[s.name]] if s.name in counts else [] for s in infos}
+            for name, (release, count) in releases(0).items():
+                others[name].append(events.repeat(release, count))
+            sigmas = calibrated_sigma(algorithm, infos, planned, targets, book.accountant, others)
             algorithm = (
                 algorithm.with_silo_noise(sigmas)
                 if calibrate == "per-silo"
@@ -376,7 +393,7 @@ def simulate(
         paid = prepaid(book, algorithm, infos, trials, start, label) if resumed else Counter[Any]()
         if algorithm.private:
             left = participations(schedule, start, rounds)
-            check_plans(book, algorithm, infos, trials, left, targets, paid)
+            check_plans(book, algorithm, infos, trials, left, targets, paid, releases(start))
 
         def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
             """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
@@ -402,6 +419,10 @@ def simulate(
             transient=False,
         )
         curator = pool(silos) if algorithm.pools_data else None
+        # each silo's thresholds per trial (None: 0.5, not reported); a balanced
+        # threshold's are released at evaluations, 0.5 until the first
+        public = FIXED if isinstance(threshold, BalancedThreshold) else threshold
+        cuts = None if threshold == FIXED else [[public] * trials for _ in silos]
         with bar:
             task = bar.add_task("rounds", total=rounds, completed=start, status="")
             try:
@@ -423,12 +444,13 @@ def simulate(
                             observe,
                         )
                     if (current + 1) % eval_every == 0 or current == rounds - 1:
+                        models = run.models(algorithm, silos)
+                        if isinstance(threshold, BalancedThreshold):
+                            cuts = _released_thresholds(
+                                threshold, algorithm, models, silos, noise, record
+                            )
                         history += evaluate(
-                            algorithm.model,
-                            run.models(algorithm, silos),
-                            silos,
-                            current,
-                            algorithm.loss,
+                            algorithm.model, models, silos, current, algorithm.loss, cuts
                         )
                     if checkpoint is not None:
                         _save(checkpoint, fingerprint, instance, current, run, history, messages)
@@ -464,7 +486,7 @@ def simulate(
             silo_metrics=[
                 h["silos"]
                 for h in evaluated
-                or evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss)
+                or evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss, cuts)
             ],
             accounts=[
                 {
@@ -480,7 +502,7 @@ def simulate(
             ],
             messages=messages,
             cross_silo=(
-                cross_evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss)
+                cross_evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss, cuts)
                 if cross_silo
                 else []
             ),
@@ -516,6 +538,52 @@ def _torch_threads(threads: int | None) -> Iterator[None]:
         yield
     finally:
         torch.set_num_threads(before)
+
+
+def _check_threshold(
+    threshold: float | BalancedThreshold, algorithm: Algorithm, silos: Sequence[Silo]
+) -> None:
+    """Refuse, before anything is charged, a threshold the run cannot use."""
+    if not isinstance(threshold, BalancedThreshold):
+        if not (isinstance(threshold, int | float) and 0 < threshold < 1):
+            raise ValueError(f"a decision threshold lies in (0, 1), got {threshold!r}")
+        return
+    if algorithm.private and algorithm.stops_at_budget:
+        raise ValueError(
+            f"{algorithm.name} runs until its budget is spent: no room is left to release "
+            "a threshold; use a fixed threshold"
+        )
+    for silo in silos:
+        if silo.survival or not np.isin(silo.y.numpy(), (0, 1)).all():
+            raise ValueError(
+                f"silo {silo.name!r}: a balanced threshold is for binary classifiers "
+                "(labels 0 and 1)"
+            )
+
+
+def _released_thresholds(
+    threshold: BalancedThreshold,
+    algorithm: Algorithm,
+    models: list[list[Params]],
+    silos: Sequence[Silo],
+    noise: Streams[NoiseSource],
+    record: Charges,
+) -> list[list[float]]:
+    """Every (trial, silo)'s histogram release charged to its accounts (every view
+    learns the threshold too), then each silo's threshold chosen on the releases; a
+    non-private run's exact histograms are free."""
+    if not algorithm.private:
+        return chosen_thresholds(threshold, algorithm.model, models, silos, None)
+    infos = [s.info for s in silos]
+    record(
+        [
+            ((r, k), view, threshold.event(info))
+            for k, info in enumerate(infos)
+            for view in [None, *algorithm.view_events(info, infos)]
+            for r in range(len(models[k]))
+        ]
+    )
+    return chosen_thresholds(threshold, algorithm.model, models, silos, noise)
 
 
 def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int) -> None:

@@ -267,6 +267,22 @@ class PrivacyConfig(_Strict):
         return self
 
 
+class ThresholdConfig(_Strict):
+    """The decision threshold of a binary model, which accuracy, balanced accuracy,
+    precision and recall read: "fixed" at the public `value`, or "balanced": at every
+    evaluation each silo releases histograms of its model's scores on its training
+    records (per class, `bins` over logits in [−logit_range, logit_range], Gaussian
+    noise of std `noise` records a count, charged to its ledger and planned with its
+    rounds), and the threshold is the bin edge of the best TPR − FPR on their sum
+    (`dpfl.federation.threshold`)."""
+
+    choose: Literal["fixed", "balanced"] = "fixed"
+    value: float = Field(0.5, gt=0, lt=1)
+    noise: float = Field(10.0, gt=0)
+    bins: int = Field(16, ge=2)
+    logit_range: float = Field(8.0, gt=0)
+
+
 class StudyConfig(_Strict):
     """One point of a study: everything a run needs."""
 
@@ -298,6 +314,7 @@ class StudyConfig(_Strict):
     model: ModelConfig = ModelConfig()
     algorithm: AlgorithmConfig
     privacy: PrivacyConfig
+    threshold: ThresholdConfig = ThresholdConfig()
 
     @model_validator(mode="before")
     @classmethod
@@ -364,6 +381,14 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name}'s server sums no replies: no secure_aggregation to choose")
         if self.algorithm.tolerated_dropouts and name != "fedsgd_secure":
             raise ValueError("algorithm.tolerated_dropouts is fedsgd_secure's")
+        if self.threshold.choose == "balanced":
+            if kind.stops_at_budget and self.privacy.private:
+                raise ValueError(
+                    f"threshold.choose: {name} runs until its budget is spent, which leaves "
+                    "nothing to release a threshold with; use 'fixed'"
+                )
+            if self.model.time_bins or self.algorithm.loss in ("cox", "logistic_hazard"):
+                raise ValueError("threshold.choose: 'balanced' is for binary classifiers")
         return self
 
     @property
@@ -381,6 +406,8 @@ class StudyConfig(_Strict):
         for option in ("cross_silo", "secure_aggregation"):
             if not resolved[option]:  # keys from before the option stay the same
                 del resolved[option]
+        if self.threshold == ThresholdConfig():
+            del resolved["threshold"]
         if not self.algorithm.tolerated_dropouts:
             del resolved["algorithm"]["tolerated_dropouts"]
         for section, option, default in (

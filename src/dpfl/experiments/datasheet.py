@@ -96,6 +96,9 @@ def datasheet(
     if not private or not any(result.accounts):
         return sheet
     released = set(result.metadata.get("released_sizes", []))
+    # a balanced threshold's histograms are released (and charged) at every evaluation
+    balanced = config.threshold.choose == "balanced"
+    releases = len({row["round"] for row in result.history}) if balanced else 0
     first = book.budget(next(iter(result.accounts[0].values()))[None])
     if first.neighbouring is Neighbouring.REPLACE_ONE:
         sheet["unit"] = NODE_LEVEL_UNIT
@@ -116,7 +119,9 @@ def datasheet(
             "sample_rates": sorted(
                 {q for mine in entries for e in mine for q in _sample_rates(e.event.dp_event)}
             ),
-            "participations": [sum(e.round is not None for e in mine) for mine in entries],
+            "participations": [
+                sum(e.round is not None for e in mine) - releases for mine in entries
+            ],
             "events": [f"{span([c[text] for c in charged])} × {text}" for text in events],
             "views": sorted(view for view in trials[0] if view is not None),
         }
@@ -144,6 +149,25 @@ def _evaluation(config: StudyConfig, result: SimulationResult) -> str:
             if result.cross_silo
             else ""
         )
+        + _threshold(config)
+    )
+
+
+def _threshold(config: StudyConfig) -> str:
+    cut = config.threshold
+    if cut.choose == "fixed":
+        return f" Binary predictions are read at the public threshold {cut.value:g}."
+    charged = (
+        "charged to each silo's ledger (among its events)"
+        if config.privacy.private
+        else "exact: the reference protects no one"
+    )
+    return (
+        " Binary predictions are read at a threshold chosen at each evaluation: each silo "
+        f"releases per-class histograms of its model's scores on its training records "
+        f"({cut.bins} bins of logits in ±{cut.logit_range:g}, Gaussian noise of std "
+        f"{cut.noise:g} records a count, {charged}); the threshold maximises TPR − FPR "
+        "on their sum (on its own where each silo has its own model)."
     )
 
 

@@ -19,7 +19,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from dpfl.engines import flower
-from dpfl.experiments.config import StudyConfig, load
+from dpfl.experiments.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
 from dpfl.experiments.runner import STORE, build_algorithm, owning
 from dpfl.experiments.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
@@ -62,6 +62,8 @@ def check_deployable(config: StudyConfig) -> None:
             "masking ('masking') or homomorphic encryption ('he'); 'ideal' is the "
             "simulator's stand-in"
         )
+    if config.threshold != ThresholdConfig():
+        problems.append("threshold: deployed models predict at 0.5; leave the threshold out")
     if config.data.public_sizes != "declared":
         problems.append("data.public_sizes must be 'declared' (each hospital declares its own)")
     if problems:

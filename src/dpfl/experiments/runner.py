@@ -42,12 +42,13 @@ from rich.progress import Progress as Bar
 
 from dpfl import models, secure
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.config import Study, StudyConfig
+from dpfl.experiments.config import Study, StudyConfig, ThresholdConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.datasheet import datasheet
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.federation import algorithms
 from dpfl.federation.silo import Silo
+from dpfl.federation.threshold import BalancedThreshold
 from dpfl.local import losses
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.output_perturbation import AOPConfig
@@ -376,7 +377,15 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             init=config.model.init,
             cross_silo=config.cross_silo,
             secure_sum=secure.by_name(config.summing),
+            threshold=decision_threshold(config.threshold),
         )
+
+
+def decision_threshold(config: ThresholdConfig) -> float | BalancedThreshold:
+    """The study's threshold as the simulator takes it."""
+    if config.choose == "fixed":
+        return config.value
+    return BalancedThreshold(config.noise, config.bins, config.logit_range)
 
 
 def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Algorithm:

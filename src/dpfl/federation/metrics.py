@@ -1,7 +1,8 @@
 """Classification metrics of a model's scores, by scikit-learn.
 
-Binary tasks take one score per record (a probability or a logit: the ranking metrics
-only need the order; thresholded metrics use 0.5 on probabilities). Multi-class tasks
+Binary tasks take one score per record (a probability: the ranking metrics only need
+the order; thresholded metrics predict the positive class from a threshold on, 0.5
+unless one was chosen, see `dpfl.federation.threshold`). Multi-class tasks
 take a [n, C] matrix of probabilities; AUROC/AUPRC are then one-vs-rest macro averages.
 A metric that is undefined on the given labels (AUROC with one class present) is NaN,
 never a made-up number.
@@ -17,8 +18,12 @@ import sklearn
 from sklearn import metrics as skm
 
 
-def classification_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dict[str, float]:
-    """accuracy, balanced_accuracy, auroc, auprc, precision, recall and log loss."""
+def classification_metrics(
+    labels: np.ndarray, probabilities: np.ndarray, threshold: float | np.ndarray = 0.5
+) -> dict[str, float]:
+    """accuracy, balanced_accuracy, auroc, auprc, precision, recall and log loss.
+    `threshold`: binary tasks only; one for all records, or one per record (records
+    scored by models with thresholds of their own)."""
     labels = np.asarray(labels)
     probabilities = np.asarray(probabilities, dtype=np.float64)
     if labels.ndim != 1 or len(labels) == 0:
@@ -31,14 +36,18 @@ def classification_metrics(labels: np.ndarray, probabilities: np.ndarray) -> dic
     # parameters costs more than the metrics on test sets of this size
     with sklearn.config_context(skip_parameter_validation=True):
         if probabilities.ndim == 1:
-            return _binary(labels, probabilities)
+            return _binary(labels, probabilities, threshold)
+        if np.any(np.asarray(threshold) != 0.5):
+            raise ValueError("a decision threshold is for binary tasks; these scores have classes")
         return _multiclass(labels, probabilities)
 
 
-def _binary(labels: np.ndarray, p: np.ndarray) -> dict[str, float]:
+def _binary(labels: np.ndarray, p: np.ndarray, threshold: float | np.ndarray) -> dict[str, float]:
     if np.any((p < 0) | (p > 1)):
         raise ValueError("binary scores must be probabilities in [0, 1]")
-    predicted = (p >= 0.5).astype(int)
+    if np.ndim(threshold) and np.shape(threshold) != p.shape:
+        raise ValueError(f"{np.size(threshold)} thresholds for {len(p)} scores")
+    predicted = (p >= threshold).astype(int)
     both = len(np.unique(labels)) == 2
     return {
         "accuracy": float(skm.accuracy_score(labels, predicted)),
