@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shlex
 from collections.abc import Iterable, Iterator
@@ -54,6 +55,54 @@ def sweep(
     again = ["sweep", str(config), "--out", str(out), "-j", str(workers), *(["--json"] * json)]
     with reported_errors(), _resumable(again):
         _run(load(config), out, workers=workers, json=json, progress=not json)
+
+
+def tune(
+    config: Path,
+    out: OutOpt,
+    metric: Annotated[
+        str, typer.Option(help="Validation metric to maximise (loss, ibs: minimise).")
+    ] = "accuracy",
+    mean: Annotated[
+        float, typer.Option(help="Mean number of candidate runs (random, never shown).")
+    ] = 10.0,
+    shape: Annotated[
+        float,
+        typer.Option(
+            help="Law of the number of runs: truncated negative binomial of this shape "
+            "(0 logarithmic, 1 geometric) or, with inf, Poisson."
+        ),
+    ] = 1.0,
+    validation: Annotated[
+        float, typer.Option(help="Fraction of each silo's training records held out.")
+    ] = 0.2,
+    json: JsonOpt = False,
+) -> None:
+    """Select among the study's grid points privately: a random number of DP runs, only
+    the best released, the selection charged to every silo's ledger (Papernot & Steinke)."""
+    from dpfl.experiments.config import load
+    from dpfl.experiments.tune import LEDGER, tune
+
+    with reported_errors():
+        tuned = tune(
+            load(config),
+            out,
+            metric=metric,
+            mean=mean,
+            shape=shape,
+            validation_fraction=validation,
+        )
+        if json:
+            print_json(dataclasses.asdict(tuned))
+            return
+        worst = max(tuned.epsilon.values())
+        console.print(
+            f"chosen: {_grid(tuned.point)}  validation {metric} {tuned.validation:.4f}\n"
+            f"test: "
+            + "  ".join(f"{k} {v:.4f}" for k, v in tuned.test_metrics.items())
+            + f"\nσ = {tuned.noise_multiplier:.4g}; ε = {worst:.4g} at δ = {tuned.delta:g} "
+            f"(RDP, the selection included; the largest over silos; ledger {out / LEDGER})"
+        )
 
 
 def best(

@@ -119,11 +119,12 @@ def calibrated_sigma(
     budgets: Budgets,
     accountant: Accountant | None,
     others: Mapping[str, Sequence[events.PrivacyEvent]],
+    wrap: Callable[[events.PrivacyEvent], events.PrivacyEvent] | None = None,
 ) -> dict[str, float]:
     """Per silo, the least σ that keeps its whole plan (its `rounds[name]` scheduled
     rounds, with the releases `others[name]` whose noise is not σ: a record count, a
     threshold) within its budget, by the ledger's accountant, which will hold the run
-    to it."""
+    to it. `wrap`: what the plan is a part of (a tuned selection among runs of it)."""
     sigmas: dict[str, float] = {}
     memo: dict[tuple[str, float, float], float] = {}
     for silo in silos:
@@ -138,14 +139,17 @@ def calibrated_sigma(
             rounds_of = events.repeat(
                 algorithm.with_noise(sigma).participation_event(silo, silos), rounds[silo.name]
             )
-            return events.compose([*fixed, rounds_of]) if fixed else rounds_of
+            whole = events.compose([*fixed, rounds_of]) if fixed else rounds_of
+            return whole if wrap is None else wrap(whole)
 
         key = (plan(1.0).to_json(), eps, delta)
         if key in memo:
             sigmas[silo.name] = memo[key]
             continue
         if fixed:
-            alone = epsilon(events.compose(fixed), delta, accountant=accountant).epsilon
+            alone_plan = events.compose(fixed)
+            alone_plan = alone_plan if wrap is None else wrap(alone_plan)
+            alone = epsilon(alone_plan, delta, accountant=accountant).epsilon
             if alone > eps:
                 raise ValueError(
                     f"{silo.name}: {' and '.join(e.describe() for e in fixed)} alone spend "

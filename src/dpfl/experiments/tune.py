@@ -1,0 +1,287 @@
+"""Hyperparameter selection whose privacy cost is in the ledger (Papernot & Steinke,
+"Hyperparameter tuning with Rényi differential privacy", ICLR 2022).
+
+A study's grid is the search space. A random number K of candidate runs is drawn from
+the declared law (`dpfl.privacy.selection.repetitions`: truncated negative binomial, or
+Poisson), each candidate takes a point of the grid uniformly at random, trains with DP
+on each silo's training records less a validation part, and is scored on the silos'
+validation parts; only the best candidate is released. Each silo is charged
+`tuned(run, mean, shape)`, where `run` is the composition of the events a candidate's
+sampling code recorded for it: the search space may vary only what leaves that
+mechanism unchanged (learning rates, a pull λ, the model's width, the loss), so every
+candidate records the same events, which is checked. σ is calibrated (by RDP, the only
+accountant of the selection) so that the selection fits each silo's ε.
+
+What stays secret for the bound to hold: K and every candidate but the chosen one, so
+nothing about them is kept or printed. The validation records (like the test records)
+are outside ε: the guarantee is for the training records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import tempfile
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from dpfl.data import partition
+from dpfl.engines.accounts import calibrated_sigma
+from dpfl.engines.evaluation import evaluate
+from dpfl.engines.simulation import account, drawn_schedule, participations, simulate
+from dpfl.experiments.best import LOWER_IS_BETTER
+from dpfl.experiments.config import Study, StudyConfig
+from dpfl.experiments.datasets import build_silos
+from dpfl.experiments.runner import build_algorithm, decision_threshold
+from dpfl.federation.silo import Silo
+from dpfl.federation.threshold import BalancedThreshold
+from dpfl.privacy import Accountant, Budget, Ledger, events, selection
+
+RESULT = "tuned.json"
+LEDGER = "ledger.sqlite"
+
+
+@dataclass(frozen=True)
+class Tuned:
+    """The released outcome of a private selection: the chosen point, its noise, each
+    silo's ε from the ledger (the selection included) and its test metrics."""
+
+    point: dict[str, Any]
+    noise_multiplier: float
+    epsilon: dict[str, float]
+    delta: float
+    validation: float
+    metric: str
+    test_metrics: dict[str, float]
+    mean: float
+    shape: float
+
+
+def tune(
+    study: Study,
+    out: str | Path,
+    *,
+    metric: str,
+    mean: float = 10.0,
+    shape: float = 1.0,
+    validation_fraction: float = 0.2,
+) -> Tuned:
+    """Select among `study`'s grid points privately (see the module docstring) and write
+    the outcome to `out/tuned.json`, the charges to `out/ledger.sqlite`."""
+    points = [config for _, config in study.points]
+    first = _check(points, validation_fraction)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    if (folder / RESULT).exists():
+        raise ValueError(f"{folder / RESULT} exists: a selection is released once")
+    silos = build_silos(first.data, first.seed)
+    tuning = [with_validation(s, validation_fraction, first.seed) for s in silos]
+    privacy = first.privacy
+    budgets = {s.name: _budget(first, s.name) for s in silos}
+    sigma = _calibrated(points, tuning, budgets, mean, shape)
+    # K and the candidates' points must be unpredictable for the bound to hold, as the
+    # noise must: seeded only with research noise (whose ε holds for no release anyway)
+    rng = np.random.default_rng([first.seed, 17] if first.research_noise else None)
+    count = selection.repetitions(mean, shape, rng)
+    best: tuple[float, int, Any] | None = None
+    recorded: list[dict[str, Counter[str]]] = []
+    lower = metric in LOWER_IS_BETTER
+    with tempfile.TemporaryDirectory(prefix="dpfl-tune-") as scratch:
+        for k in range(count):
+            chosen = int(rng.integers(len(points)))
+            config = fixed_noise(points[chosen], sigma)
+            algorithm = build_algorithm(config, tuning)
+            ledger = Path(scratch) / f"candidate-{k}.sqlite"
+            result = simulate(
+                algorithm,
+                tuning,
+                rounds=config.rounds,
+                seed=config.seed + 1 + k,
+                ledger=ledger,
+                research_noise=config.research_noise,
+                progress=False,
+                eval_every=config.rounds,
+                init=config.model.init,
+                threshold=decision_threshold(config.threshold),
+            )
+            recorded.append(_events(ledger, [s.name for s in tuning]))
+            score = result.final_metrics().get(metric, math.nan)
+            if math.isnan(score):
+                raise ValueError(f"unknown or undefined validation metric {metric!r}")
+            key = -score if not lower else score
+            if best is None or key < best[0]:
+                best = (key, chosen, (algorithm, result))
+    if any(r != recorded[0] for r in recorded):
+        raise RuntimeError(
+            "the candidates recorded different privacy events: the search space may vary "
+            "only what leaves the mechanism unchanged (not rounds, batch sizes, epochs)"
+        )
+    with Ledger(folder / LEDGER, accountant=Accountant.RDP) as book:
+        book.register_silos(
+            {account(s, 0): Budget(*budgets[s.name], s.neighbouring, s.public_size) for s in tuning}
+        )
+        run = recorded[0] if recorded else {s.name: Counter[str]() for s in tuning}
+        book.record_many(
+            [
+                (account(s, 0), events.tuned(_composed(run[s.name]), mean=mean, shape=shape))
+                for s in tuning
+            ],
+            label=f"private selection over {len(points)} points of {study.name}",
+        )
+        spent = {s.name: book.spent(account(s, 0)).epsilon for s in tuning}
+    if best is None:  # Poisson K = 0: the selection released nothing
+        raise ValueError("the selection drew no candidate (Poisson K = 0): nothing to release")
+    algorithm, result = best[2]
+    tuned = Tuned(
+        point=study.points[best[1]][0],
+        noise_multiplier=sigma,
+        epsilon=spent,
+        delta=privacy.delta,
+        validation=-best[0] if not lower else best[0],
+        metric=metric,
+        test_metrics=_tested(algorithm, result, silos),
+        mean=mean,
+        shape=shape,
+    )
+    (folder / RESULT).write_text(json.dumps(dataclasses.asdict(tuned), indent=1) + "\n")
+    return tuned
+
+
+def _check(points: list[StudyConfig], fraction: float) -> StudyConfig:
+    """Refuse a study the selection cannot be accounted for."""
+    first = points[0]
+    if not 0 < fraction < 1:
+        raise ValueError(f"the validation fraction must lie in (0, 1), got {fraction}")
+    problems = []
+    if not first.privacy.private or first.privacy.epsilon is None:
+        problems.append("give privacy.epsilon: σ is calibrated so the selection fits it")
+    if any(p.privacy.noise_multiplier is not None for p in points):
+        problems.append("leave privacy.noise_multiplier out: σ is calibrated")
+    if any(p.trials != 1 for p in points):
+        problems.append("trials must be 1 (a selection releases one model)")
+    for section in ("privacy", "data", "rounds", "seed"):
+        if any(getattr(p, section) != getattr(first, section) for p in points):
+            problems.append(f"{section} must be the same at every point (it is no hyperparameter)")
+    if any(p.algorithm.name != first.algorithm.name for p in points):
+        problems.append("algorithm.name must be the same at every point")
+    if first.data.public_sizes != "declared":
+        problems.append("data.public_sizes must be 'declared'")
+    if problems:
+        raise ValueError("cannot tune this study: " + "; ".join(dict.fromkeys(problems)))
+    return first
+
+
+def _budget(config: StudyConfig, name: str) -> tuple[float, float]:
+    own = config.privacy.silos.get(name)
+    if own is not None:
+        return own.epsilon, own.delta
+    assert config.privacy.epsilon is not None
+    return config.privacy.epsilon, config.privacy.delta
+
+
+def with_validation(silo: Silo, fraction: float, seed: int) -> Silo:
+    """The silo's training records less a stratified validation part, which becomes its
+    test set during the selection; the public size shrinks by the public fraction."""
+    labels = silo.y.numpy()
+    strata = labels if labels.ndim == 1 else labels[:, 1].astype(np.int64)
+    train, held = partition.stratified_split(strata, [1 - fraction, fraction], seed)
+    size = silo.declared_size - round(fraction * silo.declared_size)
+    return dataclasses.replace(
+        silo,
+        x=silo.x.index_select(0, _index(train)),
+        y=silo.y[_index(train)],
+        x_test=silo.x.index_select(0, _index(held)),
+        y_test=silo.y[_index(held)],
+        public_size=size,
+    )
+
+
+def _index(rows: np.ndarray) -> torch.Tensor:
+    return torch.as_tensor(np.sort(rows), dtype=torch.int64)
+
+
+def _calibrated(
+    points: list[StudyConfig],
+    silos: list[Silo],
+    budgets: dict[str, tuple[float, float]],
+    mean: float,
+    shape: float,
+) -> float:
+    """The least σ for which the selection (over runs of the points' plan) fits every
+    silo's budget; the points must plan the same events."""
+    infos = [s.info for s in silos]
+    plans = set()
+    sigma = 0.0
+    for config in points:
+        algorithm = build_algorithm(config, silos)
+        schedule = drawn_schedule(algorithm, infos, 1, config.seed, config.rounds)
+        planned = {name: n for (name, _), n in participations(schedule, 0, config.rounds).items()}
+        threshold = decision_threshold(config.threshold)
+        others = {
+            s.name: [threshold.event(s)] if isinstance(threshold, BalancedThreshold) else []
+            for s in infos
+        }
+        plan = tuple(
+            events.repeat(algorithm.participation_event(s, infos), planned.get(s.name, 0)).to_json()
+            for s in infos
+        )
+        plans.add(plan)
+        if len(plans) > 1:
+            raise ValueError(
+                "the grid's points plan different privacy events: the search space may "
+                "vary only what leaves the mechanism unchanged (not rounds, batch sizes, "
+                "epochs, client rates)"
+            )
+        sigmas = calibrated_sigma(
+            algorithm,
+            infos,
+            {s.name: planned.get(s.name, 0) for s in infos},
+            budgets,
+            Accountant.RDP,
+            others,
+            wrap=lambda run: events.tuned(run, mean=mean, shape=shape),
+        )
+        sigma = max(sigma, *sigmas.values())
+    return sigma
+
+
+def fixed_noise(config: StudyConfig, sigma: float) -> StudyConfig:
+    privacy = config.privacy.model_copy(update={"noise_multiplier": sigma, "epsilon": None})
+    return config.model_copy(update={"privacy": privacy})
+
+
+def _events(ledger: Path, names: list[str]) -> dict[str, Counter[str]]:
+    """Per silo, the events a candidate's run recorded (as their texts, with counts)."""
+    with Ledger(ledger, create=False) as book:
+        return {
+            name: Counter(e.event.to_json() for e in book.entries(account(name, 0)))
+            for name in names
+        }
+
+
+def _composed(recorded: Counter[str]) -> events.PrivacyEvent:
+    return events.compose(
+        [
+            events.repeat(events.PrivacyEvent.from_json(text), count)
+            for text, count in sorted(recorded.items())
+        ]
+    )
+
+
+def _tested(algorithm: Any, result: Any, silos: list[Silo]) -> dict[str, float]:
+    """The chosen candidate's models on the silos' test sets (never seen in the
+    selection), each read at its own released threshold."""
+    models = [[{n: v[0] for n, v in result.silo_models[s.name].items()}] for s in silos]
+    own = result.history[-1]["silos"]
+    cuts = [[own.get(s.name, {}).get("threshold", 0.5)] for s in silos]
+    (row,) = evaluate(
+        algorithm.model, models, silos, result.rounds_completed - 1, algorithm.loss, cuts
+    )
+    metrics: dict[str, float] = row["metrics"]
+    return metrics

@@ -1,0 +1,124 @@
+"""`dpfl tune`: a private selection whose one charge per silo is the tuned event of
+exactly what a candidate's sampling code records, calibrated to the budget, released
+once, and refused where the search space would change the mechanism."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpfl.cli import app
+from dpfl.engines.simulation import account, simulate
+from dpfl.experiments.config import Study
+from dpfl.experiments.datasets import build_silos
+from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
+from dpfl.privacy import Accountant, Ledger, events
+
+STUDY: dict[str, Any] = {
+    "name": "tune",
+    "rounds": 4,
+    "data": {"dataset": "breast_cancer", "partition": {"kind": "iid", "silos": 3}},
+    "algorithm": {"name": "fedavg", "learning_rate": [0.1, 1.0]},
+    "privacy": {"epsilon": 2.0, "delta": 1e-5},
+}
+
+
+def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path: Path) -> None:
+    tuned = tune(Study(STUDY), tmp_path, metric="auroc", mean=3.0, shape=1.0)
+    assert tuned.point["algorithm.learning_rate"] in (0.1, 1.0)
+    assert max(tuned.epsilon.values()) == pytest.approx(2.0, abs=0.02)
+    assert max(tuned.epsilon.values()) <= 2.0
+    # a candidate run alone, at the selection's σ, records these events ...
+    config = fixed_noise(Study(STUDY).points[0][1], tuned.noise_multiplier)
+    silos = [with_validation(s, 0.2, 0) for s in build_silos(config.data, 0)]
+    simulate(
+        build_algorithm(config, silos),
+        silos,
+        rounds=4,
+        ledger=tmp_path / "alone.sqlite",
+        progress=False,
+        eval_every=4,
+    )
+    with Ledger(tmp_path / "alone.sqlite", create=False) as alone:
+        run = {s.name: [e.event for e in alone.entries(account(s, 0))] for s in silos}
+    # ... and the selection's ledger holds one entry per silo: their tuned event
+    with Ledger(tmp_path / LEDGER, create=False, accountant=Accountant.RDP) as book:
+        for silo in silos:
+            (entry,) = book.entries(account(silo, 0))
+            inner = entry.event.dp_event.event
+            expected = events.compose(
+                [
+                    events.repeat(event, count)
+                    for event, count in sorted(
+                        Counter(run[silo.name]).items(), key=lambda item: item[0].to_json()
+                    )
+                ]
+            )
+            assert inner == expected.dp_event
+            assert entry.event == events.tuned(expected, mean=3.0, shape=1.0)
+    written = json.loads((tmp_path / RESULT).read_text())
+    assert set(written) == {
+        "point",
+        "noise_multiplier",
+        "epsilon",
+        "delta",
+        "validation",
+        "metric",
+        "test_metrics",
+        "mean",
+        "shape",
+    }  # nothing of the other candidates, nor their number
+    with pytest.raises(ValueError, match="released once"):
+        tune(Study(STUDY), tmp_path, metric="auroc", mean=3.0)
+
+
+def test_the_validation_part_comes_out_of_the_training_records() -> None:
+    (silo, *_) = build_silos(Study(STUDY).points[0][1].data, 0)
+    held = with_validation(silo, 0.2, 0)
+    assert held.public_size == silo.declared_size - round(0.2 * silo.declared_size)
+    rows = {tuple(r) for r in np.round(silo.x.numpy(), 5)}
+    parts = [{tuple(r) for r in np.round(x.numpy(), 5)} for x in (held.x, held.x_test)]
+    assert held.x_test is not None and held.size + held.x_test.shape[0] == silo.size
+    assert parts[0] | parts[1] == rows and not parts[0] & parts[1]
+    assert abs(held.y.float().mean() - silo.y.float().mean()) < 0.02  # stratified
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"algorithm": {"name": "fedavg", "expected_batch_size": [8, 32]}}, "different privacy"),
+        ({"rounds": [2, 4]}, "rounds must be the same"),
+        ({"privacy": {"noise_multiplier": 1.0, "epsilon": 2.0}}, "leave privacy.noise"),
+        ({"trials": 2}, "trials must be 1"),
+        ({"privacy": {"private": False}}, "give privacy.epsilon"),
+    ],
+)
+def test_a_study_the_selection_cannot_account_for_is_refused(
+    change: dict[str, Any], message: str, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match=message):
+        tune(Study({**STUDY, **change}), tmp_path, metric="auroc")
+    assert not (tmp_path / LEDGER).exists()
+
+
+def test_dpfl_tune_prints_the_choice_and_its_epsilon(tmp_path: Path) -> None:
+    study = tmp_path / "study.toml"
+    study.write_text(
+        'name = "t"\nrounds = 3\n[data]\ndataset = "breast_cancer"\n'
+        'partition = { kind = "iid", silos = 2 }\n[algorithm]\nname = "fedavg"\n'
+        "learning_rate = [0.5, 1.0]\n[privacy]\nepsilon = 3.0\n"
+    )
+    result = CliRunner().invoke(
+        app, ["tune", str(study), "--out", str(tmp_path / "o"), "--mean", "2", "--json"]
+    )
+    assert result.exit_code == 0, result.output
+    shown = json.loads(result.output)
+    assert shown["point"]["algorithm.learning_rate"] in (0.5, 1.0)
+    assert max(shown["epsilon"].values()) <= 3.0
