@@ -139,9 +139,12 @@ _KILLED_RUN = textwrap.dedent(
         torch.manual_seed(0)
         algorithm = FedAvg(model=logistic_regression(30), loss=bce,
                            dpsgd=DPSGDConfig(1.0, 1.0, 0.5), expected_batch_size=10)
-        simulation.simulate(algorithm, silos, rounds=3, ledger=f"{directory}/ledger.sqlite",
+        # an RDP ledger: what is paid for each round is tested, not PLD's ε (slower)
+        ledger = Ledger(f"{directory}/ledger.sqlite", accountant="rdp")
+        simulation.simulate(algorithm, silos, rounds=3, ledger=ledger,
                             checkpoint=f"{directory}/run.pt", research_noise=False,
                             progress=False)
+        ledger.close()
     """
 )
 
@@ -205,8 +208,8 @@ def test_adding_a_record_changes_no_quantity_that_shapes_the_mechanism(tmp_path:
             silos,
             rounds=3,
             epsilon_budget=1.0,
-            calibrate=True,
-            ledger=tmp_path / f"{len(silos[0].y)}.sqlite",
+            calibrate=True,  # by RDP (faster than PLD): σ's inputs are tested, by any accountant
+            ledger=Ledger(tmp_path / f"{len(silos[0].y)}.sqlite", accountant="rdp"),
             progress=False,
         ).noise_multiplier
         for silos in (plain, plus_one)
@@ -279,7 +282,7 @@ def test_calibration_makes_room_for_the_released_count(tmp_path: Path) -> None:
         rounds=2,
         epsilon_budget=1.0,
         calibrate=True,
-        ledger=tmp_path / "ledger.sqlite",
+        ledger=Ledger(tmp_path / "ledger.sqlite", accountant="rdp"),  # faster than PLD
         progress=False,
     )
     spent = max(report.epsilon for report in result.epsilon[0].values())

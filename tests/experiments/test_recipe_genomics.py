@@ -27,7 +27,7 @@ from dpfl.experiments.recipes.genomics_common import majority
 from dpfl.experiments.runner import STORE
 from dpfl.experiments.store import ResultsStore, RunRow
 
-from .test_recipe_golden import smoke
+from .test_recipe_golden import recipe_lock, smoke
 
 
 @pytest.fixture(scope="module")
@@ -42,7 +42,8 @@ def astar_smoke(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> 
 
 def _again(name: str, out: Path, data_dir: Path | None) -> Reproduction:
     """The finished reproduction in `out` (nothing runs twice: every point is done)."""
-    return reproduce(name, out, data_dir=data_dir, scale="smoke")
+    with recipe_lock(out):  # another worker may be reading the same shared directory
+        return reproduce(name, out, data_dir=data_dir, scale="smoke")
 
 
 def _mean(store: ResultsStore, runs: list[RunRow], metric: str = "accuracy") -> float:

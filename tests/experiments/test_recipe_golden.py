@@ -7,17 +7,21 @@ Rewrite the file only for a change that is meant to move the numbers, and say wh
 
     DPFL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/experiments/test_recipe_golden.py
 
-Each recipe runs once per test session (`smoke`): the other recipe test modules read the
-same runs instead of running the recipe again.
+Each recipe runs once per test session (`smoke`), even across xdist's workers: the other
+recipe test modules read the same runs instead of running the recipe again.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
 import importlib
 import json
 import os
 import pkgutil
 import re
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -38,12 +42,32 @@ _RUNS: dict[tuple[str, Path], Ran] = {}
 
 def smoke(name: str, data_dir: Path, factory: pytest.TempPathFactory) -> Ran:
     """Recipe `name` at smoke scale on `data_dir`, and its study directory: run once per
-    test session, whichever test module asks first."""
+    test session, whichever test module asks first. Under xdist the directory is shared
+    by the session's workers: the first runs the recipe, the others wait for it and
+    then only read the finished points (`reproduce` resumes, and every point is done)."""
     key = (name, data_dir)
     if key not in _RUNS:
-        out = factory.mktemp(name)
-        _RUNS[key] = (reproduce(name, out, data_dir=data_dir, scale="smoke"), out)
+        root = factory.getbasetemp()
+        if os.environ.get("PYTEST_XDIST_WORKER"):
+            root = root.parent  # the session's directory, above each worker's own
+        tag = hashlib.sha256(str(data_dir.resolve()).encode()).hexdigest()[:12]
+        out = root / "recipes" / f"{name}-{tag}"
+        with recipe_lock(out):
+            _RUNS[key] = (reproduce(name, out, data_dir=data_dir, scale="smoke"), out)
     return _RUNS[key]
+
+
+@contextmanager
+def recipe_lock(out: Path) -> Iterator[None]:
+    """Hold `out`'s lock among this session's processes (a second `reproduce` in a study
+    directory that another process is running is refused, not queued)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with open(out.parent / f"{out.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def _table(reproduction: Reproduction, data_dir: Path) -> dict[str, Any]:

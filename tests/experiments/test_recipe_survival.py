@@ -1,5 +1,6 @@
 """The survival recipes (FLamby's Fed-TCGA-BRCA, GSE7390 time to metastasis) at smoke
-scale, end to end on the shared real data, and the C-index averaging of the FLamby
+scale, end to end on the shared real data (the runs of test_recipe_golden.py, which
+compares their rows with the golden ones), and the C-index averaging of the FLamby
 comparison: a client test set without a C-index (NaN) is left out of the mean, as the
 recipe's note says."""
 
@@ -11,22 +12,22 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.experiments.recipes import Reproduction, reproduce
+from dpfl.experiments.recipes import Reproduction
 from dpfl.experiments.recipes.flamby_tcga import CENTRES, client_average, client_scores
+
+from .test_recipe_golden import smoke
 
 NUMBER = re.compile(r"\d\.\d{3}")
 
 
 @pytest.fixture(scope="module")
 def tcga(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Reproduction:
-    out = tmp_path_factory.mktemp("flamby-tcga")
-    return reproduce("flamby-tcga-brca", out, data_dir=shared_data, scale="smoke")
+    return smoke("flamby-tcga-brca", shared_data, tmp_path_factory)[0]
 
 
 @pytest.fixture(scope="module")
 def gse7390(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Reproduction:
-    out = tmp_path_factory.mktemp("gse7390-survival")
-    return reproduce("gse7390-survival", out, data_dir=shared_data, scale="smoke")
+    return smoke("gse7390-survival", shared_data, tmp_path_factory)[0]
 
 
 def test_tcga_rows_have_ours_and_flambys_numbers(tcga: Reproduction) -> None:

@@ -79,5 +79,5 @@ def test_a_threshold_the_study_cannot_use_is_refused(change: dict[str, Any], mes
 
 def test_a_deployment_refuses_a_chosen_threshold() -> None:
     config = StudyConfig.model_validate({**STUDY, "trials": 1, "threshold": {"value": 0.3}})
-    with pytest.raises(ValueError, match="deployed models predict at 0.5"):
+    with pytest.raises(ValueError, match=r"deployed models predict at 0\.5"):
         check_deployable(config)
