@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.simulation import account, simulate
-from dpfl.experiments.config import Study
+from dpfl.experiments.config import Study, load
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.runner import build_algorithm
 from dpfl.experiments.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
@@ -122,3 +122,10 @@ def test_dpfl_tune_prints_the_choice_and_its_epsilon(tmp_path: Path) -> None:
     shown = json.loads(result.output)
     assert shown["point"]["algorithm.learning_rate"] in (0.5, 1.0)
     assert max(shown["epsilon"].values()) <= 3.0
+
+
+@pytest.mark.parametrize("name", ["tune-heart-mrmtl", "tune-physionet-mrmtl"])
+def test_the_documented_tuning_studies_load_as_one_search_space(name: str) -> None:
+    study = load(Path(__file__).parents[2] / "docs" / "studies" / f"{name}.toml")
+    assert list(study.axes) == ["algorithm.strength"] and len(study.points) == 6
+    assert {config.privacy.epsilon for _, config in study.points} == {1.0}
