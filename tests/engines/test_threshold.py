@@ -234,3 +234,18 @@ def test_a_crash_after_a_release_resumes_without_paying_twice(
         with Ledger(tmp_path / folder / "l", create=False) as book:
             charged = Counter(e.round for e in book.entries(account("h1", 0)))
             assert charged == Counter({0: 2, 1: 2, 2: 2})  # a step and a release a round
+
+
+def test_a_checkpoint_resumes_only_into_the_same_threshold(tmp_path: Path) -> None:
+    checkpoint = tmp_path / "run.pt"
+    simulate(_fedavg(), _silos(), rounds=2, threshold=CUT, checkpoint=checkpoint, progress=False)
+    for other in (0.5, BalancedThreshold(noise=6.0)):
+        with pytest.raises(ValueError, match="different run"):
+            simulate(
+                _fedavg(),
+                _silos(),
+                rounds=2,
+                threshold=other,
+                checkpoint=checkpoint,
+                progress=False,
+            )

@@ -365,7 +365,7 @@ def simulate(
             )
         start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
         messages: list[dict[str, Any]] = []
-        fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise, init)
+        fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise, init, threshold)
         instance, resumed = uuid.uuid4().hex[:16], False
         if checkpoint is not None and Path(checkpoint).exists():
             saved = torch.load(checkpoint, weights_only=False)
@@ -789,11 +789,19 @@ def _ledger_path(ledger: str | Path | None) -> Path:
 
 
 def _fingerprint(
-    algorithm: Algorithm, silos: Sequence[Silo], trials: int, seed: int, research: bool, init: Init
+    algorithm: Algorithm,
+    silos: Sequence[Silo],
+    trials: int,
+    seed: int,
+    research: bool,
+    init: Init,
+    threshold: float | BalancedThreshold,
 ) -> str:
-    """Identifies a run across processes: what a checkpoint may be resumed into."""
+    """Identifies a run across processes: what a checkpoint may be resumed into (a run
+    at the default threshold keeps the fingerprint it had before thresholds existed)."""
     sizes = [(s.name, s.public_size, s.size) for s in silos]
-    text = _stable((CHECKPOINT_FORMAT, algorithm, sizes, trials, seed, research, init))
+    parts = (CHECKPOINT_FORMAT, algorithm, sizes, trials, seed, research, init)
+    text = _stable(parts if threshold == FIXED else (*parts, threshold))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
