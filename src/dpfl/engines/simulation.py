@@ -795,7 +795,7 @@ def _fingerprint(
     seed: int,
     research: bool,
     init: Init,
-    threshold: float | BalancedThreshold,
+    threshold: float | BalancedThreshold = FIXED,
 ) -> str:
     """Identifies a run across processes: what a checkpoint may be resumed into (a run
     at the default threshold keeps the fingerprint it had before thresholds existed)."""
