@@ -174,6 +174,15 @@ def survivors() -> Iterator[set[int]]:
             os.kill(pid, signal.SIGKILL)
 
 
+def _as_from_a_terminal() -> None:
+    """In the child before exec: Ctrl-C deliverable and at its default action, as a
+    terminal starts dpfl. A signal mask and an ignored disposition survive exec, and
+    code run earlier in a test worker's process (the full suite) left SIGINT undelivered
+    to children: the sweep then finished as if never interrupted."""
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _point_running(out: Path) -> bool:
     """A worker is inside a point (its checkpoint is written before round 0 and after
     every round) and at least one point is not finished."""
@@ -236,7 +245,11 @@ def test_ctrl_c_stops_the_workers_and_prints_the_command_that_resumes(
 ) -> None:
     out = tmp_path / "out"
     sweep = subprocess.Popen(
-        _sweep_command(config, out), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        _sweep_command(config, out),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_as_from_a_terminal,
     )
     try:
         _wait_for(lambda: _point_running(out), "a point runs", sweep)
