@@ -213,42 +213,54 @@ def _calibrated(
     mean: float,
     shape: float,
 ) -> float:
-    """The least σ for which the selection (over runs of the points' plan) fits every
-    silo's budget; the points must plan the same events."""
+    """The least σ for which the selection (over runs of the points' one plan) fits
+    every silo's budget; points that plan different events are refused."""
     infos = [s.info for s in silos]
-    plans = set()
-    sigma = 0.0
-    for config in points:
-        algorithm = build_algorithm(config, silos)
-        schedule = drawn_schedule(algorithm, infos, 1, config.seed, config.rounds)
-        planned = {name: n for (name, _), n in participations(schedule, 0, config.rounds).items()}
-        threshold = decision_threshold(config.threshold)
-        others = {
-            s.name: [threshold.event(s)] if isinstance(threshold, BalancedThreshold) else []
-            for s in infos
-        }
-        plan = tuple(
-            events.repeat(algorithm.participation_event(s, infos), planned.get(s.name, 0)).to_json()
-            for s in infos
+    plans = [_plan(config, silos) for config in points]
+    if any(plan[0] != plans[0][0] for plan in plans):
+        raise ValueError(
+            "the grid's points plan different privacy events: the search space may "
+            "vary only what leaves the mechanism unchanged (not rounds, batch sizes, "
+            "epochs, client rates, threshold noise)"
         )
-        plans.add(plan)
-        if len(plans) > 1:
-            raise ValueError(
-                "the grid's points plan different privacy events: the search space may "
-                "vary only what leaves the mechanism unchanged (not rounds, batch sizes, "
-                "epochs, client rates)"
-            )
-        sigmas = calibrated_sigma(
-            algorithm,
-            infos,
-            {s.name: planned.get(s.name, 0) for s in infos},
-            budgets,
-            Accountant.RDP,
-            others,
-            wrap=lambda run: events.tuned(run, mean=mean, shape=shape),
-        )
-        sigma = max(sigma, *sigmas.values())
-    return sigma
+    _, algorithm, planned, others = plans[0]
+    sigmas = calibrated_sigma(
+        algorithm,
+        infos,
+        planned,
+        budgets,
+        Accountant.RDP,
+        others,
+        wrap=lambda run: events.tuned(run, mean=mean, shape=shape),
+    )
+    return max(sigmas.values())
+
+
+def _plan(
+    config: StudyConfig, silos: list[Silo]
+) -> tuple[tuple[str, ...], Any, dict[str, int], dict[str, list[events.PrivacyEvent]]]:
+    """A point's plan per silo (as text, to compare points), its algorithm, scheduled
+    rounds and the releases besides them (a balanced threshold's)."""
+    infos = [s.info for s in silos]
+    algorithm = build_algorithm(config, silos)
+    schedule = drawn_schedule(algorithm, infos, 1, config.seed, config.rounds)
+    counts = participations(schedule, 0, config.rounds)
+    planned = {s.name: counts[s.name, 0] for s in infos}
+    threshold = decision_threshold(config.threshold)
+    others = {
+        s.name: [threshold.event(s)] if isinstance(threshold, BalancedThreshold) else []
+        for s in infos
+    }
+    text = tuple(
+        events.compose(
+            [
+                events.repeat(algorithm.participation_event(s, infos), planned[s.name]),
+                *others[s.name],
+            ]
+        ).to_json()
+        for s in infos
+    )
+    return text, algorithm, planned, others
 
 
 def fixed_noise(config: StudyConfig, sigma: float) -> StudyConfig:
