@@ -160,6 +160,18 @@ def test_secure_aggregation_must_fit_the_algorithm(
         load(_write(tmp_path, text))
 
 
+def test_ternary_votes_are_signs_and_name_a_new_point(tmp_path: Path) -> None:
+    sign = BASE.replace('name = "fedavg"', 'name = "sign"')
+    binary = load(_write(tmp_path, sign)).points[0][1]
+    explicit = sign.replace("[privacy]", 'votes = "binary"\n[privacy]')
+    assert load(_write(tmp_path, explicit)).points[0][1].key() == binary.key()
+    ternary = load(_write(tmp_path, sign.replace("[privacy]", 'votes = "ternary"\n[privacy]')))
+    assert ternary.points[0][1].algorithm.votes == "ternary"
+    assert ternary.points[0][1].key() != binary.key()
+    with pytest.raises(ConfigError, match=r"algorithm\.votes is sign.s"):
+        load(_write(tmp_path, BASE.replace("[privacy]", 'votes = "ternary"\n[privacy]')))
+
+
 def test_secure_aggregation_defaults_to_what_the_accounting_needs(tmp_path: Path) -> None:
     """An unset option leaves the study's key as it was before the option existed."""
     config = load(_write(tmp_path, BASE)).points[0][1]

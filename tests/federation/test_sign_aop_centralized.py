@@ -4,6 +4,7 @@ runs repeat bit for bit."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,10 +12,12 @@ import numpy as np
 import pytest
 import torch
 from scipy.stats import binomtest
+from torch import Tensor
 
 from dpfl.engines.simulation import account, simulate
 from dpfl.federation.algorithms import Algorithm, FedAvg
 from dpfl.federation.algorithms.aop import AOP
+from dpfl.federation.algorithms.base import flat
 from dpfl.federation.algorithms.centralized import Centralized
 from dpfl.federation.algorithms.sign import Sign, random_signs
 from dpfl.federation.silo import Silo
@@ -116,6 +119,49 @@ def test_random_signs_for_exact_zeros_are_fair_coins() -> None:
     expected = (len(coins) - 1) / 4
     chi2 = float(((pairs - expected) ** 2 / expected).sum())
     assert chi2 < 11.34  # the 99% quantile of χ² with 3 degrees of freedom
+
+
+def _without_feature(silos: list[Silo], column: int) -> list[Silo]:
+    """The silos with one feature absent (0) from every training record, as a rare code."""
+    bare = []
+    for s in silos:
+        x = s.x.clone()
+        x[:, column] = 0.0
+        bare.append(dataclasses.replace(s, x=x))
+    return bare
+
+
+def test_ternary_votes_leave_the_weights_no_record_touches_where_coins_move_them(
+    breast_cancer_silos: Silos,
+) -> None:
+    silos = _without_feature(breast_cancer_silos(3), column=4)
+    weight = 4  # logistic regression: the weights, then the bias
+
+    def moved(votes: str, rounds: int) -> Tensor:
+        algorithm = _sign(NON_PRIVATE, votes=votes)
+        start = flat(algorithm.initial_state([])["global"])
+        result = simulate(algorithm, silos, rounds=rounds, progress=False)
+        return (flat({k: v[0] for k, v in result.params.items()}) - start).abs()
+
+    first = moved("ternary", rounds=1)
+    # three nonzero votes never tie: every touched coordinate moves by exactly γ
+    assert torch.allclose(first[torch.arange(31) != weight], torch.tensor(GAMMA))
+    assert first[weight] == 0.0
+    assert moved("ternary", rounds=8)[weight] == 0.0
+    assert moved("binary", rounds=8)[weight] > 0.0  # three coins a round: a random walk
+
+
+def test_ternary_votes_under_dp_are_the_binary_votes(breast_cancer_silos: Silos) -> None:
+    silos = _without_feature(breast_cancer_silos(3), column=4)
+    binary, ternary = (
+        simulate(_sign(votes=votes), silos, rounds=3, seed=5, progress=False)
+        for votes in ("binary", "ternary")
+    )
+    # the noise leaves no coordinate exactly 0: the same votes, the same model
+    for name, value in binary.params.items():
+        assert torch.equal(value, ternary.params[name])
+    for traffic in ternary.traffic.values():
+        assert traffic["up"] == traffic["messages"] // 2 * 7  # ⌈31 votes / 5⌉ bytes
 
 
 def test_sign_upstream_is_a_32nd_of_fedavg_on_the_same_run(breast_cancer_silos: Silos) -> None:

@@ -215,6 +215,9 @@ class AlgorithmConfig(_Strict):
     """cyclic: DP-SGD steps at each silo per visit (Owkin's E)."""
     server_learning_rate: float = Field(0.005, gt=0)
     """sign: the server's step γ."""
+    votes: Literal["binary", "ternary"] = "binary"
+    """sign: "binary", a coin where the update is exactly 0 (§3.1); "ternary", a 0 there
+    (1.6 bits a parameter), so that weights no batch touched stay put."""
     strength: float = Field(1.0, ge=0)
     """mrmtl, ditto: the pull λ towards the global model."""
     federated_rounds: int = Field(1, ge=1)
@@ -381,6 +384,8 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name}'s server sums no replies: no secure_aggregation to choose")
         if self.algorithm.tolerated_dropouts and name != "fedsgd_secure":
             raise ValueError("algorithm.tolerated_dropouts is fedsgd_secure's")
+        if self.algorithm.votes != "binary" and name != "sign":
+            raise ValueError("algorithm.votes is sign's")
         if self.threshold.choose == "balanced":
             if kind.stops_at_budget and self.privacy.private:
                 raise ValueError(
@@ -413,6 +418,7 @@ class StudyConfig(_Strict):
         for section, option, default in (
             ("algorithm", "optimizer", "sgd"),
             ("algorithm", "sampling", "poisson"),
+            ("algorithm", "votes", "binary"),
             ("data", "split", "stratified"),
             ("model", "time_bins", None),
         ):

@@ -426,7 +426,11 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
         "aop": lambda: _aop(config, model, loss),
         "fedavg": lambda: algorithms.FedAvg(**common, **local, **sampled, **weighted),
         "sign": lambda: algorithms.Sign(
-            **common, **local, **sampled, server_learning_rate=spec.server_learning_rate
+            **common,
+            **local,
+            **sampled,
+            server_learning_rate=spec.server_learning_rate,
+            votes=spec.votes,
         ),
         "cyclic": lambda: algorithms.Cyclic(**common, steps_per_visit=spec.steps_per_visit),
         "fedsgd_secure": lambda: algorithms.FedSGDSecure(
