@@ -212,6 +212,9 @@ def test_best_respects_both_epsilon_and_delta(tmp_path: Path) -> None:
     answer = json.loads(result.output)
     assert answer["best"]["config"]["privacy"]["noise_multiplier"] == 3.0
     assert answer["qualifying"] == 1 and "privacy cost" in answer["caveat"]
+    assert answer["best"]["selection_in_epsilon"] is False
+    shown = CliRunner().invoke(app, ["best", str(tmp_path), "-e", f"{target}", "-d", "1e-5"])
+    assert "choosing it among 3 finished configurations is not in it" in shown.output
     nothing = CliRunner().invoke(app, ["best", str(tmp_path), "-e", "0.01", "-d", "1e-5"])
     assert nothing.exit_code == 1 and "no finished run is within" in nothing.output
 

@@ -79,6 +79,34 @@ def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path:
         tune(Study(STUDY), tmp_path, metric="auroc", mean=3.0)
 
 
+def test_a_non_private_reference_gets_the_same_tuning_runs_and_no_ledger(tmp_path: Path) -> None:
+    plain = {**STUDY, "privacy": {"private": False}}
+    reference = tune(Study(plain), tmp_path / "plain", metric="auroc", mean=3.0)
+    assert reference.noise_multiplier is None and reference.epsilon == {}
+    assert not (tmp_path / "plain" / LEDGER).exists()
+    best = CliRunner().invoke(app, ["best", str(tmp_path / "plain"), "-e", "9", "-d", "1e-5"])
+    assert best.exit_code == 1 and "non-private, ε = ∞" in best.output
+
+
+def test_dopamine_is_tuned_at_one_sigma_and_runs_every_round(tmp_path: Path) -> None:
+    dopamine = {
+        **STUDY,
+        "secure_aggregation": "ideal",
+        "algorithm": {"name": "fedsgd_secure", "learning_rate": [0.1, 1.0], "momentum": 0.5},
+    }
+    tuned = tune(Study(dopamine), tmp_path, metric="auroc", mean=2.0)
+    assert max(tuned.epsilon.values()) == pytest.approx(2.0, abs=0.02)
+    assert max(tuned.epsilon.values()) <= 2.0
+    # a candidate keeps its ε (it stops at its budget) and σ leaves it unspent: 4 rounds
+    config = fixed_noise(Study(dopamine).points[0][1], tuned.noise_multiplier)
+    assert config.privacy.epsilon == 2.0 and config.privacy.noise_multiplier is not None
+    silos = [with_validation(s, 0.2, 0) for s in build_silos(config.data, 0)]
+    alone = simulate(
+        build_algorithm(config, silos), silos, rounds=4, epsilon_budget=2.0, progress=False
+    )
+    assert alone.rounds_completed == 4
+
+
 def test_the_validation_part_comes_out_of_the_training_records() -> None:
     (silo, *_) = build_silos(Study(STUDY).points[0][1].data, 0)
     held = with_validation(silo, 0.2, 0)
@@ -97,7 +125,6 @@ def test_the_validation_part_comes_out_of_the_training_records() -> None:
         ({"rounds": [2, 4]}, "rounds must be the same"),
         ({"privacy": {"noise_multiplier": 1.0, "epsilon": 2.0}}, "leave privacy.noise"),
         ({"trials": 2}, "trials must be 1"),
-        ({"privacy": {"private": False}}, "give privacy.epsilon"),
     ],
 )
 def test_a_study_the_selection_cannot_account_for_is_refused(
@@ -122,6 +149,23 @@ def test_dpfl_tune_prints_the_choice_and_its_epsilon(tmp_path: Path) -> None:
     shown = json.loads(result.output)
     assert shown["point"]["algorithm.learning_rate"] in (0.5, 1.0)
     assert max(shown["epsilon"].values()) <= 3.0
+
+    # `dpfl best` of the directory: the one released point, its ε with the selection in it
+    best = CliRunner().invoke(app, ["best", str(tmp_path / "o"), "-e", "3", "-d", "1e-5", "--json"])
+    assert best.exit_code == 0, best.output
+    chosen = json.loads(best.output)["best"]
+    assert chosen["selection_in_epsilon"] is True and chosen["grid"] == shown["point"]
+    assert chosen["epsilon"] == pytest.approx(max(shown["epsilon"].values()))
+    assert chosen["mean"] == shown["test_metrics"]["accuracy"]
+    text = CliRunner().invoke(app, ["best", str(tmp_path / "o"), "-e", "3", "-d", "1e-5"])
+    assert "the selection is in it" in text.output
+    # at a smaller δ the same ledger gives a larger ε, which a budget just above misses
+    tight = CliRunner().invoke(app, ["best", str(tmp_path / "o"), "-e", "3", "-d", "1e-9"])
+    assert tight.exit_code == 1 and "not within" in tight.output
+    pooled = CliRunner().invoke(
+        app, ["best", str(tmp_path / "o"), "-e", "3", "-d", "1e-5", "--pool-seeds"]
+    )
+    assert pooled.exit_code != 0 and "for sweeps" in pooled.output
 
 
 @pytest.mark.parametrize("name", ["tune-heart-mrmtl", "tune-physionet-mrmtl"])

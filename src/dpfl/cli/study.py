@@ -46,15 +46,40 @@ def run(config: Path, out: OutOpt, json: JsonOpt = False) -> None:
 def sweep(
     config: Path,
     out: OutOpt,
-    workers: WorkersOpt = CORES,
+    workers: Annotated[
+        int | None,
+        typer.Option(
+            "--workers",
+            "-j",
+            help=f"Grid points run at once, one per local process (default: the {CORES} "
+            "cores here); not with --ray.",
+        ),
+    ] = None,
+    ray: Annotated[
+        str | None,
+        typer.Option(
+            "--ray",
+            metavar="ADDRESS",
+            help="Run the points on this Ray cluster (auto, HOST:PORT or ray://HOST:PORT), "
+            "one CPU each; --out must be on a filesystem every node mounts at the same path.",
+        ),
+    ] = None,
     json: JsonOpt = False,
 ) -> None:
     """Run every grid point of a study × its trials; rerun to resume after a stop."""
     from dpfl.experiments.config import load
 
-    again = ["sweep", str(config), "--out", str(out), "-j", str(workers), *(["--json"] * json)]
+    where = ["-j", str(CORES if workers is None else workers)] if ray is None else ["--ray", ray]
+    again = ["sweep", str(config), "--out", str(out), *where, *(["--json"] * json)]
     with reported_errors(), _resumable(again):
-        _run(load(config), out, workers=workers, json=json, progress=not json)
+        if ray is not None and workers is not None:
+            raise ValueError(
+                "-j/--workers counts local processes; with --ray each point takes one CPU of "
+                "the cluster, whose free CPUs decide how many run at once: leave -j out"
+            )
+        local = CORES if workers is None else workers
+        study = load(config)
+        _run(study, out, workers=1 if ray else local, ray=ray, json=json, progress=not json)
 
 
 def tune(
@@ -95,13 +120,18 @@ def tune(
         if json:
             print_json(dataclasses.asdict(tuned))
             return
-        worst = max(tuned.epsilon.values())
+        privacy = (
+            "non-private: ε = ∞"
+            if tuned.noise_multiplier is None
+            else f"σ = {tuned.noise_multiplier:.4g}; ε = {max(tuned.epsilon.values()):.4g} at "
+            f"δ = {tuned.delta:g} (RDP, the selection included; the largest over silos; "
+            f"ledger {out / LEDGER})"
+        )
         console.print(
             f"chosen: {_grid(tuned.point)}  validation {metric} {tuned.validation:.4f}\n"
             f"test: "
             + "  ".join(f"{k} {v:.4f}" for k, v in tuned.test_metrics.items())
-            + f"\nσ = {tuned.noise_multiplier:.4g}; ε = {worst:.4g} at δ = {tuned.delta:g} "
-            f"(RDP, the selection included; the largest over silos; ledger {out / LEDGER})"
+            + f"\n{privacy}"
         )
 
 
@@ -126,10 +156,21 @@ def best(
     ] = False,
     json: JsonOpt = False,
 ) -> None:
-    """The best finished configuration whose every silo is within (ε, δ)."""
+    """The best finished configuration whose every silo is within (ε, δ), and whether its ε
+    includes the selection (a `dpfl tune` directory) or not (a sweep's)."""
     from dpfl.experiments.best import CAVEAT, candidates
+    from dpfl.experiments.tune import RESULT
 
     with reported_errors():
+        if (directory / RESULT).exists():
+            if validation_silo is not None or pool_seeds:
+                raise ValueError(
+                    f"{directory} holds a private selection (dpfl tune): its one released "
+                    "configuration was chosen on validation splits; --validation-silo and "
+                    "--pool-seeds are for sweeps"
+                )
+            _best_tuned(directory, epsilon, delta, metric, json)
+            return
         found = candidates(
             directory,
             epsilon=epsilon,
@@ -158,6 +199,7 @@ def best(
                         "research_noise": research_noise(chosen.run),
                         "delta": delta,
                         "config": chosen.run.config,
+                        "selection_in_epsilon": False,
                     },
                     "qualifying": sum(c.qualifies for c in found),
                     "finished": len(found),
@@ -201,7 +243,63 @@ def best(
         )
         if research_noise(chosen.run):
             console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
-        console.print(f"[yellow]caveat:[/yellow] {CAVEAT}")
+        console.print(
+            f"[yellow]ε is the chosen run's alone: choosing it among {len(found)} finished "
+            f"configurations is not in it.[/yellow] {CAVEAT}"
+        )
+
+
+def _best_tuned(directory: Path, epsilon: float, delta: float, metric: str, json: bool) -> None:
+    """`best` of a `dpfl tune` directory: its one released configuration, whose ε (from
+    its ledger) includes the selection."""
+    from dpfl.experiments.tune import LEDGER, released
+
+    tuned, worst = released(directory, delta=delta)
+    if metric not in tuned.test_metrics:
+        raise ValueError(
+            f"unknown metric {metric!r}; the selection has {', '.join(tuned.test_metrics)}"
+        )
+    within = worst <= epsilon
+    how = (
+        f"dpfl tune: the best of a random number of runs (mean {tuned.mean:g}, "
+        f"shape {tuned.shape:g}), only it released"
+    )
+    if json:
+        print_json(
+            {
+                "best": {
+                    "grid": tuned.point,
+                    "metric": metric,
+                    "mean": tuned.test_metrics[metric],
+                    "epsilon": worst,
+                    "accountant": "rdp",
+                    "delta": delta,
+                    "noise_multiplier": tuned.noise_multiplier,
+                    "selection_in_epsilon": True,
+                    "selection": how,
+                }
+                if within
+                else None,
+                "qualifying": int(within),
+                "finished": 1,
+                "caveat": None,
+            }
+        )
+        if not within:
+            raise typer.Exit(1)
+        return
+    chosen = f"{_grid(tuned.point)}  test {metric} {tuned.test_metrics[metric]:.4f}"
+    if tuned.noise_multiplier is None:
+        console.print(f"selected (non-private, ε = ∞): {chosen} ({how})")
+    else:
+        console.print(
+            f"selected privately: {chosen}; σ = {tuned.noise_multiplier:.4g}\n"
+            f"ε = {worst:.4g} at δ = {delta:g} (RDP, the largest over silos, ledger "
+            f"{directory / LEDGER}): [green]the selection is in it[/green] ({how})"
+        )
+    if not within:
+        errors.print(f"[red]the selection is not within ε={epsilon:g}, δ={delta:g}[/red]")
+        raise typer.Exit(1)
 
 
 def reproduce(
@@ -268,7 +366,9 @@ def reproduce(
             console.print(f"[yellow]note:[/yellow] {note}")
 
 
-def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> None:
+def _run(
+    study: Any, out: Path, *, workers: int, json: bool, progress: bool, ray: str | None = None
+) -> None:
     from dpfl.experiments.config import study_terms
     from dpfl.experiments.runner import run_study
     from dpfl.experiments.summary import run_summaries
@@ -277,6 +377,7 @@ def _run(study: Any, out: Path, *, workers: int, json: bool, progress: bool) -> 
         study,
         out,
         workers=workers,
+        ray=ray,
         progress=progress,
         report=(lambda line: None)
         if json

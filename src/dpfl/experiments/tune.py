@@ -15,6 +15,10 @@ accountant of the selection) so that the selection fits each silo's ε.
 What stays secret for the bound to hold: K and every candidate but the chosen one, so
 nothing about them is kept or printed. The validation records (like the test records)
 are outside ε: the guarantee is for the training records.
+
+A non-private study is tuned by the same procedure, K from the same law, so that a
+private method and its non-private reference get the same budget of tuning runs
+(Dopamine's comparison); nothing is charged and its ε is ∞.
 """
 
 from __future__ import annotations
@@ -53,8 +57,10 @@ class Tuned:
     silo's ε from the ledger (the selection included) and its test metrics."""
 
     point: dict[str, Any]
-    noise_multiplier: float
+    noise_multiplier: float | None
+    """None: a non-private study"""
     epsilon: dict[str, float]
+    """empty for a non-private study"""
     delta: float
     validation: float
     metric: str
@@ -83,8 +89,8 @@ def tune(
     silos = build_silos(first.data, first.seed)
     tuning = [with_validation(s, validation_fraction, first.seed) for s in silos]
     privacy = first.privacy
-    budgets = {s.name: _budget(first, s.name) for s in silos}
-    sigma = _calibrated(points, tuning, budgets, mean, shape)
+    budgets = {s.name: _budget(first, s.name) for s in silos} if privacy.private else {}
+    sigma = _calibrated(points, tuning, budgets, mean, shape) if privacy.private else None
     # K and the candidates' points must be unpredictable for the bound to hold, as the
     # noise must: seeded only with research noise (whose ε holds for no release anyway)
     rng = np.random.default_rng([first.seed, 17] if first.research_noise else None)
@@ -95,7 +101,7 @@ def tune(
     with tempfile.TemporaryDirectory(prefix="dpfl-tune-") as scratch:
         for k in range(count):
             chosen = int(rng.integers(len(points)))
-            config = fixed_noise(points[chosen], sigma)
+            config = points[chosen] if sigma is None else fixed_noise(points[chosen], sigma)
             algorithm = build_algorithm(config, tuning)
             ledger = Path(scratch) / f"candidate-{k}.sqlite"
             result = simulate(
@@ -104,13 +110,15 @@ def tune(
                 rounds=config.rounds,
                 seed=config.seed + 1 + k,
                 ledger=ledger,
+                budgets=budgets or None,  # each candidate alone spends less than the selection
                 research_noise=config.research_noise,
                 progress=False,
                 eval_every=config.rounds,
                 init=config.model.init,
                 threshold=decision_threshold(config.threshold),
             )
-            recorded.append(_events(ledger, [s.name for s in tuning]))
+            if sigma is not None:
+                recorded.append(_events(ledger, [s.name for s in tuning]))
             score = result.final_metrics().get(metric, math.nan)
             if math.isnan(score):
                 raise ValueError(f"unknown or undefined validation metric {metric!r}")
@@ -122,19 +130,9 @@ def tune(
             "the candidates recorded different privacy events: the search space may vary "
             "only what leaves the mechanism unchanged (not rounds, batch sizes, epochs)"
         )
-    with Ledger(folder / LEDGER, accountant=Accountant.RDP) as book:
-        book.register_silos(
-            {account(s, 0): Budget(*budgets[s.name], s.neighbouring, s.public_size) for s in tuning}
-        )
-        run = recorded[0] if recorded else {s.name: Counter[str]() for s in tuning}
-        book.record_many(
-            [
-                (account(s, 0), events.tuned(_composed(run[s.name]), mean=mean, shape=shape))
-                for s in tuning
-            ],
-            label=f"private selection over {len(points)} points of {study.name}",
-        )
-        spent = {s.name: book.spent(account(s, 0)).epsilon for s in tuning}
+    spent = _charge(
+        folder / LEDGER, tuning, budgets, recorded, mean, shape, study.name, len(points)
+    )
     if best is None:  # Poisson K = 0: the selection released nothing
         raise ValueError("the selection drew no candidate (Poisson K = 0): nothing to release")
     algorithm, result = best[2]
@@ -153,14 +151,56 @@ def tune(
     return tuned
 
 
+def _charge(
+    file: Path,
+    silos: list[Silo],
+    budgets: dict[str, tuple[float, float]],
+    recorded: list[dict[str, Counter[str]]],
+    mean: float,
+    shape: float,
+    name: str,
+    points: int,
+) -> dict[str, float]:
+    """Charge each silo the selection, once; each silo's ε after it (none: non-private)."""
+    if not budgets:
+        return {}
+    with Ledger(file, accountant=Accountant.RDP) as book:
+        book.register_silos(
+            {account(s, 0): Budget(*budgets[s.name], s.neighbouring, s.public_size) for s in silos}
+        )
+        run = recorded[0] if recorded else {s.name: Counter[str]() for s in silos}
+        book.record_many(
+            [
+                (account(s, 0), events.tuned(_composed(run[s.name]), mean=mean, shape=shape))
+                for s in silos
+            ],
+            label=f"private selection over {points} points of {name}",
+        )
+        return {s.name: book.spent(account(s, 0)).epsilon for s in silos}
+
+
+def released(folder: str | Path, *, delta: float) -> tuple[Tuned, float]:
+    """The selection released in `folder` (by `tune`) and the largest ε over its silos at
+    `delta`, re-read from its ledger (RDP, the selection's accountant)."""
+    folder = Path(folder)
+    try:
+        tuned = Tuned(**json.loads((folder / RESULT).read_text()))
+    except (OSError, ValueError, TypeError) as exc:
+        why = f"{folder / RESULT} is not a selection `dpfl tune` released: {exc}"
+        raise ValueError(why) from exc
+    if tuned.noise_multiplier is None:  # a non-private study: no ledger
+        return tuned, math.inf
+    with Ledger(folder / LEDGER, create=False) as book:
+        worst = max(book.spent(silo, delta=delta).epsilon for silo in book.silos())
+    return tuned, worst
+
+
 def _check(points: list[StudyConfig], fraction: float) -> StudyConfig:
     """Refuse a study the selection cannot be accounted for."""
     first = points[0]
     if not 0 < fraction < 1:
         raise ValueError(f"the validation fraction must lie in (0, 1), got {fraction}")
     problems = []
-    if not first.privacy.private or first.privacy.epsilon is None:
-        problems.append("give privacy.epsilon: σ is calibrated so the selection fits it")
     if any(p.privacy.noise_multiplier is not None for p in points):
         problems.append("leave privacy.noise_multiplier out: σ is calibrated")
     if any(p.trials != 1 for p in points):
@@ -264,8 +304,13 @@ def _plan(
 
 
 def fixed_noise(config: StudyConfig, sigma: float) -> StudyConfig:
-    privacy = config.privacy.model_copy(update={"noise_multiplier": sigma, "epsilon": None})
-    return config.model_copy(update={"privacy": privacy})
+    """The point at noise σ. An algorithm that stops at its budget keeps its ε, which σ
+    (planned for the whole selection) leaves unspent, so a candidate runs every round."""
+    from dpfl.federation.algorithms import BY_NAME
+
+    keep = BY_NAME[config.algorithm.name].stops_at_budget
+    update = {"noise_multiplier": sigma, **({} if keep else {"epsilon": None})}
+    return config.model_copy(update={"privacy": config.privacy.model_copy(update=update)})
 
 
 def _events(ledger: Path, names: list[str]) -> dict[str, Counter[str]]:
