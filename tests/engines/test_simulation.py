@@ -130,6 +130,31 @@ def test_random_streams_are_keyed_repeatable_and_independent() -> None:
     assert isinstance(simulation.stream_noise(False, keys[0]), SecureNoise)
 
 
+def test_without_research_noise_a_silos_batches_cannot_be_replayed_from_the_seed() -> None:
+    """Only the server's stream (its public cohorts) stays seeded; a silo's draws (its
+    Poisson batches) come from the OS, as in a deployment."""
+    member, server = (3, 0, 1, 2, 0), (3, 0, 0, 2, 0)
+    draw = simulation.member_rng
+    assert np.array_equal(draw(True, member).random(8), draw(True, member).random(8))
+    assert not np.array_equal(draw(False, member).random(8), draw(False, member).random(8))
+    assert np.array_equal(draw(False, server).random(8), simulation.stream_rng(server).random(8))
+    # through a run without noise: the same seed, the same cohorts, other batches (the
+    # only randomness left, so other models)
+    silos = _silos()
+    plain = DPSGDConfig.non_private(learning_rate=0.5)
+
+    def run(research: bool) -> SimulationResult:
+        torch.manual_seed(0)  # one initial model
+        fedavg = FedAvg(model=logistic_regression(30), loss=bce, dpsgd=plain, client_rate=0.5)
+        return simulate(fedavg, silos, rounds=4, seed=2, research_noise=research, progress=False)
+
+    seeded = [run(True) for _ in range(2)]
+    assert torch.equal(seeded[0].params["weight"], seeded[1].params["weight"])
+    runs = [run(False) for _ in range(2)]
+    assert runs[0].traffic == runs[1].traffic  # who took part, and so what they sent
+    assert not torch.equal(runs[0].params["weight"], runs[1].params["weight"])
+
+
 def test_resuming_from_a_checkpoint_ends_with_the_same_model(tmp_path: Path) -> None:
     silos = _silos()
     whole = simulate(_fedavg(), silos, rounds=5, seed=1, progress=False)

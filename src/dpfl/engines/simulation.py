@@ -21,9 +21,11 @@ What it adds around the halves (the bookkeeping shared with any engine is in
   ledger entry it makes. Only a resume of that instance from its own checkpoint may
   count an entry as already paid (a round paid for but never checkpointed); a rerun, or
   the same run with a new checkpoint, pays in full.
-* determinism: every generator and noise source is derived from (seed, trial, silo,
-  round), so a run repeats bit for bit, trials stacked together equal trials run alone,
-  and a run resumed from its checkpoint ends with the same model as an uninterrupted one.
+* determinism with research noise: every generator and noise source is derived from
+  (seed, trial, silo, round), so a run repeats bit for bit, trials stacked together
+  equal trials run alone, and a run resumed from its checkpoint ends with the same model
+  as an uninterrupted one. Without it, the silos' noise and batches come from the OS
+  (`member_rng`, `stream_noise`): nothing a silo draws can be replayed from the seed.
 * metrics each `eval_every` rounds on the union of the silos' test sets and per silo
   (with `cross_silo=True`, also every silo's final model on every silo's test set);
   bytes sent and received per silo and round; a rich progress bar; Ctrl-C stops after
@@ -427,7 +429,7 @@ def simulate(
             task = bar.add_task("rounds", total=rounds, completed=start, status="")
             try:
                 for current in range(start, rounds):
-                    rng = Streams(seed, current, stream_rng)
+                    rng = Streams(seed, current, functools.partial(member_rng, research_noise))
                     noise = Streams(seed, current, functools.partial(stream_noise, research_noise))
                     for exchange in range(algorithm.exchanges(infos)):
                         messages += run.exchange(
@@ -750,6 +752,17 @@ def stream_rng(key: tuple[int, ...]) -> np.random.Generator:
     # name only SeedSequence
     seeded = np.random.PCG64(_Key(_digest((*key, 0), 32)))  # type: ignore[arg-type]
     return np.random.Generator(seeded)
+
+
+def member_rng(research: bool, key: tuple[int, ...]) -> np.random.Generator:
+    """The generator for a `Streams` key: seeded (`stream_rng`) with research noise, and
+    always for the server (silo index 0 of the key), whose cohorts are public, drawn into
+    the plan from the seed. A silo's own draws (its batches, its coins) otherwise come
+    from the OS, as in a deployment: Poisson amplification assumes the batches secret,
+    and anyone with the study's seed could replay seeded ones."""
+    if research or key[2] == 0:
+        return stream_rng(key)
+    return np.random.default_rng()
 
 
 def stream_noise(research: bool, key: tuple[int, ...]) -> NoiseSource:
