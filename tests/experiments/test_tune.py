@@ -79,6 +79,12 @@ def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path:
         tune(Study(STUDY), tmp_path, metric="auroc", mean=3.0)
 
 
+def test_client_sampled_candidates_run_the_planned_schedule(tmp_path: Path) -> None:
+    sampled = {**STUDY, "algorithm": {**STUDY["algorithm"], "client_rate": 0.5}}
+    tuned = tune(Study(sampled), tmp_path, metric="auroc", mean=3.0)  # same events each
+    assert max(tuned.epsilon.values()) <= 2.0
+
+
 def test_a_non_private_reference_gets_the_same_tuning_runs_and_no_ledger(tmp_path: Path) -> None:
     plain = {**STUDY, "privacy": {"private": False}}
     reference = tune(Study(plain), tmp_path / "plain", metric="auroc", mean=3.0)

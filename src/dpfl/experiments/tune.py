@@ -108,7 +108,9 @@ def tune(
                 algorithm,
                 tuning,
                 rounds=config.rounds,
-                seed=config.seed + 1 + k,
+                # the study's seed: its schedule (public cohorts) is the one planned; the
+                # silos' batches and noise are the OS's unless the noise is research noise
+                seed=config.seed,
                 ledger=ledger,
                 budgets=budgets or None,  # each candidate alone spends less than the selection
                 research_noise=config.research_noise,
