@@ -306,7 +306,8 @@ class StudyConfig(_Strict):
     a value). Default: "ideal" where the algorithm's ε needs a secure sum
     (fedsgd_secure), "none" otherwise."""
     research_noise: bool = True
-    """Seeded noise, reproducible (research); false draws it from the OS CSPRNG."""
+    """Seeded noise and batches, reproducible (research); false draws the noise from the
+    OS CSPRNG and the silos' batches from the OS."""
     metrics: list[Metric] = Field(default_factory=lambda: ["accuracy", "auroc"])  # type: ignore[arg-type]
     """Metrics printed in tables (all are computed and stored)."""
     cross_silo: bool = False
