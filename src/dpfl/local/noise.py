@@ -4,15 +4,26 @@ Two sources, and the run records which one it used (`metadata()`):
 
 * `SecureNoise` (the default for deployment): uniform bits from a ChaCha20 keystream
   keyed by the operating system's CSPRNG (`os.urandom`) — the construction behind
-  /dev/urandom itself, at a few GB/s — turned into normals by Box–Muller at the
-  precision of the requested dtype. A seeded PRNG such as Mersenne Twister or Philox can
-  be predicted from its outputs, and whoever predicts the noise can subtract it.
-  Following Opacus' secure mode (Holohan & Braghin 2021), each value is the sum of four
-  normals of half the standard deviation, which blunts floating-point attacks on the
-  low bits of a single Box–Muller draw.
+  /dev/urandom itself — turned into normals by Box–Muller at the precision of the
+  requested dtype. A seeded PRNG such as Mersenne Twister or Philox can be predicted
+  from its outputs, and whoever predicts the noise can subtract it. Following Opacus'
+  secure mode (Holohan & Braghin 2021), each value is the sum of four normals of half
+  the standard deviation, which blunts floating-point attacks on the low bits of a
+  single Box–Muller draw.
 * `SeededNoise` (research mode): a seeded `torch.Generator`, so that runs repeat exactly
   and stacked trials can be compared with single ones. Not private against anyone who
   knows or guesses the seed.
+
+Cost (issue 18). A secure value takes 16 keystream bytes (four uniforms from 32-bit
+words; 32 bytes in float64) and four Box–Muller normals, so it cannot cost less than the
+keystream plus four times the log, sqrt, cos and sin of a seeded draw. Measured on one
+core of a busy 2-CPU machine (`benchmarks/bench_local.py --sections noise`: 4.9M
+float32 values, CPU seconds): ChaCha20 2.9 GB/s, so 0.027 s of keystream, about as
+long as the whole seeded draw (0.03 s); the math 0.06-0.07 s; limit 0.09-0.10 s.
+`SecureNoise` takes 0.13-0.15 s (1.5× that limit, 4.5-5× the seeded draw; 0.21-0.26 s
+before issue 18): it runs both block by block over buffers made once and small enough
+to stay in cache, in place (`BoxMuller4`), and straight into the caller's tensor
+(`normal_into`), so no draw allocates more than its result.
 """
 
 from __future__ import annotations
@@ -26,7 +37,17 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from torch import Tensor
 
-__all__ = ["NoiseSource", "SecureNoise", "SeededNoise"]
+__all__ = ["BLOCK_BYTES", "BoxMuller4", "NoiseSource", "SecureNoise", "SeededNoise"]
+
+# Keystream bytes per block of `SecureNoise`: a block's words, uniforms and sines stay in
+# cache between its ~20 vector ops, whose Python overhead (~0.1 ms a block) stays small
+# next to their work. Measured: 256 KiB blocks 15% slower, 0.5 to 4 MiB alike; 1 MiB keeps
+# the buffers of many sources (stacked trials) small.
+BLOCK_BYTES = 1 << 20
+
+# The word and the significand bits m of each working dtype: uniforms carry the working
+# dtype's full precision, read from the top m bits of a 32- or 64-bit keystream word.
+_WORDS = {torch.float32: (torch.int32, 24), torch.float64: (torch.int64, 53)}
 
 
 class NoiseSource(ABC):
@@ -66,20 +87,73 @@ class SeededNoise(NoiseSource):
         return {"noise": "seeded", "secure": False, "seed": self.seed}
 
 
+class BoxMuller4:
+    """The map from one block of keystream words to `count` values of noise.
+
+    `words` holds 8p words, p = ⌈count/2⌉ (int32 for float32, int64 for float64), read
+    as [term 0..3][radius, angle][p]: term t's normals are r·cos θ for its p pairs, then
+    r·sin θ (the last one dropped if `count` is odd), with r = √(−2 ln u₁), θ = 2π·u₂
+    and u = (k + 1)·2^-m, where k is the word's top m bits (m = 24 for float32, 53 for
+    float64: the dtype's significand). So every uniform lies on the exact 2^-m grid in
+    (0, 1] and ln u is finite. A call writes std/2 · (term 0 + term 1 + term 2 + term 3)
+    into `out` (1-D, contiguous, `count` values of `dtype`).
+
+    The views are made once; a call overwrites `words` (the uniforms take their place)
+    and `sines` (≥ 4p values of `dtype`) in place and allocates nothing."""
+
+    def __init__(self, words: Tensor, count: int, dtype: torch.dtype, sines: Tensor) -> None:
+        word, self.mantissa = _WORDS[dtype]
+        if words.dtype != word:
+            raise TypeError(f"{dtype} noise is made from {word} words, not {words.dtype}")
+        self.count, self.pairs = count, (count + 1) // 2
+        self.words = words[: 8 * self.pairs]
+        if len(self.words) < 8 * self.pairs or len(sines) < 4 * self.pairs:
+            raise ValueError(f"{count} values need {8 * self.pairs} words, {4 * self.pairs} sines")
+        self.shift = torch.iinfo(word).bits - self.mantissa
+        self.uniform = self.words.view(dtype)
+        terms = self.uniform.view(4, 2, self.pairs)
+        self.radius, self.angle = terms[:, 0], terms[:, 1]
+        self.sines = sines[: 4 * self.pairs].view(4, self.pairs)
+        self.kept_sines = self.sines[:, : count - self.pairs]
+
+    def __call__(self, out: Tensor, std: float) -> None:
+        words, m = self.words, self.mantissa
+        torch.bitwise_right_shift(words, self.shift, out=words)
+        words.bitwise_and_((1 << m) - 1).add_(1)  # the shift of a signed word keeps its sign
+        # k + 1 ≤ 2^m is exact in the float: converting in place, over the words, loses nothing
+        self.uniform.copy_(words)
+        # (k + 1)·(2π·2^-m) rounds once, as 2π·u did: the scale by 2^-m is exact
+        angle = self.angle.mul_(2.0 * math.pi * 2.0**-m)
+        radius = self.radius.mul_(2.0**-m).log_().mul_(-2.0).sqrt_()
+        torch.sin(angle, out=self.sines)
+        angle.cos_().mul_(radius)
+        self.sines.mul_(radius)
+        # the four terms summed, then scaled
+        torch.sum(angle, 0, out=out[: self.pairs])
+        torch.sum(self.kept_sines, 0, out=out[self.pairs :])
+        out.mul_(std / 2.0)
+
+
 class SecureNoise(NoiseSource):
     """Noise from a CSPRNG keyed by the operating system; cannot be replayed, by design."""
 
     def __init__(self) -> None:
         cipher = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None)
         self._keystream = cipher.encryptor()
+        self._zeros = memoryview(b"")  # what the keystream encrypts
+        self._blocks: dict[torch.dtype, tuple[memoryview, BoxMuller4]] = {}
 
     def normal(self, shape: tuple[int, ...], std: float, dtype: torch.dtype) -> Tensor:
-        count = math.prod(shape)
         work = torch.float32 if torch.finfo(dtype).bits <= 32 else torch.float64
-        total = self._box_muller(count, work)
-        for _ in range(3):
-            total += self._box_muller(count, work)
-        return total.mul_(std / 2.0).to(dtype).reshape(shape)
+        out = torch.empty(shape, dtype=work)
+        self._fill(out.view(-1), std)
+        return out.to(dtype)
+
+    def normal_into(self, out: Tensor, std: float) -> None:
+        if out.dtype in _WORDS and out.is_contiguous():
+            self._fill(out.view(-1), std)  # straight into `out`: no n-sized temporary
+        else:
+            super().normal_into(out, std)
 
     def metadata(self) -> dict[str, Any]:
         return {
@@ -88,16 +162,32 @@ class SecureNoise(NoiseSource):
             "source": "ChaCha20 keyed by os.urandom, Box-Muller, 4-sum",
         }
 
-    def _box_muller(self, count: int, dtype: torch.dtype) -> Tensor:
-        """`count` standard normals from uniforms with the dtype's mantissa precision."""
-        pairs = (count + 1) // 2
-        # the dtype's significand bits, read from 32- or 64-bit words of the keystream
-        mantissa, word = (24, torch.int32) if dtype == torch.float32 else (53, torch.int64)
-        width = torch.iinfo(word).bits
-        raw = bytearray(self._keystream.update(bytes(2 * pairs * width // 8)))
-        bits = torch.frombuffer(raw, dtype=word) >> (width - mantissa)
-        bits &= (1 << mantissa) - 1  # the shift of a signed integer keeps the sign
-        uniform = bits.to(dtype).add_(1.0).mul_(2.0**-mantissa)  # in (0, 1]: log is finite
-        radius = torch.sqrt(-2.0 * torch.log(uniform[:pairs]))
-        angle = (2.0 * math.pi) * uniform[pairs:]
-        return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:count]
+    def _fill(self, out: Tensor, std: float) -> None:
+        """Fill `out` (flat, contiguous, float32 or float64) block by block."""
+        raw, full = self._block(out.dtype, len(out))
+        for start in range(0, len(out), full.count):
+            values = out[start : start + full.count]
+            transform = full
+            if len(values) < full.count:  # a shorter last block: the same buffers
+                transform = BoxMuller4(full.words, len(values), out.dtype, full.sines.view(-1))
+            used = transform.words.numel() * transform.words.element_size()
+            # the keystream: ChaCha20 of zeros, written over the block's words
+            self._keystream.update_into(self._zeros[:used], raw[:used])
+            transform(values, std)
+
+    def _block(self, dtype: torch.dtype, count: int) -> tuple[memoryview, BoxMuller4]:
+        """The keystream buffer of a block of `dtype` and its transform, kept for the next
+        draws: as large as `count` values need, grown up to BLOCK_BYTES."""
+        word, _ = _WORDS[dtype]
+        size = torch.iinfo(word).bits // 8
+        pairs = max(1, min(BLOCK_BYTES // (8 * size), (count + 1) // 2))
+        held = self._blocks.get(dtype)
+        if held is None or held[1].pairs < pairs:
+            raw = bytearray(8 * pairs * size)
+            words = torch.frombuffer(raw, dtype=word)  # the same memory
+            sines = torch.empty(4 * pairs, dtype=dtype)
+            transform = BoxMuller4(words, 2 * pairs, dtype, sines)
+            held = self._blocks[dtype] = (memoryview(raw), transform)
+            if len(self._zeros) < len(raw):
+                self._zeros = memoryview(bytes(len(raw)))
+        return held

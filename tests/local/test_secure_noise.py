@@ -1,0 +1,185 @@
+"""`SecureNoise`: its keystream-to-noise map against an independent NumPy Box–Muller,
+block by block over a known keystream; its law; its range, shapes, dtypes and in-place
+draws (issue 18)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from scipy import stats
+
+from dpfl.local import noise
+from dpfl.local.noise import BoxMuller4, SecureNoise
+
+KEY, NONCE = bytes(range(32)), bytes(range(100, 116))
+# (word bytes, significand bits) of each working dtype
+WORD = {torch.float32: (4, 24), torch.float64: (8, 53)}
+# NumPy's log, cos and sin against torch's: a few ulps of each of four terms
+ATOL = {torch.float32: 2e-5, torch.float64: 1e-13}
+
+
+def reference(raw: bytes, count: int, std: float, dtype: torch.dtype) -> np.ndarray:
+    """The noise of `count` values from one block of keystream bytes, as the module
+    docstring of `BoxMuller4` defines it, written out in float64 NumPy: unsigned
+    little-endian words, top m bits, u = (k + 1)/2^m, four terms each of p radii then p
+    angles, r·cos θ then r·sin θ, summed and scaled by std/2."""
+    size, bits = WORD[dtype]
+    pairs = (count + 1) // 2
+    words = np.frombuffer(raw, dtype=f"<u{size}", count=8 * pairs).astype(np.uint64)
+    u = np.ldexp(((words >> np.uint64(8 * size - bits)) + np.uint64(1)).astype(np.float64), -bits)
+    total = np.zeros(count)
+    for term in u.reshape(4, 2, pairs):
+        r, theta = np.sqrt(-2.0 * np.log(term[0])), 2.0 * np.pi * term[1]
+        total += np.concatenate([r * np.cos(theta), r * np.sin(theta)])[:count]
+    return total * std / 2.0
+
+
+def transform(raw: bytes, count: int, std: float, dtype: torch.dtype) -> torch.Tensor:
+    """`BoxMuller4` fed the bytes `raw`."""
+    size, _ = WORD[dtype]
+    pairs = (count + 1) // 2
+    words = torch.frombuffer(bytearray(raw[: 8 * pairs * size]), dtype=noise._WORDS[dtype][0])
+    out = torch.full((count,), math.nan, dtype=dtype)
+    BoxMuller4(words, count, dtype, torch.empty(4 * pairs, dtype=dtype))(out, std)
+    return out
+
+
+def keystream(nbytes: int) -> bytes:
+    return Cipher(algorithms.ChaCha20(KEY, NONCE), mode=None).encryptor().update(bytes(nbytes))
+
+
+def keyed() -> SecureNoise:
+    """A `SecureNoise` on the known key: only tests may replay a keystream."""
+    source = SecureNoise()
+    source._keystream = Cipher(algorithms.ChaCha20(KEY, NONCE), mode=None).encryptor()
+    return source
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("count", [1, 2, 7, 1000, 1001])
+def test_the_transform_is_box_muller_of_the_words_summed_four_times(
+    dtype: torch.dtype, count: int
+) -> None:
+    size, _ = WORD[dtype]
+    raw = np.random.default_rng(count).bytes(8 * ((count + 1) // 2) * size)
+    out = transform(raw, count, 3.0, dtype)
+    assert out.dtype == dtype and out.shape == (count,)
+    np.testing.assert_allclose(
+        out.numpy(), reference(raw, count, 3.0, dtype), rtol=0, atol=ATOL[dtype]
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_uniforms_are_the_top_m_bits_on_a_grid_in_0_1(dtype: torch.dtype) -> None:
+    """All-zero words give the least uniform, 2^-m, not 0: finite noise of the largest
+    radius √(2m ln 2); the m-th bit from the top moves it and the bits below do not; all
+    ones give u = 1, radius 0, noise 0."""
+    size, bits = WORD[dtype]
+    count, pairs = 6, 3
+
+    def words(value: int) -> bytes:
+        return value.to_bytes(size, "little") * (8 * pairs)
+
+    least = transform(words(0), count, 2.0, dtype).numpy()
+    assert np.isfinite(least).all()
+    radius, theta = math.sqrt(2 * bits * math.log(2)), 2 * math.pi * 2.0**-bits
+    expected = 4 * radius * np.array([math.cos(theta)] * 3 + [math.sin(theta)] * 3)
+    np.testing.assert_allclose(least, expected, rtol=1e-6)
+    below = (1 << (8 * size - bits)) - 1  # the discarded low bits, all set
+    assert np.array_equal(transform(words(below), count, 2.0, dtype).numpy(), least)
+    lowest_kept = transform(words(below + 1), count, 2.0, dtype).numpy()
+    assert not np.array_equal(lowest_kept, least) and np.isfinite(lowest_kept).all()
+    ones = transform(b"\xff" * (8 * pairs * size), count, 2.0, dtype)
+    assert torch.equal(ones.abs(), torch.zeros(count, dtype=dtype))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_secure_noise_is_the_transform_of_its_keystream_block_by_block(
+    dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Draws of up to P = BLOCK_BYTES/(8·word) output pairs are one block; longer ones
+    are blocks of 2P values, the last shorter, each from the next keystream words; draw
+    after draw the stream goes on."""
+    monkeypatch.setattr(noise, "BLOCK_BYTES", 64 * 37)
+    size, _ = WORD[dtype]
+    pairs = noise.BLOCK_BYTES // (8 * size)
+    counts = [1001, 5, 2 * pairs, 2 * pairs + 1, 1]
+    stream = keystream(sum(8 * ((c + 1) // 2) * size for c in counts) + 64 * 37)
+    source, offset = keyed(), 0
+    for count in counts:
+        expected = []
+        for start in range(0, count, 2 * pairs):
+            values = min(2 * pairs, count - start)
+            used = 8 * ((values + 1) // 2) * size
+            expected.append(reference(stream[offset : offset + used], values, 1.5, dtype))
+            offset += used
+        out = source.normal((count,), 1.5, dtype)
+        np.testing.assert_allclose(out.numpy(), np.concatenate(expected), rtol=0, atol=ATOL[dtype])
+        raw, _ = source._blocks[dtype]
+        assert len(raw) <= noise.BLOCK_BYTES  # a block's buffer, not a draw's
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_normal_into_writes_the_draws_of_normal(dtype: torch.dtype) -> None:
+    """Contiguous rows in place, strided views and other dtypes drawn and copied: the
+    same values as `normal` from the same stream, and nothing else written."""
+    fresh, into = keyed(), keyed()
+    for shape in [(1, 22), (1,), (3, 7), (40_000,), (5,)]:
+        expected = fresh.normal(shape, 1.5, dtype)
+        buffer = torch.zeros(2, *shape, dtype=dtype)
+        into.normal_into(buffer[1], 1.5)
+        assert torch.equal(buffer[1], expected) and not buffer[0].any()
+    strided = torch.zeros(4, 20, dtype=dtype)
+    into.normal_into(strided[:, 3], 2.0)
+    assert torch.equal(strided[:, 3], fresh.normal((4,), 2.0, dtype))
+    into.normal_into(strided.t()[::2], 2.0)  # 10 × 4, non-contiguous
+    assert torch.equal(strided.t()[::2], fresh.normal((10, 4), 2.0, dtype))
+    half = torch.zeros(3, 3, dtype=torch.float16)
+    into.normal_into(half, 1.0)
+    assert torch.equal(half, fresh.normal((3, 3), 1.0, torch.float16))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+@pytest.mark.parametrize("shape", [(), (0,), (1,), (3, 4, 5), (2, 0, 3)])
+def test_secure_noise_keeps_shape_and_dtype(dtype: torch.dtype, shape: tuple[int, ...]) -> None:
+    out = SecureNoise().normal(shape, 1.0, dtype)
+    assert out.shape == shape and out.dtype == dtype and torch.isfinite(out).all()
+
+
+def test_a_large_draw_is_finite() -> None:
+    source = SecureNoise()
+    assert torch.isfinite(source.normal((1_000_001,), 1.0, torch.float32)).all()
+    out = torch.empty(300_001, dtype=torch.float64)
+    source.normal_into(out, 1e-3)
+    assert torch.isfinite(out).all() and out.abs().max() < 4 * math.sqrt(2 * 53 * math.log(2))
+
+
+@pytest.mark.parametrize(
+    ("dtype", "shape", "std"),
+    [
+        (torch.float32, (200_000,), 1.0),
+        (torch.float32, (500, 401), 0.01),  # several blocks, one odd
+        (torch.float64, (400, 500), 3.0),
+        (torch.float16, (200_000,), 0.5),  # its rounding moves the KS statistic by ≤ 2e-4
+    ],
+)
+def test_secure_noise_follows_the_normal_law(
+    dtype: torch.dtype, shape: tuple[int, ...], std: float
+) -> None:
+    """Kolmogorov–Smirnov against N(0, std²) at p > 1e-3. The draws are not seedable, so
+    the test is random: for a correct source p is uniform whatever the sample size, so
+    one draw would fail 1 time in 1,000 (the 200,000 values give the power: a std off
+    by 5%, or a term missing from the four, fails every time). A second draw is taken
+    when the first fails, and both must: a false alarm 1 time in 10^6."""
+    source = SecureNoise()
+    pvalues = []
+    for _ in range(2):
+        draws = source.normal(shape, std, dtype).to(torch.float64).numpy().ravel() / std
+        pvalues.append(stats.kstest(draws, "norm").pvalue)
+        if pvalues[-1] > 1e-3:
+            break
+    assert max(pvalues) > 1e-3, pvalues
