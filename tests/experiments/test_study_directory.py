@@ -23,7 +23,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from rich.console import Console
@@ -60,6 +60,7 @@ TINY = {
 }
 DPFL = [sys.executable, "-m", "dpfl.cli"]
 WAIT = 300.0  # seconds: generous bounds for a loaded machine; the runs take a few
+T = TypeVar("T")
 
 
 def _sweep_command(config: Path, out: Path) -> list[str]:
@@ -123,14 +124,17 @@ def _contents(out: Path) -> dict[str, Any]:
     return contents
 
 
-def _wait_for(condition: Callable[[], bool], what: str, *processes: subprocess.Popen[str]) -> None:
+def _wait_for(condition: Callable[[], T], what: str, *processes: subprocess.Popen[str]) -> T:
+    """What `condition` returns once it is true (a sweep in `processes` must not end
+    before)."""
     deadline = time.monotonic() + WAIT
-    while not condition():
+    while not (found := condition()):
         if any(p.poll() is not None for p in processes):
             pytest.fail(f"the sweep ended before {what}")
         if time.monotonic() > deadline:
             pytest.fail(f"timed out waiting until {what}")
         time.sleep(0.05)
+    return found
 
 
 def _children(pid: int) -> set[int]:
@@ -157,10 +161,15 @@ def _alive(pid: int) -> bool:
 def _assert_gone(pids: set[int]) -> None:
     """Every process in `pids` ends within seconds (multiprocessing's helper ends when
     the last of the others has)."""
-    deadline = time.monotonic() + 10
+    assert not _survivors(pids), "workers outlived their sweep"
+
+
+def _survivors(pids: set[int], seconds: float = 10.0) -> set[int]:
+    """Those of `pids` still alive after `seconds` (waiting no longer than they live)."""
+    deadline = time.monotonic() + seconds
     while any(map(_alive, pids)) and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert not [pid for pid in pids if _alive(pid)], "workers outlived their sweep"
+    return {pid for pid in pids if _alive(pid)}
 
 
 @pytest.fixture

@@ -4,15 +4,16 @@ Each point's run keeps, beside the study's `results.sqlite`, its own privacy led
 (`ledgers/<id>.sqlite`, claimed with the run's id) and, while it runs, a checkpoint
 (`checkpoints/<id>.pt`). A sweep that is killed and restarted skips the finished points
 and resumes the others from their checkpoints with their ledgers, so it loses nothing
-and pays for nothing twice. Points run in separate processes (`workers`), trials
-stacked inside each.
+and pays for nothing twice. Points run in separate processes (`workers`), or as tasks
+on a Ray cluster (`ray`, `dpfl.experiments.cluster`), trials stacked inside each.
 
 A study directory has one owner at a time: `run_study` holds an exclusive lock on
 `study.lock` in it, and a second sweep on the same directory is refused with the
 holder's pid, host and start time (it never waits: two sweeps would only queue the same
 points). The lock is an `flock`, which the OS drops when its holder dies, even by
 `kill -9`, so a lock can never outlive its holder. Workers die with the process that
-started them, so nothing writes to a directory whose lock is gone.
+started them, so nothing writes to a directory whose lock is gone (a Ray cluster ends
+the tasks of a sweep that died).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
@@ -71,6 +73,7 @@ def run_study(
     out: str | Path,
     *,
     workers: int = 1,
+    ray: str | None = None,
     progress: bool = False,
     report: Progress = lambda line: None,
 ) -> list[RunRow]:
@@ -79,7 +82,20 @@ def run_study(
     over the points and each running point's rounds (as does a `StudyBar` passed as
     `report`). Refused (`StudyInUseError`) while another process holds `out`.
 
+    `ray`: the address of a Ray cluster ("auto", "HOST:PORT", "ray://HOST:PORT") to run
+    the points on, one CPU each, instead of `workers` local processes; `out` must be on a
+    filesystem that every node mounts at the same path (see `dpfl.experiments.cluster`).
+
     A point that fails is marked failed with its error, and the others go on."""
+    if ray is not None and workers != 1:
+        raise ValueError(
+            "workers counts local processes; on a Ray cluster each point takes one CPU and "
+            "the cluster's free CPUs decide how many run at once: leave workers at 1"
+        )
+    if ray is not None:
+        from dpfl.experiments.cluster import require_ray, run_on_ray  # Ray: only here
+
+        require_ray()  # before the study directory is touched
     out = Path(out)
     studies = [study] if isinstance(study, Study) else list(study)
     points = [point for s in studies for point in s.points]
@@ -91,7 +107,9 @@ def run_study(
         report(f"{names}: {len(points) - len(todo)} of {len(points)} points done")
         done: Callable[[str], None] = (lambda key: None) if bar is None else bar.finished
         with nullcontext() if bar is None else bar.showing(names, len(points), todo, out):
-            if workers > 1 and len(todo) > 1:
+            if ray is not None:
+                run_on_ray(todo, out, ray, report, done)
+            elif workers > 1 and len(todo) > 1:
                 _run_in_pool(todo, out, workers, report, done)
             else:
                 for grid, config in todo:
@@ -113,6 +131,7 @@ def owning(out: Path) -> Iterator[None]:
         me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.time()}
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps({**me, "command": shlex.join(sys.argv)}).encode(), 0)
+        os.fsync(fd)  # on a shared filesystem, what other machines read (a Ray task's check)
         try:
             yield
         finally:
@@ -218,42 +237,86 @@ def _exit_when_orphaned(parent: int) -> None:
 
 
 def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> str:
-    torch.set_num_threads(1)  # one core per process: the pool uses them all
-    return run_point(StudyConfig.model_validate(config), grid, Path(out))
+    return run_point(worker_config(config), grid, Path(out))
+
+
+def worker_config(config: dict[str, Any]) -> StudyConfig:
+    """In a worker process (local or on a Ray node): the point's config, shipped as JSON,
+    and one thread, since the workers take a core each."""
+    torch.set_num_threads(1)
+    return StudyConfig.model_validate(config)
 
 
 def run_point(config: StudyConfig, grid: dict[str, Any], out: Path) -> str:
     """Run one point (or resume it) and store its results; a one-line summary. The
     caller owns `out` (`owning`)."""
+    with ResultsStore(out / STORE) as store:
+        if not start_point(store, config, grid):
+            return finished_already(config, grid)
+        return record_point(store, config, grid, out, point_results(config, out))
+
+
+@dataclass(frozen=True)
+class PointFailure:
+    """Why a point failed: what the store keeps (`error`) and the traceback shown."""
+
+    error: str
+    trace: str = ""
+
+
+def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
+    """Simulate one point, resuming from its checkpoint with its ledger (both in `out`),
+    and build its results; what any worker runs. An error is returned as the point's
+    failure; Ctrl-C is raised, leaving the point to resume."""
     key = config.key()
     ledger_file = Path("ledgers") / f"{key}.sqlite"
     checkpoint = _checkpoint(out, key)
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    with ResultsStore(out / STORE) as store:
-        if not store.start(
-            key,
-            study=config.name,
-            algorithm=config.algorithm.name,
-            config=config.model_dump(mode="json"),
-            grid=grid,
-            trials=config.trials,
-            rounds=config.rounds,
-        ):
-            return f"{key} {config.algorithm.name} {_show(grid)}already finished"
-        started = time.perf_counter()
-        try:
-            result = _simulate(config, key, out / ledger_file, checkpoint)
-            if result.interrupted:
-                raise KeyboardInterrupt
-            results = _results(config, key, result, ledger_file, time.perf_counter() - started)
-        except (KeyboardInterrupt, SystemExit):
-            raise  # left 'running': a restart resumes it from its checkpoint
-        except Exception as exc:
-            store.fail(key, f"{type(exc).__name__}: {exc}")
-            return f"{key} {config.algorithm.name} FAILED: {exc}\n{traceback.format_exc()}"
-        store.finish(key, results)
-    checkpoint.unlink(missing_ok=True)
-    return f"{key} {config.algorithm.name} {_show(grid)}finished in {results.seconds:.1f} s"
+    started = time.perf_counter()
+    try:
+        result = _simulate(config, key, out / ledger_file, checkpoint)
+        if result.interrupted:
+            raise KeyboardInterrupt
+        return _results(config, key, result, ledger_file, time.perf_counter() - started)
+    except (KeyboardInterrupt, SystemExit):
+        raise  # left 'running': a restart resumes it from its checkpoint
+    except Exception as exc:
+        return PointFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
+
+
+def start_point(store: ResultsStore, config: StudyConfig, grid: dict[str, Any]) -> bool:
+    """Mark the point running in the store; False if it has finished."""
+    return store.start(
+        config.key(),
+        study=config.name,
+        algorithm=config.algorithm.name,
+        config=config.model_dump(mode="json"),
+        grid=grid,
+        trials=config.trials,
+        rounds=config.rounds,
+    )
+
+
+def record_point(
+    store: ResultsStore,
+    config: StudyConfig,
+    grid: dict[str, Any],
+    out: Path,
+    outcome: RunResults | PointFailure,
+) -> str:
+    """Store a started point's results, or its failure (its checkpoint is kept, so a rerun
+    resumes it); a one-line summary."""
+    key = config.key()
+    if isinstance(outcome, PointFailure):
+        store.fail(key, outcome.error)
+        return f"{key} {config.algorithm.name} FAILED: {outcome.error}\n{outcome.trace}".rstrip()
+    store.finish(key, outcome)
+    _checkpoint(out, key).unlink(missing_ok=True)
+    return f"{key} {config.algorithm.name} {_show(grid)}finished in {outcome.seconds:.1f} s"
+
+
+def finished_already(config: StudyConfig, grid: dict[str, Any]) -> str:
+    return f"{config.key()} {config.algorithm.name} {_show(grid)}already finished"
 
 
 class StudyBar:
