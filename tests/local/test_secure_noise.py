@@ -5,6 +5,7 @@ draws (issue 18)."""
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pytest
@@ -13,7 +14,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from scipy import stats
 
 from dpfl.local import noise
-from dpfl.local.noise import BoxMuller4, SecureNoise
+from dpfl.local.noise import BoxMuller4, NoiseSource, SecureNoise, SeededNoise
 
 KEY, NONCE = bytes(range(32)), bytes(range(100, 116))
 # (word bytes, significand bits) of each working dtype
@@ -123,12 +124,16 @@ def test_secure_noise_is_the_transform_of_its_keystream_block_by_block(
         assert len(raw) <= noise.BLOCK_BYTES  # a block's buffer, not a draw's
 
 
+@pytest.mark.parametrize("source", [keyed, lambda: SeededNoise(5)], ids=["secure", "seeded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
-def test_normal_into_writes_the_draws_of_normal(dtype: torch.dtype) -> None:
-    """Contiguous rows in place, strided views and other dtypes drawn and copied: the
-    same values as `normal` from the same stream, and nothing else written."""
-    fresh, into = keyed(), keyed()
-    for shape in [(1, 22), (1,), (3, 7), (40_000,), (5,)]:
+def test_normal_into_writes_the_draws_of_normal(
+    source: Callable[[], NoiseSource], dtype: torch.dtype
+) -> None:
+    """Either source, draw after draw: contiguous rows in place, strided views and other
+    dtypes drawn and copied, the same values as `normal` from the same stream, and
+    nothing else written."""
+    fresh, into = source(), source()
+    for shape in [(1, 22), (1,), (3, 7), (40_000,), (5,)] * 2:
         expected = fresh.normal(shape, 1.5, dtype)
         buffer = torch.zeros(2, *shape, dtype=dtype)
         into.normal_into(buffer[1], 1.5)
