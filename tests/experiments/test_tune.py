@@ -179,3 +179,16 @@ def test_the_documented_tuning_studies_load_as_one_search_space(name: str) -> No
     study = load(Path(__file__).parents[2] / "docs" / "studies" / f"{name}.toml")
     assert list(study.axes) == ["algorithm.strength"] and len(study.points) == 6
     assert {config.privacy.epsilon for _, config in study.points} == {1.0}
+
+
+@pytest.mark.parametrize("method", ["c", "cdp", "f", "fpdp", "dopamine"])
+def test_dopamines_five_methods_are_tuned_over_the_same_learning_rates(method: str) -> None:
+    study = load(
+        Path(__file__).parents[2] / "docs" / "studies" / "dopamine-tune" / f"{method}.toml"
+    )
+    rates = {config.algorithm.learning_rate for _, config in study.points}
+    assert rates == {0.01, 0.02, 0.05, 0.1}
+    config, private = study.points[0][1], method in ("cdp", "fpdp", "dopamine")
+    assert config.privacy.private == private and config.trials == 1
+    if private:
+        assert (config.privacy.epsilon, config.privacy.delta) == (3.0, 1e-4)
