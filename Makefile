@@ -33,8 +33,9 @@ browser:
 		echo "chromium not installed: the report rendering test will be skipped"
 
 # Two workers, a test file to each at a time (module fixtures are built once). The whole
-# deployments between processes (marker `loopback`, about ten minutes, mostly waiting on
-# Flower) run on their own in test-loopback, which CI runs after test.
+# deployments between processes and the sweeps on a local Ray cluster (marker `loopback`,
+# about eleven minutes, mostly waiting on Flower and Ray) run on their own in
+# test-loopback, which CI runs after test.
 test: lint browser
 	$(BIN)/pytest -n 2 --dist loadfile -m "not loopback"
 

@@ -296,7 +296,7 @@ def interrupted(
     yield Interrupted(out, address, sweep.returncode, stderr, key, survivors, status, rounds)
 
 
-@pytest.mark.slow
+@pytest.mark.loopback
 def test_ctrl_c_cancels_the_ray_tasks_and_prints_the_command_that_resumes(
     interrupted: Interrupted, config: Path
 ) -> None:
@@ -314,7 +314,7 @@ def _resume(interrupted: Interrupted, config: Path) -> str:
     return f"dpfl sweep {shlex.quote(str(config))} --out {out} --ray {address} --json"
 
 
-@pytest.mark.slow
+@pytest.mark.loopback
 def test_the_printed_command_resumes_through_a_killed_worker_paying_nothing_twice(
     interrupted: Interrupted, ray_cluster: Cluster, reference: dict[str, Any], config: Path
 ) -> None:
