@@ -272,24 +272,32 @@ class _SecureNoiseBefore(NoiseSource):
         return torch.cat([radius * torch.cos(angle), radius * torch.sin(angle)])[:count]
 
 
-def _noise_figures(repeats: int, count: int = NOISE_VALUES) -> dict[str, float | int | str]:
-    """One float32 draw of `count` values by each source and the secure draw's floor."""
-    pairs = (count + 1) // 2
-    keystream_bytes = 8 * pairs * 4  # four terms × (radius, angle) × a 32-bit word
+def keystream(count: int) -> Callable[[], None]:
+    """A run of the ChaCha20 keystream that a secure draw of `count` float32 values
+    consumes (16 bytes a value), in `SecureNoise`'s block size, into a reused buffer."""
+    used_bytes = 8 * ((count + 1) // 2) * 4  # four terms × (radius, angle) × a 32-bit word
     encryptor = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
     zeros, words = memoryview(bytes(BLOCK_BYTES)), memoryview(bytearray(BLOCK_BYTES))
 
-    def keystream() -> None:
-        for start in range(0, keystream_bytes, BLOCK_BYTES):
-            used = min(BLOCK_BYTES, keystream_bytes - start)
+    def run() -> None:
+        for start in range(0, used_bytes, BLOCK_BYTES):
+            used = min(BLOCK_BYTES, used_bytes - start)
             encryptor.update_into(zeros[:used], words[:used])
 
+    return run
+
+
+def box_muller_math(count: int) -> Callable[[], None]:
+    """A run of torch's log, sqrt, cos and sin over the uniforms of the four Box–Muller
+    draws of `count` values (the transcendental work any vectorised Box–Muller does), in
+    place over block-sized buffers."""
+    pairs = (count + 1) // 2
     block = BLOCK_BYTES // 8  # uniforms of one block: 4p radii and 4p angles
     radii = torch.rand(block, generator=torch.Generator().manual_seed(0)).add_(2.0**-24)
     angles = radii.mul(2.0 * math.pi)
     spare = torch.empty(block)
 
-    def box_muller_math() -> None:
+    def run() -> None:
         for start in range(0, 4 * pairs, block):
             used = min(block, 4 * pairs - start)
             torch.log(radii[:used], out=spare[:used])
@@ -297,11 +305,17 @@ def _noise_figures(repeats: int, count: int = NOISE_VALUES) -> dict[str, float |
             torch.cos(angles[:used], out=spare[:used])
             torch.sin(angles[:used], out=spare[:used])
 
+    return run
+
+
+def _noise_figures(repeats: int, count: int = NOISE_VALUES) -> dict[str, float | int | str]:
+    """One float32 draw of `count` values by each source and the secure draw's floor."""
+    keystream_bytes = 8 * ((count + 1) // 2) * 4
     out = torch.empty(count)
     secure, seeded, before = SecureNoise(), SeededNoise(0), _SecureNoiseBefore()
     runs: dict[str, Callable[[], object]] = {
-        "keystream": keystream,
-        "box_muller_math": box_muller_math,
+        "keystream": keystream(count),
+        "box_muller_math": box_muller_math(count),
         "secure": lambda: secure.normal_into(out, 1.0),
         "secure_normal": lambda: secure.normal((count,), 1.0, torch.float32),
         "seeded": lambda: seeded.normal_into(out, 1.0),

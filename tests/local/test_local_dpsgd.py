@@ -122,12 +122,15 @@ def test_batchnorm_models_are_refused() -> None:
         DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1))
 
 
-def _recovered_noise(model: nn.Module, d: int, seed: int) -> dict[str, np.ndarray]:
+def _recovered_noise(
+    model: nn.Module, d: int, seed: int, sparse: bool = False
+) -> dict[str, np.ndarray]:
     """With an (almost surely) empty batch the update is −η·noise/(q·n): each tensor's
     noise over 5 steps, standardised (the mean of `steps` independent N(0, (σC)²) has
-    std σC/√steps), so that N(0, 1) is expected."""
+    std σC/√steps), so that N(0, 1) is expected. `sparse`: the input as a COO tensor."""
     sigma, clip, q, lr, steps = 1.7, 0.3, 1e-12, 0.5, 5
     x, y = _data(1, d, 3)
+    x = x.to_sparse() if sparse else x
     params = parameters_of(model)
     result = DPSGD(model, bce, DPSGDConfig(clip, sigma, lr)).run(
         params,
@@ -153,27 +156,33 @@ def test_noise_std_is_sigma_times_c_and_gaussian() -> None:
     assert lo < var_stat < hi
 
 
-def test_every_parameter_tensor_gets_noise_of_std_sigma_times_c() -> None:
+@pytest.mark.parametrize("sparse", [False, True])
+def test_every_parameter_tensor_gets_noise_of_std_sigma_times_c(sparse: bool) -> None:
     """Each step draws one member's noise for all its tensors at once: recovered as above,
-    every tensor's share is N(0, (σC)²), from the largest matrix to a single bias."""
+    every tensor's share is N(0, (σC)²), from the largest matrix to a single bias (on a
+    sparse input too, whose first weight trains column-major)."""
     samples = []
     # 30 × 40, 30, 1 × 30 and 1 parameters
-    for name, sample in _recovered_noise(mlp(40, (30,)).double(), 40, 0).items():
+    for name, sample in _recovered_noise(mlp(40, (30,)).double(), 40, 0, sparse).items():
         lo, hi = stats.chi2.ppf([0.0005, 0.9995], len(sample))
         assert lo < (sample**2).sum() < hi, name
         samples.append(sample)
     assert stats.kstest(np.concatenate(samples), "norm").pvalue > 0.01
 
 
-def test_update_is_clipped_sum_over_expected_batch_size_with_momentum() -> None:
-    """σ→0 and a huge C: two steps must equal autograd's Σ grads / (q·n) with momentum."""
+@pytest.mark.parametrize("sparse", [False, True])
+def test_update_is_clipped_sum_over_expected_batch_size_with_momentum(sparse: bool) -> None:
+    """σ→0 and a huge C: two steps must equal autograd's Σ grads / (q·n) with momentum;
+    also for an MLP on a sparse input (its first weight trained column-major, handed back
+    row-major, the caller's parameters untouched)."""
     n, q, lr, beta = 40, 0.25, 0.2, 0.9
     x, y = _data(n, 4, 4)
-    model = logistic_regression(4).double()
+    model = (mlp(4, (3,)) if sparse else logistic_regression(4)).double()
     start = parameters_of(model)
+    before = {k: v.clone() for k, v in start.items()}
     result = DPSGD(model, bce, DPSGDConfig(1e9, 1e-300, lr, beta)).run(
         start,
-        (x, y),
+        (x.to_sparse() if sparse else x, y),
         PoissonSampler(n, q, np.random.default_rng(5), public_size=n),
         2,
         noise=SeededNoise(0),
@@ -192,6 +201,8 @@ def test_update_is_clipped_sum_over_expected_batch_size_with_momentum() -> None:
     for k in start:
         torch.testing.assert_close(result.params[k], params[k].detach(), rtol=1e-10, atol=1e-12)
         torch.testing.assert_close(result.velocity[k], velocity[k], rtol=1e-10, atol=1e-12)
+        assert result.params[k].is_contiguous()
+        assert torch.equal(start[k], before[k])
 
 
 @pytest.mark.parametrize("kind", ["logistic", "mlp_momentum", "mlp_adam", "cnn"])

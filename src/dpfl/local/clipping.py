@@ -129,6 +129,20 @@ class ClippedGradientSum:
         self._check(tuple(x.shape[2:]))
         return self._stacked_linear(params, x, y, mask, clip_norm, input_norms)
 
+    def column_major(self, x: Tensor) -> list[str]:
+        """The weights that are best held column-major (`Tensor.t()` contiguous) while
+        training on inputs like `x`: a first `nn.Linear` fed a sparse input. Its forward
+        product and its clipped sum, `(c ⊙ Δ)ᵀ A` computed as `(Aᵀ (c ⊙ Δ))ᵀ`, then run on
+        contiguous rows, and the update adds tensors of one layout (issue 18: 2-3× faster
+        for Kerkouche's 24,428-wide input than a row-major weight, whose every product
+        and update strides across it)."""
+        if not x.is_sparse or self._layers is None:
+            return []
+        prefix, module = next(
+            ((p, m) for p, m in self._layers if any(True for _ in m.parameters())), ("", None)
+        )
+        return [prefix + "weight"] if isinstance(module, nn.Linear) else []
+
     def input_norms(self, params: Params, x: Tensor) -> Tensor | None:
         """Where `stacked` takes its direct route (a lone `nn.Linear` with these parameter
         names): each record's ‖(x_i, 1)‖ (‖x_i‖ without a bias) for records x (records ×
@@ -309,7 +323,7 @@ class ClippedGradientSum:
             if grads is None:
                 scaled = delta * factor.unsqueeze(1)
                 sums[prefix + "weight"] = (
-                    torch.sparse.mm(a.t(), scaled).t() if a.is_sparse else scaled.t() @ a
+                    _sparse_input_sum(a, scaled) if a.is_sparse else scaled.t() @ a
                 )
                 if "bias" in own:
                     sums[prefix + "bias"] = scaled.sum(0)
@@ -396,6 +410,17 @@ def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, d: Tensor) -> Tensor:
         for j in range(kw)
     ]
     return torch.stack(per_offset, dim=-1).reshape(batch, d.shape[1], -1)
+
+
+def _sparse_input_sum(a: Tensor, scaled: Tensor) -> Tensor:
+    """(c ⊙ Δ)ᵀ A for a sparse COO input A: each stored a_ij adds a_ij·(c ⊙ Δ)_i to row j
+    of a zero [features, outputs] matrix, returned transposed (so column-major; see
+    `ClippedGradientSum.column_major`). The same sums as `torch.sparse.mm(Aᵀ, c ⊙ Δ)`,
+    about 2.5× faster for Kerkouche's batches (its transposed COO is re-sorted first)."""
+    rows, features = a._indices()
+    terms = scaled.index_select(0, rows).mul_(a._values().unsqueeze(1))
+    total = scaled.new_zeros(a.shape[1], scaled.shape[1]).index_add_(0, features, terms)
+    return total.t()
 
 
 def _input_norms(x: Tensor, bias: bool) -> Tensor:

@@ -211,12 +211,17 @@ class DPSGD:
         )
         dtype = next(iter(params.values())).dtype
         scale = torch.tensor([s.expected_batch_size for s in samplers], dtype=dtype)
-        params = {k: v.detach().clone() for k, v in params.items()}
-        velocity = (
-            {k: torch.zeros_like(v) for k, v in params.items()}
-            if velocity is None
-            else dict(velocity)
-        )
+        transposed = self.clipped_sum.column_major(datasets[0][0])
+        params = {  # copies; those in `transposed` held column-major for the steps
+            k: v.detach().mT.contiguous().mT if k in transposed else v.detach().clone()
+            for k, v in params.items()
+        }
+        if velocity is not None:
+            velocity = dict(velocity)
+        elif cfg.momentum or cfg.optimizer == "adam" or steps == 0:
+            velocity = {k: torch.zeros_like(v) for k, v in params.items()}
+        else:  # v = g̃ at every step: zeros that no step reads are not made
+            velocity = {}
         dense = not datasets[0][0].is_sparse
         pool = (
             _Pool(datasets, _chunk_width(samplers), dtype, self.clipped_sum, params)
@@ -230,6 +235,8 @@ class DPSGD:
         work = len(samplers) * max(s.expected_batch_size for s in samplers) * member_size
         with _one_thread_if(work < ONE_THREAD_BELOW):
             self._steps(params, velocity, datasets, samplers, noises, steps, pool, scales, std)
+        for k in transposed:  # handed back row-major, as they came (velocity as it is)
+            params[k] = params[k].contiguous()
         metadata = [
             {
                 "mechanism": (
@@ -297,7 +304,9 @@ class DPSGD:
         updates, offset = [], 0
         for name, value in own.items():
             size = value[0].numel()
-            noise = None if buffer is None else buffer[:, offset : offset + size].view(value.shape)
+            noise = (
+                None if buffer is None else _laid_out_as(buffer[:, offset : offset + size], value)
+            )
             updates.append((name, value, scales[name], noise))
             offset += size
         stacked = self.clipped_sum.stacked
@@ -456,6 +465,15 @@ class _Pool:
                 norms = self.norms.index_select(0, flat).reshape(rows.shape)
             chunks.append((x, y, torch.from_numpy(mask), norms))
         return chunks
+
+
+def _laid_out_as(columns: Tensor, value: Tensor) -> Tensor:
+    """Buffer columns [members, size] viewed with the shape and memory order of `value`
+    (row-major, or column-major in its last two axes): elementwise updates of `value`
+    then read both in one order."""
+    if value.is_contiguous():
+        return columns.view(value.shape)
+    return columns.view(*value.shape[:-2], value.shape[-1], value.shape[-2]).transpose(-1, -2)
 
 
 def _with_twin(params: Params) -> Params:

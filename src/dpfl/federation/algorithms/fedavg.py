@@ -58,8 +58,9 @@ def update_replies(
     members: Sequence[Member], trained: Sequence[Params], weighting: str | None
 ) -> list[Reply]:
     """Each member's update from the model it was sent, times its share of the mean
-    (None: unscaled, for an aggregator that needs every update as it is). Computed for
-    all members at once: elementwise, so each row has the bits it would have alone."""
+    (None: unscaled, for an aggregator that needs every update as it is). Elementwise,
+    written straight into one [members, parameters] tensor (no stacked copies of the
+    models first), so each row has the bits it would have alone."""
     if not members:
         return []
     sent: dict[int, Tensor] = {}  # each model sent, flattened once (a trial's members share it)
@@ -67,10 +68,15 @@ def update_replies(
         model = received(member)
         if id(model) not in sent:
             sent[id(model)] = flat(model)
-    updates = torch.cat(
-        [torch.stack([p[name] for p in trained]).flatten(1) for name in trained[0]], 1
-    )
-    updates -= torch.stack([sent[id(received(m))] for m in members])
+    first = next(iter(sent.values()))
+    updates = first.new_empty(len(members), len(first))
+    for row, params, member in zip(updates, trained, members, strict=True):
+        # trained − sent, parameter by parameter, straight into the member's row
+        start, origin = 0, sent[id(received(member))]
+        for value in params.values():
+            end = start + value.numel()
+            torch.sub(value.reshape(-1), origin[start:end], out=row[start:end])
+            start = end
     if weighting is not None:
         shares: dict[int, dict[str, Tensor]] = {}  # each cohort's, computed once
         for member in members:
