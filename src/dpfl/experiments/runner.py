@@ -565,7 +565,7 @@ def _model(config: StudyConfig, silo: Silo, outputs: int) -> torch.nn.Module:
     if config.model.kind == "small_cnn":
         if len(shape) != 3 or silo.survival:
             raise ValueError(f"model.kind: small_cnn classifies images, got {shape} records")
-        return models.small_cnn(shape[0], shape[1], n_classes=max(outputs, 2))
+        return models.small_cnn(shape[0], shape[1], n_classes=outputs)
     if len(shape) != 1:
         raise ValueError(f"model.kind: {config.model.kind} needs a feature vector, got {shape}")
     if config.model.kind == "mlp":
