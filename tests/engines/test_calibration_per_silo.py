@@ -9,12 +9,15 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpfl.engines import accounts
+from dpfl.engines.accounts import calibrated_sigma, common_sigma
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedAvg, FedSGDSecure
 from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
+from dpfl.privacy import Accountant, calibrate_noise
 from dpfl.privacy.ledger import Ledger
 
 CONFIG = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
@@ -81,3 +84,24 @@ def test_per_silo_noise_is_refused_where_the_noise_is_shared(
             calibrate="x",  # type: ignore[arg-type]
             progress=False,
         )
+
+
+def test_common_sigma_is_the_largest_silo_sigma_with_fewer_searches(
+    breast_cancer_silos: Callable[[int], list[Silo]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The common σ is the per-silo σs' largest; a silo whose plan fits at the largest σ
+    found so far gets one ε instead of a search (Kerkouche's 314 hospitals)."""
+    infos = [s.info for s in breast_cancer_silos(3)]
+    algorithm = _fedavg()
+    rounds = {s.name: 3 for s in infos}
+    plan = (rounds, BUDGETS, Accountant.RDP, {})
+    largest = max(calibrated_sigma(algorithm, infos, *plan).values())
+    searches = []
+    monkeypatch.setattr(
+        accounts, "calibrate_noise", lambda *a, **k: searches.append(a) or calibrate_noise(*a, **k)
+    )
+    assert common_sigma(algorithm, infos, *plan) == largest
+    assert len(searches) == 1  # h0, the tightest, first: h1 and h2 fit at its σ
+    searches.clear()
+    assert common_sigma(algorithm, infos[::-1], *plan) == largest
+    assert len(searches) == 3  # each silo tighter than the ones before it

@@ -22,7 +22,10 @@ from dpfl.privacy import (
 from dpfl.privacy.accounting import (
     PLD_DISCRETISATION,
     RDP_ORDERS,
+    NeighboringRelation,
     PldTooLargeError,
+    _gaussian_pld,
+    _StepCache,
     check_delta,
 )
 
@@ -276,3 +279,26 @@ def test_more_runs_than_double_precision_can_add_up_are_refused() -> None:
 def test_noise_outside_floating_point_range_is_refused(sigma: float) -> None:
     with pytest.raises(UnsupportedAccountingError, match="cannot evaluate this event in floating"):
         epsilon(events.poisson_gaussian(0.5, sigma, steps=10), 1e-5)
+
+
+def test_one_step_plds_are_kept_by_bytes_least_recently_used_first() -> None:
+    """Kerkouche's 314 hospitals each have their own q: the cache of step PLDs is bounded
+    by bytes, not by a count, and drops the least recently used first."""
+    relation = NeighboringRelation.ADD_OR_REMOVE_ONE
+    steps = [(2.0, rate, relation, PLD_DISCRETISATION) for rate in (0.01, 0.02, 0.03)]
+    cache = _StepCache(limit=1 << 40)
+    first = cache(*steps[0])
+    assert cache(*steps[0]) is first  # kept, not rebuilt
+    fresh = _gaussian_pld(*steps[0])
+    assert first.get_epsilon_for_delta(1e-5) == fresh.get_epsilon_for_delta(1e-5)
+    for step in steps[1:]:
+        cache(*step)
+    sizes = [cache._kept[step][1] for step in steps]
+    assert min(sizes) > 0
+    # room for steps 0 and 1, or 0 and 2, not all three
+    small = _StepCache(limit=max(sizes[0] + sizes[1], sizes[0] + sizes[2]))
+    kept = [small(*step) for step in steps[:2]]
+    assert small(*steps[0]) is kept[0]  # steps[0] used last: steps[1] goes first
+    small(*steps[2])
+    assert list(small._kept) == [steps[0], steps[2]]
+    assert small._bytes <= small.limit

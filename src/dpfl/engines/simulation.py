@@ -63,6 +63,7 @@ from dpfl.engines.accounts import (
     affordable_rounds,
     calibrated_sigma,
     check_plans,
+    common_sigma,
     prepaid,
     public_sizes,
     register_accounts,
@@ -359,11 +360,11 @@ def simulate(
             others = {s.name: [counts[s.name]] if s.name in counts else [] for s in infos}
             for name, (release, count) in releases(0).items():
                 others[name].append(events.repeat(release, count))
-            sigmas = calibrated_sigma(algorithm, infos, planned, targets, book.accountant, others)
+            plan = (algorithm, infos, planned, targets, book.accountant, others)
             algorithm = (
-                algorithm.with_silo_noise(sigmas)
+                algorithm.with_silo_noise(calibrated_sigma(*plan))
                 if calibrate == "per-silo"
-                else algorithm.with_noise(max(sigmas.values()))
+                else algorithm.with_noise(common_sigma(*plan))
             )
         start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
         messages: list[dict[str, Any]] = []

@@ -20,10 +20,10 @@ Four things are ours on top of `dp_accounting`:
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import warnings
+from collections import OrderedDict
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -67,7 +67,7 @@ PLD_MAX_SAMPLED_STEP_POINTS = 2**18
 point in Python (about 10 µs a point), so this bounds its time to seconds."""
 
 _CACHED_STEP_POINTS = 2**18
-"""One-step PLDs up to this size are cached (at most 32 of them: 128 MB at worst)."""
+"""One-step PLDs up to this size are cached (`_StepCache`, 1 GiB of them at most)."""
 
 RDP_ORDERS: tuple[float, ...] = tuple(
     sorted(
@@ -362,9 +362,39 @@ def _gaussian_pld(
     )
 
 
-_cached_gaussian_pld = functools.lru_cache(maxsize=32)(_gaussian_pld)
-"""Building a step's PLD is the costly part of PLD accounting (seconds for large q), and
-PLDs are immutable: one per (σ, q) is kept, for steps of up to `_CACHED_STEP_POINTS`."""
+class _StepCache:
+    """The least recently used one-step PLDs, up to `limit` bytes of grid in all.
+
+    Building a step's PLD is the costly part of PLD accounting (0.1-3 s for q of 1-40 %),
+    and PLDs are immutable, so one per (σ, q) is kept. A count bound does not fit
+    Kerkouche's 314 hospitals, each with its own q: with 32 kept, every ledger charge
+    and plan check rebuilt its hospital's step (314 builds before round 0, 3 a round);
+    by bytes, all of them stay (about 2 MB each at σ ≈ 1)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._kept: OrderedDict[tuple[Any, ...], tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __call__(
+        self, sigma: float, rate: float, relation: NeighboringRelation, interval: float
+    ) -> privacy_loss_distribution.PrivacyLossDistribution:
+        key = (sigma, rate, relation, interval)
+        if key in self._kept:
+            self._kept.move_to_end(key)
+            return self._kept[key][0]
+        built = _gaussian_pld(sigma, rate, relation, interval)
+        size = sum({id(p): p.to_dense_pmf()._probs.nbytes for p in _pmfs(built)}.values())
+        self._kept[key] = (built, size)
+        self._bytes += size
+        while self._bytes > self.limit and len(self._kept) > 1:
+            _, (_, dropped) = self._kept.popitem(last=False)
+            self._bytes -= dropped
+        return built
+
+
+_cached_gaussian_pld = _StepCache(limit=1 << 30)
+"""One-step PLDs of up to `_CACHED_STEP_POINTS` points, 1 GiB of them at most."""
 
 
 def make_accountant(accountant: Accountant | str, neighbouring: Neighbouring) -> PrivacyAccountant:
