@@ -26,6 +26,7 @@ from dpfl.privacy import (
     epsilon,
     events,
 )
+from dpfl.privacy.ledger import plan_epsilon
 
 STEP = events.poisson_gaussian(0.01, 1.0, steps=10)  # one round of local DP-SGD
 
@@ -83,6 +84,18 @@ def test_a_plan_checked_up_front_is_recorded_round_by_round(ledger: Ledger) -> N
     assert ledger.spent("a").epsilon <= 1.0
     with pytest.raises(BudgetExceededError):  # the plan's end is still enforced
         ledger.record("a", STEP)
+
+
+def test_a_plan_costs_what_a_ledger_charges_for_it(ledger: Ledger) -> None:
+    """`plan_epsilon` (calibration's check of a silo's whole plan) is the ε a ledger
+    computes for an account whose history is that plan, from the same cache."""
+    plan = events.compose([events.gaussian(20.0), events.repeat(STEP, 3)])
+    expected = plan_epsilon(plan, 1e-5, None)
+    assert ledger.projected("a", plan) == expected
+    for event in (events.gaussian(20.0), STEP, STEP, STEP):
+        ledger.record("a", event)
+    assert ledger.spent("a") == expected
+    assert expected.epsilon == pytest.approx(epsilon(plan, 1e-5).epsilon, rel=1e-9)
 
 
 def test_history_is_composed_as_a_multiset_of_leaf_events(ledger: Ledger) -> None:

@@ -23,6 +23,7 @@ from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.noise import NoiseSource
 from dpfl.privacy import Accountant, Budget, Ledger, calibrate_noise, epsilon, events
+from dpfl.privacy.ledger import plan_epsilon
 
 DEFAULT_SIZE_NOISE = 20.0
 """Std (in records) of the Gaussian noise on a released record count: ε ≈ 0.2 at
@@ -180,7 +181,7 @@ class _Plans:
 
     def fits(self, silo: SiloInfo, sigma: float) -> bool:
         eps, delta = self.budget(silo)
-        return epsilon(self.plan(silo, sigma), delta, accountant=self.accountant).epsilon <= eps
+        return plan_epsilon(self.plan(silo, sigma), delta, self.accountant).epsilon <= eps
 
     def least(self, silo: SiloInfo) -> float:
         eps, delta = self.budget(silo)

@@ -264,12 +264,14 @@ class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
         self, step: privacy_loss_distribution.PrivacyLossDistribution, count: int
     ) -> None:
         """Compose `count` copies of `step`; refused before any buffer is allocated when the
-        result would pass the limit (sized by the Chernoff bounds `self_compose` uses)."""
-        points = max(p.size for p in _pmfs(self._pld)) + max(
-            _self_composed_points(p, count) for p in _pmfs(step)
-        )
-        if points > PLD_MAX_POINTS:
-            raise PldTooLargeError(points, PLD_MAX_POINTS)
+        result would pass the limit (sized by the Chernoff bounds `self_compose` uses, where
+        `count` × the step's points, which bounds them, does not already fit: sizing takes
+        as long as the composition)."""
+        held = max(p.size for p in _pmfs(self._pld))
+        if held + count * max(p.size for p in _pmfs(step)) > PLD_MAX_POINTS:
+            points = held + max(_self_composed_points(p, count) for p in _pmfs(step))
+            if points > PLD_MAX_POINTS:
+                raise PldTooLargeError(points, PLD_MAX_POINTS)
         self._pld = self._pld.compose(step.self_compose(count))
 
 

@@ -475,6 +475,15 @@ class Ledger:
         return _composed_epsilon(_key(history), budget.neighbouring, budget.delta, self.accountant)
 
 
+def plan_epsilon(
+    event: PrivacyEvent, delta: float, accountant: Accountant | str | None
+) -> EpsilonReport:
+    """ε of `event` as a ledger computes it for an account whose history is `event`, and
+    from the same cache: a plan checked during calibration costs nothing when a ledger
+    checks it again before round 0 (each of Kerkouche's 314 hospitals: about 0.5 s)."""
+    return _composed_epsilon(_key(_leaves(event)), event.neighbouring, delta, accountant)
+
+
 @functools.lru_cache(maxsize=1024)
 def _composed_epsilon(
     history: tuple[tuple[str, int], ...],
