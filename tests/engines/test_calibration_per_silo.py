@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from dpfl.engines import accounts
-from dpfl.engines.accounts import calibrated_sigma, common_sigma
+from dpfl.engines.accounts import Calibration
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedAvg, FedSGDSecure
 from dpfl.federation.silo import Silo
@@ -95,13 +95,13 @@ def test_common_sigma_is_the_largest_silo_sigma_with_fewer_searches(
     algorithm = _fedavg()
     rounds = {s.name: 3 for s in infos}
     plan = (rounds, BUDGETS, Accountant.RDP, {})
-    largest = max(calibrated_sigma(algorithm, infos, *plan).values())
+    largest = max(Calibration(algorithm, infos, *plan).per_silo().values())
     searches = []
     monkeypatch.setattr(
         accounts, "calibrate_noise", lambda *a, **k: searches.append(a) or calibrate_noise(*a, **k)
     )
-    assert common_sigma(algorithm, infos, *plan) == largest
+    assert Calibration(algorithm, infos, *plan).common() == largest
     assert len(searches) == 1  # h0, the tightest, first: h1 and h2 fit at its σ
     searches.clear()
-    assert common_sigma(algorithm, infos[::-1], *plan) == largest
+    assert Calibration(algorithm, infos[::-1], *plan).common() == largest
     assert len(searches) == 3  # each silo tighter than the ones before it

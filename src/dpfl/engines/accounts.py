@@ -114,48 +114,13 @@ def public_sizes(
     return out, counts
 
 
-def calibrated_sigma(
-    algorithm: Algorithm,
-    silos: Sequence[SiloInfo],
-    rounds: Mapping[str, int],
-    budgets: Budgets,
-    accountant: Accountant | None,
-    others: Mapping[str, Sequence[events.PrivacyEvent]],
-    wrap: Callable[[events.PrivacyEvent], events.PrivacyEvent] | None = None,
-) -> dict[str, float]:
-    """Per silo, the least σ that keeps its whole plan (its `rounds[name]` scheduled
-    rounds, with the releases `others[name]` whose noise is not σ: a record count, a
-    threshold) within its budget, by the ledger's accountant, which will hold the run
-    to it. `wrap`: what the plan is a part of (a tuned selection among runs of it)."""
-    plans = _Plans(algorithm, silos, rounds, budgets, accountant, others, wrap)
-    return {silo.name: plans.least(silo) for silo in silos}
-
-
-def common_sigma(
-    algorithm: Algorithm,
-    silos: Sequence[SiloInfo],
-    rounds: Mapping[str, int],
-    budgets: Budgets,
-    accountant: Accountant | None,
-    others: Mapping[str, Sequence[events.PrivacyEvent]],
-    wrap: Callable[[events.PrivacyEvent], events.PrivacyEvent] | None = None,
-) -> float:
-    """The least σ that keeps every silo's plan within its budget (as `calibrated_sigma`'s
-    largest). A silo whose plan fits at the largest σ found so far needs no search of
-    its own, one ε: with 314 hospitals (Kerkouche's), a few searches and one ε each
-    instead of 314 searches. The busiest silos go first, usually the most constrained."""
-    plans = _Plans(algorithm, silos, rounds, budgets, accountant, others, wrap)
-    sigma = 0.0
-    for silo in sorted(silos, key=lambda s: -rounds[s.name]):
-        if not (sigma and plans.fits(silo, sigma)):
-            sigma = max(sigma, plans.least(silo))
-    return sigma
-
-
 @dataclasses.dataclass
-class _Plans:
-    """Each silo's whole plan as a function of σ, its budget, and the least σ of each
-    distinct plan (silos with the same plan and budget share one search)."""
+class Calibration:
+    """σ for a run's plans: each silo's whole plan (its `rounds[name]` scheduled rounds,
+    with the releases `others[name]` whose noise is not σ: a record count, a threshold)
+    as a function of σ, held to the silo's budget by the ledger's accountant, which will
+    hold the run to it. `wrap`: what the plan is a part of (a tuned selection among runs
+    of it). Silos with the same plan and budget share one search."""
 
     algorithm: Algorithm
     silos: Sequence[SiloInfo]
@@ -163,8 +128,23 @@ class _Plans:
     budgets: Budgets
     accountant: Accountant | None
     others: Mapping[str, Sequence[events.PrivacyEvent]]
-    wrap: Callable[[events.PrivacyEvent], events.PrivacyEvent] | None
+    wrap: Callable[[events.PrivacyEvent], events.PrivacyEvent] | None = None
     memo: dict[tuple[str, float, float], float] = dataclasses.field(default_factory=dict)
+
+    def per_silo(self) -> dict[str, float]:
+        """Per silo, the least σ that keeps its plan within its budget."""
+        return {silo.name: self.least(silo) for silo in self.silos}
+
+    def common(self) -> float:
+        """The least σ that keeps every silo's plan within its budget (`per_silo`'s
+        largest). A silo whose plan fits at the largest σ found so far needs no search of
+        its own, one ε: with 314 hospitals (Kerkouche's), a few searches and one ε each
+        instead of 314 searches. The busiest silos go first, usually the most constrained."""
+        sigma = 0.0
+        for silo in sorted(self.silos, key=lambda s: -self.rounds[s.name]):
+            if not (sigma and self.fits(silo, sigma)):
+                sigma = max(sigma, self.least(silo))
+        return sigma
 
     def plan(self, silo: SiloInfo, sigma: float) -> events.PrivacyEvent:
         participation = self.algorithm.with_noise(sigma).participation_event(silo, self.silos)

@@ -59,11 +59,10 @@ from torch import nn
 from dpfl.engines.accounts import (
     DEFAULT_SIZE_NOISE,
     Budgets,
+    Calibration,
     account,
     affordable_rounds,
-    calibrated_sigma,
     check_plans,
-    common_sigma,
     prepaid,
     public_sizes,
     register_accounts,
@@ -360,11 +359,11 @@ def simulate(
             others = {s.name: [counts[s.name]] if s.name in counts else [] for s in infos}
             for name, (release, count) in releases(0).items():
                 others[name].append(events.repeat(release, count))
-            plan = (algorithm, infos, planned, targets, book.accountant, others)
+            sigmas = Calibration(algorithm, infos, planned, targets, book.accountant, others)
             algorithm = (
-                algorithm.with_silo_noise(calibrated_sigma(*plan))
+                algorithm.with_silo_noise(sigmas.per_silo())
                 if calibrate == "per-silo"
-                else algorithm.with_noise(common_sigma(*plan))
+                else algorithm.with_noise(sigmas.common())
             )
         start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
         messages: list[dict[str, Any]] = []

@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from dpfl.data import partition
-from dpfl.engines.accounts import common_sigma
+from dpfl.engines.accounts import Calibration
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import account, drawn_schedule, participations, simulate
 from dpfl.experiments.best import LOWER_IS_BETTER
@@ -266,7 +266,7 @@ def _calibrated(
             "epochs, client rates, threshold noise)"
         )
     _, algorithm, planned, others = plans[0]
-    return common_sigma(
+    return Calibration(
         algorithm,
         infos,
         planned,
@@ -274,7 +274,7 @@ def _calibrated(
         Accountant.RDP,
         others,
         wrap=lambda run: events.tuned(run, mean=mean, shape=shape),
-    )
+    ).common()
 
 
 def _plan(
