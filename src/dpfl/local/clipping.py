@@ -132,10 +132,10 @@ class ClippedGradientSum:
     def column_major(self, x: Tensor) -> list[str]:
         """The weights that are best held column-major (`Tensor.t()` contiguous) while
         training on inputs like `x`: a first `nn.Linear` fed a sparse input. Its forward
-        product and its clipped sum, `(c ⊙ Δ)ᵀ A` computed as `(Aᵀ (c ⊙ Δ))ᵀ`, then run on
-        contiguous rows, and the update adds tensors of one layout (issue 18: 2-3× faster
-        for Kerkouche's 24,428-wide input than a row-major weight, whose every product
-        and update strides across it)."""
+        product and its clipped sum (`_sparse_input_sum`, which comes out column-major)
+        then run on contiguous rows, and the update adds tensors of one layout. For
+        Kerkouche's 24,428 × 200 weight and batches of 300 (issue 18): the forward product
+        0.7 ms instead of 9.6 ms, and no strided add, divide and subtract (16 ms a step)."""
         if not x.is_sparse or self._layers is None:
             return []
         prefix, module = next(
