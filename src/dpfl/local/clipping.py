@@ -138,10 +138,9 @@ class ClippedGradientSum:
         0.7 ms instead of 9.6 ms, and no strided add, divide and subtract (16 ms a step)."""
         if not x.is_sparse or self._layers is None:
             return []
-        prefix, module = next(
-            ((p, m) for p, m in self._layers if any(True for _ in m.parameters())), ("", None)
-        )
-        return [prefix + "weight"] if isinstance(module, nn.Linear) else []
+        owning = [(p, m) for p, m in self._layers if list(m.parameters())]
+        first = owning[0] if owning else ("", None)
+        return [first[0] + "weight"] if isinstance(first[1], nn.Linear) else []
 
     def input_norms(self, params: Params, x: Tensor) -> Tensor | None:
         """Where `stacked` takes its direct route (a lone `nn.Linear` with these parameter

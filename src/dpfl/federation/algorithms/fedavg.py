@@ -71,12 +71,10 @@ def update_replies(
     first = next(iter(sent.values()))
     updates = first.new_empty(len(members), len(first))
     for row, params, member in zip(updates, trained, members, strict=True):
-        # trained − sent, parameter by parameter, straight into the member's row
-        start, origin = 0, sent[id(received(member))]
-        for value in params.values():
-            end = start + value.numel()
-            torch.sub(value.reshape(-1), origin[start:end], out=row[start:end])
-            start = end
+        # trained − sent, parameter by parameter, straight into the member's row (views)
+        origin = unflat(sent[id(received(member))], params)
+        for name, out in unflat(row, params).items():
+            torch.sub(params[name], origin[name], out=out)
     if weighting is not None:
         shares: dict[int, dict[str, Tensor]] = {}  # each cohort's, computed once
         for member in members:
