@@ -62,6 +62,19 @@ def _cases() -> dict[str, Callable[[], Case]]:
         model = small_cnn(3, 8, 3, widths=(4, 8), groups=2).double()
         return model, cross_entropy, x, torch.tensor([0, 2, 1, 2])
 
+    def conv_variants() -> Case:
+        """Stride, dilation and groups (the grouped rule), reflect padding (the fallback)."""
+        torch.manual_seed(8)
+        model = nn.Sequential(
+            nn.Conv2d(4, 6, 3, stride=2, padding=2, dilation=2, groups=2),
+            nn.ReLU(),
+            nn.Conv2d(6, 4, 3, padding=1, padding_mode="reflect"),
+            nn.Flatten(),
+            nn.Linear(100, 3),
+        ).double()
+        x = torch.randn(4, 4, 9, 9, generator=g, dtype=torch.float64)
+        return model, cross_entropy, x, torch.tensor([0, 2, 1, 2])
+
     return {
         "logistic": logistic,
         "multinomial": multinomial,
@@ -70,6 +83,7 @@ def _cases() -> dict[str, Callable[[], Case]]:
         "layernorm_mlp": layernorm_mlp,
         "residual": residual,
         "cnn": cnn,
+        "conv_variants": conv_variants,
     }
 
 

@@ -255,7 +255,7 @@ def test_stacked_trials_equal_the_same_trials_run_one_by_one(kind: str) -> None:
     for t in range(trials):
         assert stacked.events[t] == one_by_one[t].event
         for k in inits[0]:
-            torch.testing.assert_close(stacked.params[k][t], one_by_one[t].params[k])
+            assert torch.equal(stacked.params[k][t], one_by_one[t].params[k])  # the same bits
     # The trials really differ, so equality is not trivially shared state.
     assert not torch.allclose(stacked.params[k][0], stacked.params[k][1])
 
