@@ -4,7 +4,7 @@ Measured side by side in one process, on the same batches and thread count, inte
 so that a busy machine slows all three alike; each figure is the median over repeats.
 
     .venv/bin/python benchmarks/bench_local.py [--json] [--threads N] [--repeats N]
-        [--sections steps,stacked,noise] [--cases a,b,c]
+        [--sections steps,stacked,noise] [--cases a,b,c] [--glibc-defaults]
 
 Ratios: `dp_over_plain_time_ratio` is dpfl's DP step time over a plain SGD step (goal
 ≤ 2.5 for (a), (b)); `opacus_over_dpfl_time_ratio` > 1 means dpfl is faster;
@@ -50,6 +50,7 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from torch import Tensor, nn
 
+from dpfl.allocator import keep_freed_memory
 from dpfl.data.sampling import PoissonSampler
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import Loss, bce, cross_entropy
@@ -372,12 +373,23 @@ def main() -> None:
         help="what to run, comma-separated: steps (the cases), stacked (trials), noise",
     )
     parser.add_argument("--cases", default="a,b,c", help="which step cases, by letter")
+    parser.add_argument(
+        "--glibc-defaults",
+        action="store_true",
+        help="leave malloc as it is (by default freed memory is kept, as the dpfl command "
+        "does: dpfl.allocator; for all three alike)",
+    )
     args = parser.parse_args()
     sections = set(args.sections.split(","))
     torch.set_num_threads(args.threads)
+    kept = False if args.glibc_defaults else keep_freed_memory()
     warnings.filterwarnings("ignore")
     torch.manual_seed(0)
-    out: dict[str, float | int | str] = {"threads": args.threads, "repeats": args.repeats}
+    out: dict[str, float | int | str] = {
+        "threads": args.threads,
+        "repeats": args.repeats,
+        "freed_memory_kept": str(kept),
+    }
     if "noise" in sections:
         out |= _noise_figures(args.repeats)
     letters = set(args.cases.split(",")) if "steps" in sections else set()

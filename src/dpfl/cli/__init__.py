@@ -5,6 +5,7 @@ from __future__ import annotations
 import typer
 
 from dpfl import __version__
+from dpfl.allocator import keep_freed_memory
 from dpfl.cli import audit, demo, deploy, privacy, report, study
 
 app = typer.Typer(
@@ -38,3 +39,4 @@ def main(
     ),
 ) -> None:
     """Differentially private federated learning for medical data."""
+    keep_freed_memory()

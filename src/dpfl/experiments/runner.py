@@ -43,6 +43,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, Tim
 from rich.progress import Progress as Bar
 
 from dpfl import models, secure
+from dpfl.allocator import keep_freed_memory
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.config import Study, StudyConfig, ThresholdConfig
 from dpfl.experiments.datasets import build_silos
@@ -242,8 +243,10 @@ def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> st
 
 def worker_config(config: dict[str, Any]) -> StudyConfig:
     """In a worker process (local or on a Ray node): the point's config, shipped as JSON,
-    and one thread, since the workers take a core each."""
+    one thread, since the workers take a core each, and freed memory kept for reuse
+    (`dpfl.allocator`), as in the `dpfl` command's own process."""
     torch.set_num_threads(1)
+    keep_freed_memory()
     return StudyConfig.model_validate(config)
 
 
