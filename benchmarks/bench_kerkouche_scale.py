@@ -18,7 +18,7 @@ The machine's limit for one round, measured here in the same process: each of th
 round's hospitals × local steps draws one Gaussian value per parameter and writes each
 parameter once (an axpy), and the server adds the hospitals' updates and applies them
 (hospitals + 1 axpys). Its draws cost `torch.Tensor.normal_` seeded, and for secure
-noise the ChaCha20 keystream (16 bytes a value) plus the Box–Muller math of four normals
+noise the AES-256-CTR keystream (16 bytes a value) plus the Box–Muller math of four normals
 a value (`bench_local.py --sections noise`); `*_over_limit_ratio` is a round's time over
 that limit. Everything else a round does (gradients, batches, bookkeeping) is what the
 ratio's excess measures.

@@ -20,8 +20,8 @@ mode would hold 300 × 4.9M per-sample gradients.
 Noise (issue 18, `--sections noise`, about 15 s): one draw of the 4,926,201 float32
 values of case (b)'s MLP, into a preallocated buffer as DP-SGD draws it, by `SecureNoise`
 and `SeededNoise`, beside the parts that bound the secure draw from below, all measured
-in each repeat: `chacha20_gb_per_s`, the keystream (`update_into` of zeros into a reused
-buffer, in `SecureNoise`'s block size) producing the `keystream_bytes` a draw consumes
+in each repeat: `keystream_gb_per_s`, the keystream (AES-256-CTR, `update_into` of zeros
+into a reused buffer, in `SecureNoise`'s block size) producing the `keystream_bytes` a draw consumes
 (16 bytes a value: four uniforms of 32-bit words), in `keystream_s`; `box_muller_math_s`,
 torch's log, sqrt, cos and sin over the four Box–Muller draws' uniforms (the
 transcendental work any vectorised Box–Muller does), in place over block-sized buffers;
@@ -55,6 +55,7 @@ from dpfl.data.sampling import PoissonSampler
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import Loss, bce, cross_entropy
 from dpfl.local.noise import BLOCK_BYTES, NoiseSource, SecureNoise, SeededNoise
+from dpfl.local.noise import keystream as noise_keystream
 from dpfl.models import logistic_regression, mlp, small_cnn
 
 CONFIG = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.05)
@@ -274,10 +275,11 @@ class _SecureNoiseBefore(NoiseSource):
 
 
 def keystream(count: int) -> Callable[[], None]:
-    """A run of the ChaCha20 keystream that a secure draw of `count` float32 values
-    consumes (16 bytes a value), in `SecureNoise`'s block size, into a reused buffer."""
+    """A run of the keystream (`noise.keystream`, AES-256-CTR) that a secure draw of `count`
+    float32 values consumes (16 bytes a value), in `SecureNoise`'s block size, into a
+    reused buffer."""
     used_bytes = 8 * ((count + 1) // 2) * 4  # four terms × (radius, angle) × a 32-bit word
-    encryptor = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None).encryptor()
+    encryptor = noise_keystream(os.urandom(32), os.urandom(16))
     zeros, words = memoryview(bytes(BLOCK_BYTES)), memoryview(bytearray(BLOCK_BYTES))
 
     def run() -> None:
@@ -343,7 +345,7 @@ def _noise_figures(repeats: int, count: int = NOISE_VALUES) -> dict[str, float |
         s["limit"] = s["keystream"] + s["box_muller_math"]
         for key in ("keystream", "box_muller_math", "limit", *list(runs)[2:]):
             out_figures[f"noise.{key}{kind}_s"] = round(s[key], 4)
-        out_figures[f"noise.chacha20{kind}_gb_per_s"] = round(
+        out_figures[f"noise.keystream{kind}_gb_per_s"] = round(
             keystream_bytes / s["keystream"] / 1e9, 3
         )
         out_figures[f"noise.secure_over_seeded_noise_ratio{kind}"] = round(

@@ -10,7 +10,7 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import stats
 
 from dpfl.local import noise
@@ -50,13 +50,14 @@ def transform(raw: bytes, count: int, std: float, dtype: torch.dtype) -> torch.T
 
 
 def keystream(nbytes: int) -> bytes:
-    return Cipher(algorithms.ChaCha20(KEY, NONCE), mode=None).encryptor().update(bytes(nbytes))
+    """AES-256-CTR on the known key, computed here through `cryptography` directly."""
+    return Cipher(algorithms.AES(KEY), modes.CTR(NONCE)).encryptor().update(bytes(nbytes))
 
 
 def keyed() -> SecureNoise:
     """A `SecureNoise` on the known key: only tests may replay a keystream."""
     source = SecureNoise()
-    source._keystream = Cipher(algorithms.ChaCha20(KEY, NONCE), mode=None).encryptor()
+    source._keystream = noise.keystream(KEY, NONCE)
     return source
 
 

@@ -2,14 +2,14 @@
 
 Two sources, and the run records which one it used (`metadata()`):
 
-* `SecureNoise` (the default for deployment): uniform bits from a ChaCha20 keystream
-  keyed by the operating system's CSPRNG (`os.urandom`) — the construction behind
-  /dev/urandom itself — turned into normals by Box–Muller at the precision of the
-  requested dtype. A seeded PRNG such as Mersenne Twister or Philox can be predicted
-  from its outputs, and whoever predicts the noise can subtract it. Following Opacus'
-  secure mode (Holohan & Braghin 2021), each value is the sum of four normals of half
-  the standard deviation, which blunts floating-point attacks on the low bits of a
-  single Box–Muller draw.
+* `SecureNoise` (the default for deployment): uniform bits from an AES-256 keystream in
+  counter mode keyed by the operating system's CSPRNG (`os.urandom`) — the core of NIST
+  SP 800-90A's CTR_DRBG (`keystream`) — turned into normals by Box–Muller at the
+  precision of the requested dtype. A seeded PRNG such as Mersenne Twister or Philox
+  can be predicted from its outputs, and whoever predicts the noise can subtract it.
+  Following Opacus' secure mode (Holohan & Braghin 2021), each value is the sum of four
+  normals of half the standard deviation, which blunts floating-point attacks on the low
+  bits of a single Box–Muller draw.
 * `SeededNoise` (research mode): a seeded `torch.Generator`, so that runs repeat exactly
   and stacked trials can be compared with single ones. Not private against anyone who
   knows or guesses the seed.
@@ -17,13 +17,13 @@ Two sources, and the run records which one it used (`metadata()`):
 Cost (issue 18). A secure value takes 16 keystream bytes (four uniforms from 32-bit
 words; 32 bytes in float64) and four Box–Muller normals, so it cannot cost less than the
 keystream plus four times the log, sqrt, cos and sin of a seeded draw. Measured on one
-core of a busy 2-CPU machine (`benchmarks/bench_local.py --sections noise`: 4.9M
-float32 values, CPU seconds): ChaCha20 2.9 GB/s, so 0.027 s of keystream, about as
-long as the whole seeded draw (0.03 s); the math 0.06-0.07 s; limit 0.09-0.10 s.
-`SecureNoise` takes 0.13-0.15 s (1.5× that limit, 4.5-5× the seeded draw; 0.21-0.26 s
-before issue 18): it runs both block by block over buffers made once and small enough
-to stay in cache, in place (`BoxMuller4`), and straight into the caller's tensor
-(`normal_into`), so no draw allocates more than its result.
+core of a busy 2-CPU machine (`benchmarks/bench_local.py --sections noise`, 4.9M float32
+values): AES-256-CTR 6.4 GB/s with the CPU's AES instructions, so 0.012 s of keystream
+(ChaCha20, used before, 3.0 GB/s: 0.026 s), under half the whole seeded draw (0.028 s);
+the math 0.06 s; `SecureNoise` 0.09-0.11 s (0.11-0.12 s with ChaCha20, side by side;
+0.21-0.26 s before issue 18). It runs both block by block over buffers made once and
+small enough to stay in cache, in place (`BoxMuller4`), and straight into the caller's
+tensor (`normal_into`), so no draw allocates more than its result.
 """
 
 from __future__ import annotations
@@ -34,10 +34,10 @@ from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
-from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
+from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from torch import Tensor
 
-__all__ = ["BLOCK_BYTES", "BoxMuller4", "NoiseSource", "SecureNoise", "SeededNoise"]
+__all__ = ["BLOCK_BYTES", "BoxMuller4", "NoiseSource", "SecureNoise", "SeededNoise", "keystream"]
 
 # Keystream bytes per block of `SecureNoise`: a block's words, uniforms and sines stay in
 # cache between its ~20 vector ops, whose Python overhead (~0.1 ms a block) stays small
@@ -48,6 +48,14 @@ BLOCK_BYTES = 1 << 20
 # The word and the significand bits m of each working dtype: uniforms carry the working
 # dtype's full precision, read from the top m bits of a 32- or 64-bit keystream word.
 _WORDS = {torch.float32: (torch.int32, 24), torch.float64: (torch.int64, 53)}
+
+
+def keystream(key: bytes, counter: bytes) -> CipherContext:
+    """AES-256 in counter mode from a 32-byte key and a 16-byte initial counter block: the
+    encryptor whose output on zeros is `SecureNoise`'s keystream. Twice ChaCha20's rate
+    where the CPU has AES instructions (x86 AES-NI, Armv8 AES), and OpenSSL falls back to
+    constant-time code where it has none."""
+    return Cipher(algorithms.AES256(key), modes.CTR(counter)).encryptor()
 
 
 class NoiseSource(ABC):
@@ -138,8 +146,7 @@ class SecureNoise(NoiseSource):
     """Noise from a CSPRNG keyed by the operating system; cannot be replayed, by design."""
 
     def __init__(self) -> None:
-        cipher = Cipher(algorithms.ChaCha20(os.urandom(32), os.urandom(16)), mode=None)
-        self._keystream = cipher.encryptor()
+        self._keystream = keystream(os.urandom(32), os.urandom(16))
         self._zeros = memoryview(b"")  # what the keystream encrypts
         self._blocks: dict[torch.dtype, tuple[memoryview, BoxMuller4]] = {}
 
@@ -159,7 +166,7 @@ class SecureNoise(NoiseSource):
         return {
             "noise": "secure",
             "secure": True,
-            "source": "ChaCha20 keyed by os.urandom, Box-Muller, 4-sum",
+            "source": "AES-256-CTR keyed by os.urandom, Box-Muller, 4-sum",
         }
 
     def _fill(self, out: Tensor, std: float) -> None:
@@ -171,7 +178,7 @@ class SecureNoise(NoiseSource):
             if len(values) < full.count:  # a shorter last block: the same buffers
                 transform = BoxMuller4(full.words, len(values), out.dtype, full.sines.view(-1))
             used = transform.words.numel() * transform.words.element_size()
-            # the keystream: ChaCha20 of zeros, written over the block's words
+            # the keystream: AES-256-CTR of zeros, written over the block's words
             self._keystream.update_into(self._zeros[:used], raw[:used])
             transform(values, std)
 
