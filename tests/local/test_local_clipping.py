@@ -467,3 +467,15 @@ def test_one_member_of_logistic_regression_gives_the_bits_of_the_layer_rules(
         )
         assert torch.equal(norms, expected_norms)
         assert all(torch.equal(sums[k], expected[k]) for k in expected)
+
+
+def test_only_dense_inputs_to_models_without_convolutions_are_stacked() -> None:
+    """Members of a CNN run one by one (vmap would make its convolutions grouped and its
+    batches padded); MLPs and logistic regression share one stacked call."""
+    dense, sparse = torch.zeros(2, 7), torch.zeros(2, 7).to_sparse()
+    assert ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(dense)
+    assert ClippedGradientSum(logistic_regression(7), bce).stacks_members(dense)
+    assert ClippedGradientSum(_layernorm_mlp(), bce).stacks_members(dense)
+    assert not ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(sparse)
+    cnn = small_cnn(3, 8, 2, widths=(4,), groups=2)
+    assert not ClippedGradientSum(cnn, cross_entropy).stacks_members(torch.zeros(2, 3, 8, 8))

@@ -54,6 +54,15 @@ from dpfl.models import check_per_example
 
 Params = dict[str, Tensor]
 
+_CONVOLUTIONS = (
+    nn.Conv1d,
+    nn.Conv2d,
+    nn.Conv3d,
+    nn.ConvTranspose1d,
+    nn.ConvTranspose2d,
+    nn.ConvTranspose3d,
+)
+
 __all__ = ["ClippedGradientSum", "Params"]
 
 
@@ -132,16 +141,16 @@ class ClippedGradientSum:
 
     def stacks_members(self, x: Tensor) -> bool:
         """Whether members (silos, trials) training on inputs like `x` are best computed as
-        one `stacked` call rather than one by one: for dense inputs to models whose layers
-        with parameters are all `nn.Linear` (logistic regression, MLPs), whose small steps
-        are mostly per-call overhead that one call for all members shares. Elsewhere a
-        stack costs more than it saves: vmapped over members, convolutions become grouped
-        ones, and every batch must be padded to a fixed width (and a lone member twinned,
-        see `dpsgd._with_twin`) for a member's bits not to depend on its stack; the small
-        CNN's step took 3.2× as long for a lone member, 2.4× for six (issue 18)."""
-        if x.is_sparse or self._layers is None:
+        one `stacked` call rather than one by one: yes for dense inputs to models without
+        convolutions (logistic regression, MLPs), whose small steps are mostly per-call
+        overhead that one call for all members shares. Not for convolutions: vmapped over
+        members they become grouped ones, and a stack must pad every batch to a fixed width
+        (and twin a lone member, see `dpsgd._with_twin`) for a member's bits not to depend
+        on its stack; the small CNN's step took 3.2× as long stacked for a lone member, 2.4×
+        for six (issue 18)."""
+        if x.is_sparse:
             return False
-        return all(isinstance(m, nn.Linear) for _, m in self._layers if list(m.parameters()))
+        return not any(isinstance(m, _CONVOLUTIONS) for m in self.model.modules())
 
     def column_major(self, x: Tensor) -> list[str]:
         """The weights that are best held column-major (`Tensor.t()` contiguous) while
