@@ -182,8 +182,10 @@ class DPSGD:
         velocity: Params | None = None,
     ) -> StackedResult:
         """Members (silos or trials) stacked on axis 0 of `params`, each with its own data,
-        sampler and noise; one `vmap`ped computation per step. Each member draws its batch
-        and noise exactly as a single `run` with the same sampler and noise would."""
+        sampler and noise; one `vmap`ped computation per step, or for convolutional models
+        one per member (`ClippedGradientSum.stacks_members`). Each member draws its batch
+        and noise exactly as a single `run` with the same sampler and noise would, and gets
+        the same bits."""
         members = len(datasets)
         if not members == len(samplers) == len(noises) == next(iter(params.values())).shape[0]:
             raise ValueError("need one dataset, sampler and noise source per stacked member")
