@@ -405,8 +405,10 @@ def main() -> None:
         for run in runners.values():
             run()  # warm-up
         seconds: dict[str, list[float]] = {k: [] for k in runners}
-        for _ in range(args.repeats):
-            for key, run in runners.items():
+        order = list(runners.items())
+        for repeat in range(args.repeats):  # each runner first in turn: no fixed neighbour
+            turn = repeat % len(order)
+            for key, run in order[turn:] + order[:turn]:
                 seconds[key].append(_time(run))
         rate = {k: 1.0 / statistics.median(v) for k, v in seconds.items()}
         for key, value in rate.items():
