@@ -2,7 +2,7 @@
 
 PLD (privacy loss distributions, pessimistic discretisation) is the default wherever
 it can analyse the event, because it is tighter; RDP analyses everything dpfl emits.
-Four things are ours on top of `dp_accounting`:
+Five things are ours on top of `dp_accounting`:
 
 * (ε, δ) events (`ApproximateDpEvent`) are pulled out of the composition tree and added
   by basic composition: ε(δ) = ε_acc(δ - Σδ_i) + Σε_i, with ε_acc from the accountant
@@ -16,6 +16,9 @@ Four things are ours on top of `dp_accounting`:
   σ = 1 would need tens of GB. A PLD that would pass `PLD_MAX_POINTS` is never built:
   the default accountant answers with RDP instead (its cost does not depend on the
   number of steps) and says so; an explicit request for PLD is refused.
+* The step DP-SGD repeats, a Poisson-sampled Gaussian, is analysed by
+  `sampled_gaussian`: `dp_accounting`'s formulas evaluated on arrays, 10-25× faster and
+  equal to the bit.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from dp_accounting.privacy_accountant import (
 )
 from scipy import special, stats
 
+from dpfl.privacy import sampled_gaussian
 from dpfl.privacy.errors import PrivacyParameterError, UnsupportedAccountingError
 from dpfl.privacy.events import (
     ApproximateDpEvent,
@@ -63,8 +67,10 @@ is small enough for the total to stay small is below double precision in RDP's f
 and rounding, added up over the steps, would show in ε."""
 
 PLD_MAX_SAMPLED_STEP_POINTS = 2**18
-"""Most grid points of one Poisson-sampled step's PLD. `dp_accounting` builds it point by
-point in Python (about 10 µs a point), so this bounds its time to seconds."""
+"""Most grid points of one Poisson-sampled step's PLD, whose construction is the slowest
+part of PLD accounting: about 1 µs a point (`sampled_gaussian.Loss`), 10 µs under
+replace-one, which `dp_accounting` builds point by point in Python. It bounds a step's
+construction to seconds."""
 
 _CACHED_STEP_POINTS = 2**18
 """One-step PLDs up to this size are cached (`_StepCache`, 1 GiB of them at most)."""
@@ -140,7 +146,8 @@ def _count(points: float) -> str:
 
 class _RdpAccountant(rdp.RdpAccountant):  # type: ignore[misc]
     """`dp_accounting`'s RDP accountant that also understands client-sampled rounds and
-    node-level steps."""
+    node-level steps, and computes a Poisson-sampled Gaussian step on arrays
+    (`sampled_gaussian.rdp`)."""
 
     def _maybe_compose(
         self, event: dpe.DpEvent, count: int, do_compose: bool
@@ -148,6 +155,12 @@ class _RdpAccountant(rdp.RdpAccountant):  # type: ignore[misc]
         if isinstance(event, NodeSampledGaussianDpEvent):
             if do_compose:
                 self._rdp += count * node_rdp(np.asarray(self._orders, dtype=float), event)
+            return None
+        if _is_sampled_gaussian(event) and self.neighboring_relation in _SAMPLED_RELATIONS:
+            if do_compose:
+                sigma = event.event.noise_multiplier
+                q = event.sampling_probability
+                self._rdp += count * sampled_gaussian.rdp(q, sigma, self._orders)
             return None
         if not isinstance(event, ClientSampledDpEvent):
             return super()._maybe_compose(event, count, do_compose)
@@ -162,6 +175,10 @@ class _RdpAccountant(rdp.RdpAccountant):  # type: ignore[misc]
             mixed = np.logaddexp(np.log1p(-rate), np.log(rate) + (orders - 1) * inner._rdp)
             self._rdp += count * mixed / (orders - 1)
         return error
+
+
+_SAMPLED_RELATIONS = (NeighboringRelation.ADD_OR_REMOVE_ONE, NeighboringRelation.REPLACE_SPECIAL)
+"""The relations under which `dp_accounting` analyses a Poisson-sampled Gaussian by RDP."""
 
 
 def node_rdp(orders: np.ndarray, event: NodeSampledGaussianDpEvent) -> np.ndarray:
@@ -208,8 +225,9 @@ def _appearance_log_pmf(event: NodeSampledGaussianDpEvent) -> np.ndarray:
 
 class _PldAccountant(pld.PLDAccountant):  # type: ignore[misc]
     """`dp_accounting`'s PLD accountant that refuses a PLD past the size limits before
-    building it, and also understands client-sampled rounds: their PLD is the exact
-    mixture C·PLD(round) + (1 - C)·identity (the ⊥ branch loses 0)."""
+    building it, builds a Poisson-sampled Gaussian step on arrays (`sampled_gaussian.Loss`),
+    and also understands client-sampled rounds: their PLD is the exact mixture
+    C·PLD(round) + (1 - C)·identity (the ⊥ branch loses 0)."""
 
     _pld: privacy_loss_distribution.PrivacyLossDistribution
     _contains_non_dp_event: bool
@@ -354,14 +372,24 @@ def _grid_points(loss: Any, interval: float) -> float:
 def _gaussian_pld(
     sigma: float, rate: float, relation: NeighboringRelation, interval: float
 ) -> privacy_loss_distribution.PrivacyLossDistribution:
-    return _dense(
-        privacy_loss_distribution.from_gaussian_mechanism(
-            standard_deviation=sigma,
-            value_discretization_interval=interval,
-            sampling_prob=rate,
-            neighboring_relation=relation,
+    if rate == 1.0 or relation is NeighboringRelation.REPLACE_ONE:
+        return _dense(
+            privacy_loss_distribution.from_gaussian_mechanism(
+                standard_deviation=sigma,
+                value_discretization_interval=interval,
+                sampling_prob=rate,
+                neighboring_relation=relation,
+            )
         )
+    remove, add = (
+        privacy_loss_distribution._create_pld_pmf_from_monotone_privacy_loss(
+            sampled_gaussian.Loss(sigma, sampling_prob=rate, adjacency_type=adjacency),
+            value_discretization_interval=interval,
+            use_connect_dots=True,
+        )
+        for adjacency in (sampled_gaussian.REMOVE, sampled_gaussian.ADD)
     )
+    return _dense(privacy_loss_distribution.PrivacyLossDistribution(remove, add))
 
 
 class _StepCache:
