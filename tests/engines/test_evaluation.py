@@ -144,3 +144,23 @@ def test_cross_silo_scoring_is_opt_in_and_changes_nothing_else(tmp_path) -> None
         for key, value in params.items():
             assert torch.equal(value, crossed.silo_models[name][key])
     assert all(not math.isnan(r["metrics"]["accuracy"]) for r in crossed.cross_silo)
+
+
+def test_sparse_inputs_are_scored_with_the_same_bits_faster_layout() -> None:
+    """`outputs` holds the first weight column-major for a sparse input: the values are
+    those of the plain call, bit for bit, and the caller's parameters are left as they
+    were (row-major)."""
+    from torch.func import functional_call
+
+    from dpfl.engines.evaluation import outputs
+
+    torch.manual_seed(0)
+    x = ((torch.rand(64, 500) < 0.02).float() * torch.rand(64, 500)).to_sparse()
+    for model in (
+        torch.nn.Linear(500, 1),
+        torch.nn.Sequential(torch.nn.Linear(500, 16), torch.nn.ReLU(), torch.nn.Linear(16, 1)),
+    ):
+        params = {k: v.detach() for k, v in model.named_parameters()}
+        expected = functional_call(model, params, (x,))
+        assert torch.equal(outputs(model, params, x), expected)
+        assert all(v.is_contiguous() for v in params.values())
