@@ -12,7 +12,7 @@ from scipy import stats
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler, ShuffledSampler
-from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, _column_major_copy, parameters_of, stack
 from dpfl.local.losses import bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
@@ -343,3 +343,14 @@ def test_a_run_on_one_thread_gives_the_models_of_a_run_on_several() -> None:
 
     one, two = run(1), run(2)
     assert all(torch.equal(one[k], two[k]) for k in one)
+
+
+@pytest.mark.parametrize("shape", [(600, 7), (2, 513, 3), (1, 5, 256)])
+def test_column_major_copy_holds_the_same_values_in_the_other_layout(
+    shape: tuple[int, ...],
+) -> None:
+    """Copied by blocks of 256 rows, a last block shorter, stacked members or not."""
+    value = torch.randn(shape, generator=torch.Generator().manual_seed(0))
+    copy = _column_major_copy(value)
+    assert torch.equal(copy, value)
+    assert copy.mT.is_contiguous() and copy.data_ptr() != value.data_ptr()
