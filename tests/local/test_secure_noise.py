@@ -105,11 +105,12 @@ def test_secure_noise_is_the_transform_of_its_keystream_block_by_block(
 ) -> None:
     """Draws of up to P = BLOCK_BYTES/(8·word) output pairs are one block; longer ones
     are blocks of 2P values, the last shorter, each from the next keystream words; draw
-    after draw the stream goes on."""
+    after draw the stream goes on. A shorter last block's transform is kept for the next
+    draw of its length, and not once its block has grown (5 → 2P → 5)."""
     monkeypatch.setattr(noise, "BLOCK_BYTES", 64 * 37)
     size, _ = WORD[dtype]
     pairs = noise.BLOCK_BYTES // (8 * size)
-    counts = [1001, 5, 2 * pairs, 2 * pairs + 1, 1]
+    counts = [5, 2 * pairs, 5, 5, 1001, 1001, 2 * pairs + 1, 2 * pairs + 1, 1]
     stream = keystream(sum(8 * ((c + 1) // 2) * size for c in counts) + 64 * 37)
     source, offset = keyed(), 0
     for count in counts:
