@@ -12,7 +12,8 @@ from scipy import stats
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler, ShuffledSampler
-from dpfl.local.dpsgd import DPSGD, DPSGDConfig, _column_major_copy, parameters_of, stack
+from dpfl.local.clipping import column_major_copy
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
@@ -351,6 +352,6 @@ def test_column_major_copy_holds_the_same_values_in_the_other_layout(
 ) -> None:
     """Copied by blocks of 256 rows, a last block shorter, stacked members or not."""
     value = torch.randn(shape, generator=torch.Generator().manual_seed(0))
-    copy = _column_major_copy(value)
+    copy = column_major_copy(value)
     assert torch.equal(copy, value)
     assert copy.mT.is_contiguous() and copy.data_ptr() != value.data_ptr()

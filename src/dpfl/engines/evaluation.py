@@ -19,7 +19,7 @@ from dpfl.federation.metrics import classification_metrics
 from dpfl.federation.silo import Silo
 from dpfl.federation.survival_metrics import survival_metrics
 from dpfl.federation.threshold import FIXED, BalancedThreshold
-from dpfl.local.clipping import Params
+from dpfl.local.clipping import Params, column_major_copy, column_major_weights
 from dpfl.local.losses import Loss, time_cuts
 from dpfl.local.noise import NoiseSource
 
@@ -41,16 +41,11 @@ def scores(model: nn.Module, params: Params, x: Tensor) -> np.ndarray:
 
 
 def outputs(model: nn.Module, params: Params, x: Tensor) -> Tensor:
-    """The model's outputs on `x`. A sparse `x` meets the first `nn.Linear` weight held
-    column-major, so that the sparse product reads contiguous rows, as in training
-    (`ClippedGradientSum.column_major`): the same bits, 7× faster for Kerkouche's
-    24,428 × 200 weight (its balanced threshold scores 1.22M training records)."""
-    if x.is_sparse:
-        first = next((n for n, m in model.named_modules() if isinstance(m, nn.Linear)), None)
-        weight = "weight" if first == "" else f"{first}.weight"
-        if first is not None and weight in params:
-            params = {**params, weight: params[weight].mT.contiguous().mT}
-    result: Tensor = functional_call(model, params, (x,))
+    """The model's outputs on `x`, a sparse input meeting its first weight held
+    column-major as in training (`column_major_weights`): the same bits, 7× faster for
+    Kerkouche's weight (its balanced threshold scores 1.22M training records)."""
+    held = {k: column_major_copy(params[k]) for k in column_major_weights(model, x)}
+    result: Tensor = functional_call(model, {**params, **held}, (x,))
     return result
 
 
