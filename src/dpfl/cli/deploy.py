@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -21,6 +20,7 @@ from typing import Annotated
 import typer
 from rich.markup import escape
 
+from . import processes
 from .common import errors, reported_errors
 
 app = typer.Typer(
@@ -59,9 +59,10 @@ heartbeats (60 s in Flower 1.42), and until then its node cannot be activated ag
 
 
 def _run(command: list[str], env: dict[str, str] | None = None) -> int:
-    """Run one of Flower's commands, shown first; its exit status."""
+    """Run one of Flower's commands, shown first; its exit status. SIGTERM or Ctrl-C
+    stops it with every process it started (`processes.run`)."""
     typer.echo(shlex.join(command), err=True)
-    return subprocess.run(command, env=env, check=False).returncode
+    return processes.run(command, env=env)
 
 
 def _run_supernode(command: list[str]) -> None:
