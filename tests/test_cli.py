@@ -266,6 +266,23 @@ def test_a_config_that_would_fail_inside_a_run_is_refused_before_it_starts(tmp_p
     assert "Traceback" not in result.output and not (tmp_path / "o").exists()
 
 
+@pytest.mark.parametrize("cell", ["abc", "nan"])
+def test_a_data_cell_that_is_not_a_number_is_one_line_without_a_traceback(
+    tmp_path: Path, cell: str
+) -> None:
+    data = tmp_path / "heart"
+    data.mkdir()
+    (data / "processed.cleveland.data").write_text(
+        f"{cell},1.0,1.0,145.0,233.0,1.0,2.0,150.0,0.0,2.3,3.0,0.0,6.0,0\n"
+    )
+    text = STUDY.replace('"breast_cancer"', f'"heart_disease"\npath = "{data}"')
+    result = _run(tmp_path, text, "o")
+    assert result.exit_code == 1
+    said = "processed.cleveland.data, line 1, column 'age': "
+    assert said in _flat(result.output) and f"'{cell}'" in _flat(result.output)
+    assert "Traceback" not in result.output
+
+
 def test_a_refusal_speaks_the_study_files_terms(tmp_path: Path) -> None:
     text = STUDY.replace("noise_multiplier = 1.0", "noise_multiplier = 0.5\nepsilon = 0.1")
     result = _run(tmp_path, text, "o")

@@ -157,3 +157,19 @@ def test_header_only_csv_and_empty_diabetes_table_are_named(tmp_path: Path) -> N
         archive.writestr(tabular.DIABETES_MEMBER, "")
     with pytest.raises(DataFormatError, match=r"diabetic_data\.csv: no encounters"):
         tabular.diabetes130(tmp_path)
+
+
+@pytest.mark.parametrize("cell", ["abc", "nan", "inf"])
+def test_diabetes130_a_cell_that_is_not_a_number_is_named(tmp_path: Path, cell: str) -> None:
+    """numpy reads "nan" as a number: the loader refuses it as `parse_float` does."""
+    header = "encounter_id,patient_nbr,age,readmitted," + ",".join(
+        [*tabular.DIABETES_NUMERIC, *tabular.DIABETES_CATEGORIES]
+    )
+    n_other = len(tabular.DIABETES_NUMERIC) + len(tabular.DIABETES_CATEGORIES)
+    good = "1,10,[50-60),NO," + ",".join(["1"] * n_other)
+    bad = "2,11,[50-60),NO," + ",".join([cell] + ["1"] * (n_other - 1))
+    with zipfile.ZipFile(tmp_path / "dataset_diabetes.zip", "w") as archive:
+        archive.writestr(tabular.DIABETES_MEMBER, "\n".join([header, good, bad]) + "\n")
+    first = tabular.DIABETES_NUMERIC[0]
+    with pytest.raises(DataFormatError, match=rf"line 3, column '{first}': .*'{cell}'"):
+        tabular.diabetes130(tmp_path)

@@ -418,9 +418,13 @@ def _check_values(
 
 
 def _parse_column(values: np.ndarray, path: Path, name: str, lines: np.ndarray) -> np.ndarray:
+    """A column of numbers, or an error naming its first bad cell: numpy reads "nan" and
+    "inf" as numbers, `parse_float` refuses them."""
     try:
-        return values.astype(np.float32)
+        parsed = values.astype(np.float32)
     except ValueError:
-        for text, line in zip(values, lines, strict=True):
-            parse_float(str(text), path, int(line), name)
-        raise
+        cells = zip(values, lines, strict=True)
+        parsed = np.asarray([parse_float(str(t), path, int(n), name) for t, n in cells])
+    for at in np.flatnonzero(~np.isfinite(parsed)):
+        parse_float(str(values[at]), path, int(lines[at]), name)
+    return parsed

@@ -44,6 +44,7 @@ from rich.progress import Progress as Bar
 
 from dpfl import models, secure
 from dpfl.allocator import keep_freed_memory
+from dpfl.data.dataset import DataFormatError
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.config import Study, StudyConfig, ThresholdConfig
 from dpfl.experiments.datasets import build_silos
@@ -283,6 +284,8 @@ def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
         return _results(config, key, result, ledger_file, time.perf_counter() - started)
     except (KeyboardInterrupt, SystemExit):
         raise  # left 'running': a restart resumes it from its checkpoint
+    except DataFormatError as exc:  # bad input: the message names file, line and column
+        return PointFailure(f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         return PointFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
 
