@@ -34,7 +34,10 @@ def test_regions_are_silos_charged_node_level_steps(tmp_path: Path) -> None:
     sheet = run.datasheet
     assert sheet["unit"].startswith("one person with all their contacts (node-level)")
     assert set(sheet["silos"]) == {"region0", "region1", "region2"}
-    assert all("node-level(≤4 rows a person)" in e for e in sheet["silos"]["region2"]["events"])
+    assert all(
+        "node-level(≤4 rows a person, 7 per replacement)" in e
+        for e in sheet["silos"]["region2"]["events"]
+    )
     with ResultsStore(tmp_path / STORE) as store:
         with Ledger(store.ledger_of(run), create=False) as book:
             budget = book.budget(account("region0", 0))

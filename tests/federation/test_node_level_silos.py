@@ -98,16 +98,18 @@ def test_calibration_reaches_the_budget_through_the_node_level_bound() -> None:
     assert result.noise_multiplier > 3 * record_level
 
 
-def test_a_persons_rows_in_a_batch_are_binomial() -> None:
-    """The declared event assumes a person's S rows join a batch independently at q:
-    count, over many batches, how many of one person's rows were drawn."""
+def test_the_rows_a_replacement_changes_are_binomial_in_a_batch() -> None:
+    """The declared event assumes the 2S − 1 rows that replacing a person changes join a
+    batch independently at q: count, over many batches, how many of them were drawn."""
     sampler = PoissonSampler(
         1000, 0.2, np.random.default_rng(3), public_size=1000, appearances=APPEARANCES
     )
-    rows = np.array([5, 77, 400, 999])  # the person's APPEARANCES rows
+    rows = np.array([5, 77, 400, 401, 650, 998, 999])  # 2S − 1 rows
+    assert len(rows) == events.replacement_rows(APPEARANCES)
     counts = np.array([np.isin(rows, sampler.sample()).sum() for _ in range(4000)])
-    observed = np.bincount(counts, minlength=APPEARANCES + 1)
-    expected = 4000 * stats.binom.pmf(np.arange(APPEARANCES + 1), APPEARANCES, 0.2)
+    observed = np.bincount(np.minimum(counts, 4), minlength=5)  # 4 or more: one cell
+    pmf = stats.binom.pmf(np.arange(4), len(rows), 0.2)
+    expected = 4000 * np.append(pmf, 1 - pmf.sum())
     assert stats.chisquare(observed, expected).pvalue > 1e-3
 
 
@@ -119,7 +121,7 @@ def test_mrmtl_and_the_pooled_reference_charge_node_level_steps() -> None:
     assert event.neighbouring is Neighbouring.REPLACE_ONE
     pooled = Centralized(model=logistic_regression(5), loss=bce, dpsgd=CONFIG)
     event = pooled.participation_event(silos[0].info, [s.info for s in silos])
-    assert "node-level(≤4 rows a person)" in event.describe()
+    assert "node-level(≤4 rows a person, 7 per replacement)" in event.describe()
 
 
 @pytest.mark.parametrize("kind", ["fedsgd_secure", "aop"])

@@ -1,6 +1,7 @@
 """The balanced threshold: exact histograms, the noise its event declares, the
-sensitivity of one record (or person), and a choice that is the best balanced accuracy
-the bins can tell (checked against scikit-learn over every candidate)."""
+sensitivity of one record (or of one person replaced in a pruned contact graph), and a
+choice that is the best balanced accuracy the bins can tell (checked against
+scikit-learn over every candidate)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 from scipy import stats
 from sklearn.metrics import balanced_accuracy_score
 
+from dpfl.data.pandemic import Population, pandemic_dataset
 from dpfl.federation.silo import SiloInfo
 from dpfl.federation.threshold import FIXED, BalancedThreshold, sensitivity
 from dpfl.local.noise import SeededNoise
@@ -46,22 +48,65 @@ def test_one_more_record_moves_one_count_by_one() -> None:
     assert np.linalg.norm(after - before) == 1.0
 
 
-def test_sensitivity_of_a_person_in_several_records_is_the_worst_replacement() -> None:
-    """Replacing a person of S = 3 records, all in one bin, by one whose 3 records sit in
-    another: the histogram moves by √2·3, which the node-level event is scaled to."""
+def _graph(s: int, replaced: bool) -> Population:
+    """A region already pruned for S = `s` (nobody has more than S − 1 contacts), and the
+    neighbouring one where person 0 is replaced. Before: person 0 (aged 20) with contacts
+    1..S − 1 (aged 20). After: person 0 (aged 70) with contacts S..2S − 2 (aged 70) instead.
+    Two more people, a contact of each other, are the same in both. Nobody is infected."""
+    n, days = 2 * s + 1, 63
+    partners = np.arange(s, 2 * s - 1) if replaced else np.arange(1, s)
+    a = np.append(np.zeros(s - 1, dtype=np.int32), 2 * s - 1)
+    b = np.append(partners.astype(np.int32), 2 * s)
+    age = np.full(n, 40, dtype=np.uint8)
+    age[1:s], age[s : 2 * s - 1], age[0] = 20, 70, 70 if replaced else 20
+    return Population(
+        age=age,
+        female=np.zeros(n, dtype=bool),
+        household=np.arange(n, dtype=np.int32),
+        household_size=np.ones(n, dtype=np.uint8),
+        activities=np.zeros((n, 4), dtype=bool),
+        region=np.zeros(n, dtype=np.int16),
+        region_names=("region0",),
+        contact_a=a,
+        contact_b=b,
+        contact_kind=np.ones(len(a), dtype=np.int8),
+        contact_hours=np.full(len(a), 8.0, dtype=np.float32),
+        states=np.zeros((n, days), dtype=np.int8),
+        infection_day=np.full(n, -1, dtype=np.int16),
+        recovery_day=np.full(n, -1, dtype=np.int16),
+        asymptomatic=np.zeros(n, dtype=bool),
+        seed=0,
+        transmission=1.0,
+    )
+
+
+@pytest.mark.parametrize("s", [2, 3, 5])
+def test_a_replacement_in_a_pruned_graph_moves_the_histogram_by_the_sensitivity(s: int) -> None:
+    """Replacing person 0 changes 2S − 1 training rows: theirs, their old contacts' (who
+    lose them), their new contacts' (who gain them). A scorer that puts each of those
+    rows in the low bin before and the high bin after (high iff "has a contact" agrees
+    with "aged 50 or more") moves the histogram by √2·(2S − 1), more than the √2·S
+    charged before, and exactly the sensitivity the event is scaled to."""
     cut = BalancedThreshold(bins=4, logit_range=2.0)
-    rest_p, rest_y = _scores(200, 1)
-    old = cut.counts(np.append(rest_p, [0.01] * 3), np.append(rest_y, [0] * 3))
-    new = cut.counts(np.append(rest_p, [0.99] * 3), np.append(rest_y, [1] * 3))
-    person = SiloInfo("h", 1000, appearances=3)
-    assert np.linalg.norm(new - old) == pytest.approx(sensitivity(person))
+    hists, rows = [], []
+    for replaced in (False, True):
+        data = pandemic_dataset(_graph(s, replaced), max_appearances=s, seed=0)
+        train = data.split == "train"
+        x = np.asarray(data.features)[train]
+        rows.append(x)
+        old, contact = x[:, 0] >= 0.5, x[:, data.feature_names.index("n1.present")] > 0
+        hists.append(cut.counts(np.where(old == contact, 0.99, 0.01), data.labels[train]))
+    assert int((rows[0] != rows[1]).any(axis=1).sum()) == 2 * s - 1
+    person = SiloInfo("h", 2 * s + 1, appearances=s)
+    assert np.linalg.norm(hists[1] - hists[0]) == pytest.approx(sensitivity(person))
+    assert sensitivity(person) == pytest.approx(math.sqrt(2) * (2 * s - 1))
     assert sensitivity(SiloInfo("h", 1000)) == 1.0
     event = cut.event(person)
     assert event.neighbouring is Neighbouring.REPLACE_ONE
     assert (
         event.to_json()
         == events.gaussian(
-            cut.noise / (3 * math.sqrt(2)), neighbouring=Neighbouring.REPLACE_ONE
+            cut.noise / ((2 * s - 1) * math.sqrt(2)), neighbouring=Neighbouring.REPLACE_ONE
         ).to_json()
     )
     assert cut.event(SiloInfo("h", 1000)).to_json() == events.gaussian(cut.noise).to_json()

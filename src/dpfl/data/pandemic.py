@@ -46,11 +46,13 @@ first. The within-region graph is then pruned deterministically: each person ord
 their contacts by a fixed public hash of the unordered pair, and a contact is kept iff
 it is among the first S - 1 of both endpoints. So everyone keeps at most S - 1
 neighbours and, the graph being undirected, appears in at most S rows (their own and
-S - 1 others): `Dataset.appearances` = S, for the node-level accountant. The guarantee
-is node-level *with respect to the pruned graph*, as in the seed: the pruning reads the
-private graph and is not analysed for stability (replacing one person can change which
-other contacts survive, and so other people's rows); this is declared in the dataset's
-preprocessing notes as outside ε.
+S - 1 others): `Dataset.appearances` = S, for the node-level accountant, which charges
+the 2S - 1 rows that replacing a person changes (theirs, those of the S - 1 who kept
+them, those of the S - 1 who keep their replacement: `events.replacement_rows`). The
+guarantee is node-level *with respect to the pruned graph*, as in the seed: the pruning
+reads the private graph and is not analysed for stability (replacing one person can
+change which other contacts survive, and so other people's rows); this is declared in
+the dataset's preprocessing notes as outside ε.
 
 Rows and features: a row is a person's neighbourhood over one observation window:
 their own block (`INDIVIDUAL_FEATURES`) then S - 1 neighbour slots (`CONTACT_FEATURES`,

@@ -52,7 +52,8 @@ class PoissonSampler(BatchSampler):
 
     Where one person can be in up to S = `appearances` records (their neighbourhood and
     S − 1 others' in a pruned contact graph), each step is a node-level event instead:
-    the person's records in a batch are Binomial(S, q) (`events.node_gaussian`).
+    replacing the person changes up to 2S − 1 records, of which a batch holds
+    Binomial(2S − 1, q) (`events.node_gaussian`, which derives 2S − 1 from S).
     """
 
     sensitivity_in_clip_norms = 1.0

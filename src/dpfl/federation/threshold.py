@@ -11,8 +11,9 @@ sums the hospitals' histograms and takes the bin edge that maximises TPR − FPR
 sum, which is the threshold of the best balanced accuracy the histograms can tell.
 
 One record is in one bin of one class: adding or removing it moves one count by 1, so
-the release is a Gaussian mechanism of L2 sensitivity 1 (√2·S when one person, in up to
-S records, is replaced: `sensitivity`), charged to the hospital's ledger like any step.
+the release is a Gaussian mechanism of L2 sensitivity 1 (√2·(2S − 1) when one person,
+in up to S records, is replaced: that changes up to 2S − 1 records; `sensitivity`),
+charged to the hospital's ledger like any step.
 Everything after the noise (clamping, summing, choosing) is post-processing.
 """
 
@@ -101,8 +102,9 @@ class BalancedThreshold:
 
 def sensitivity(silo: SiloInfo) -> float:
     """L2 change of a histogram when one unit of privacy changes: add/remove one record
-    moves one count by 1; replacing a person in S records moves S counts out of one bin
-    into another, √2·S at worst."""
+    moves one count by 1; replacing a person in up to S records changes up to 2S − 1
+    records (`events.replacement_rows`), each of which can leave one bin (of its class)
+    for another: all out of the same bin into the same other, √2·(2S − 1) at worst."""
     if silo.neighbouring is Neighbouring.ADD_REMOVE:
         return float(silo.appearances)
-    return math.sqrt(2.0) * silo.appearances
+    return math.sqrt(2.0) * events.replacement_rows(silo.appearances)

@@ -10,7 +10,8 @@ Five things are ours on top of `dp_accounting`:
 * `ClientSampledDpEvent` is analysed exactly as the mixture described in
   `events.client_sampled`, under both PLD and RDP.
 * Node-level steps (`NodeSampledGaussianDpEvent`) by RDP, with the bound derived in
-  `events.node_gaussian`; PLD does not analyse them.
+  `events.node_gaussian` over the 2S − 1 rows a replacement changes; PLD does not
+  analyse them.
 * PLDs have a size limit. Their grid grows with 1/σ² and, through the Chernoff tail
   bounds of self-composition, linearly with the number of steps: 10⁹ steps at q = 0.01,
   σ = 1 would need tens of GB. A PLD that would pass `PLD_MAX_POINTS` is never built:
@@ -183,43 +184,48 @@ _SAMPLED_RELATIONS = (NeighboringRelation.ADD_OR_REMOVE_ONE, NeighboringRelation
 
 def node_rdp(orders: np.ndarray, event: NodeSampledGaussianDpEvent) -> np.ndarray:
     """Rényi divergence of one node-level step at each order α:
-    ln E_ρ[exp(α(α − 1)·2ρ²/σ²)] / (α − 1), ρ the person's rows in the batch."""
-    rows = np.arange(event.appearances + 1, dtype=float)
-    log_pmf = _appearance_log_pmf(event)
+    ln E_ρ[exp(α(α − 1)·2ρ²/σ²)] / (α − 1), ρ the batch's rows among the 2S − 1 that
+    replacing the person changes (`events.replacement_rows`)."""
+    rows = np.arange(event.changed_rows + 1, dtype=float)
+    log_pmf = _changed_rows_log_pmf(event)
     alpha = orders[:, None]
     shift = alpha * (alpha - 1) * 2.0 * rows**2 / event.noise_multiplier**2
     moment = special.logsumexp(log_pmf + shift, axis=1)
     # where the moment is near 1 (small orders, small q) its logarithm is far smaller
-    # than the terms summed: log1p(Σ p·expm1) keeps its relative precision
-    with np.errstate(over="ignore", invalid="ignore"):
-        near_one = np.log1p(np.sum(np.exp(log_pmf) * np.expm1(shift), axis=1))
+    # than the terms summed: log1p(Σ p·expm1) keeps its relative precision. Each term is
+    # exp(ln p + ln expm1(shift)), never p·expm1(shift): a row count whose p underflows
+    # to 0 while expm1 overflows would give 0·∞ = NaN, and a NaN order made ε read 0.
+    with np.errstate(divide="ignore", over="ignore"):  # overflow: orders not near one
+        log_expm1 = shift + np.log(-np.expm1(-shift))  # −∞ at shift 0
+        near_one = np.log1p(np.sum(np.exp(log_pmf + log_expm1), axis=1))
     result: np.ndarray = np.where(moment < 1.0, near_one, moment) / (orders - 1)
     return result
 
 
-def _appearance_log_pmf(event: NodeSampledGaussianDpEvent) -> np.ndarray:
-    """log P(ρ = k), k = 0..S: Binomial(S, q) or Hypergeometric(n, S, b), from log P(0)
-    by the ratio of consecutive terms (scipy's betaln-based log-pmf loses 1e-5 of ρ = 0's
-    mass at n = 2.6M, enough to move a small RDP value)."""
-    s = event.appearances
-    k = np.arange(s, dtype=float)
+def _changed_rows_log_pmf(event: NodeSampledGaussianDpEvent) -> np.ndarray:
+    """log P(ρ = k), k = 0..R, R = 2S − 1 changed rows: Binomial(R, q) or
+    Hypergeometric(n, R, b), from log P(0) by the ratio of consecutive terms (scipy's
+    betaln-based log-pmf loses 1e-5 of ρ = 0's mass at n = 2.6M, enough to move a small
+    RDP value)."""
+    r = event.changed_rows
+    k = np.arange(r, dtype=float)
     if event.sampling_probability is not None:
         q = event.sampling_probability
         if q == 1.0:
-            return np.where(np.arange(s + 1) == s, 0.0, -np.inf)
-        first = s * math.log1p(-q)
-        ratios = np.log(s - k) - np.log(k + 1) + math.log(q) - math.log1p(-q)
+            return np.where(np.arange(r + 1) == r, 0.0, -np.inf)
+        first = r * math.log1p(-q)
+        ratios = np.log(r - k) - np.log(k + 1) + math.log(q) - math.log1p(-q)
     else:
         n, b = event.dataset_size, event.batch_size
         assert n is not None and b is not None  # validated with the event
-        if b > n - s:  # every batch holds some of the person's rows: start from the least
-            low = b - (n - s)
-            log_pmf = stats.hypergeom.logpmf(np.arange(s + 1), n, s, b)
+        if b > n - r:  # every batch holds some of the changed rows: start from the least
+            low = b - (n - r)
+            log_pmf = stats.hypergeom.logpmf(np.arange(r + 1), n, r, b)
             log_pmf[:low] = -np.inf
             return np.asarray(log_pmf, dtype=float)
         first = float(np.sum(np.log1p(-b / (n - k))))
         with np.errstate(divide="ignore"):
-            ratios = np.log(s - k) + np.log(b - k) - np.log(k + 1) - np.log(n - s - b + k + 1)
+            ratios = np.log(r - k) + np.log(b - k) - np.log(k + 1) - np.log(n - r - b + k + 1)
     return np.concatenate([[first], first + np.cumsum(ratios)])
 
 

@@ -13,7 +13,8 @@ are ours because `dp_accounting` has none for them (three, with node-level steps
   round's privacy loss is 0 with probability 1 - C and the inner event's loss with
   probability C. See `client_sampled` for why this is not Poisson subsampling at rate C·q.
 * `NodeSampledGaussianDpEvent`: one DP-SGD step over graph neighbourhoods, in which one
-  person can be in up to S rows (node-level DP; see `node_gaussian`).
+  person can be in up to S rows and replacing them changes up to 2S − 1 (node-level DP;
+  see `node_gaussian` and `replacement_rows`).
 """
 
 from __future__ import annotations
@@ -72,15 +73,33 @@ class ClientSampledDpEvent(dpe.DpEvent):  # type: ignore[misc]
 @attr.s(frozen=True, slots=True, auto_attribs=True)
 class NodeSampledGaussianDpEvent(dpe.DpEvent):  # type: ignore[misc]
     """One DP-SGD step (noise multiplier σ: std σC on a sum of gradients clipped to C) on
-    a batch of rows of which one person influences at most `appearances`; the batch is
+    a batch of rows of which one person is in at most `appearances` (S); the batch is
     Poisson at `sampling_probability`, or `batch_size` rows of `dataset_size` without
-    replacement (the other fields None)."""
+    replacement (the other fields None). The accountant charges the rows that replacing
+    the person changes, `changed_rows` = 2S − 1, not S."""
 
     noise_multiplier: float
     appearances: int
     sampling_probability: float | None = None
     dataset_size: int | None = None
     batch_size: int | None = None
+
+    @property
+    def changed_rows(self) -> int:
+        return replacement_rows(self.appearances)
+
+
+def replacement_rows(appearances: int) -> int:
+    """The most rows that replacing one person changes, where each person is in at most
+    S = `appearances` rows: their own row, the rows of the ≤ S − 1 people who kept them
+    as a contact, and the rows of the ≤ S − 1 who keep their replacement: 2S − 1.
+
+    The single place that ties node-level neighbouring (replace one person with all
+    their contacts) to a row count: the data layer declares S (a person is in ≤ S rows),
+    and every node-level mechanism (DP-SGD steps, the threshold's histogram) reads the
+    rows a replacement changes from here. Daigavane et al.'s S rows are for adding or
+    removing a node, which would change the number of rows and so the sampling."""
+    return 2 * appearances - 1
 
 
 _EVENT_TYPES: dict[str, type[dpe.DpEvent]] = {
@@ -231,11 +250,12 @@ def node_gaussian(
     person is in at most S = `appearances` rows (node-level DP, replace-one person).
 
     Give a Poisson `sample_rate` q, or a fixed `batch_size` b of `dataset_size` n rows.
-    Replacing one person changes at most S rows, each by up to 2C; the ρ of them that
-    the batch holds move the noisy sum by up to 2ρC, where ρ ~ Binomial(S, q) (Poisson)
-    or Hypergeometric(n, S, b). The Rényi divergence of the mixture is at most the
-    mixture of the per-ρ Gaussians' (joint convexity; Daigavane et al. 2021, Thm 1, as
-    puffle adapts it):
+    Replacing one person changes at most R = 2S − 1 rows (`replacement_rows`: their own,
+    their old contacts', their replacement's contacts'), each clipped gradient by up to
+    2C; the ρ of them that the batch holds move the noisy sum by up to 2ρC, where
+    ρ ~ Binomial(R, q) (Poisson) or Hypergeometric(n, R, b). The Rényi divergence of the
+    mixture is at most the mixture of the per-ρ Gaussians' (joint convexity; Daigavane
+    et al. 2021, Thm 1, with R rows in place of their add/remove S):
 
         γ(α) = ln E_ρ[exp(α(α − 1)·2ρ²/σ²)] / (α − 1)   per step, composed over steps.
 
@@ -439,10 +459,12 @@ def _validate_node_step(event: NodeSampledGaussianDpEvent, neighbouring: Neighbo
         if n is not None or b is not None:
             raise PrivacyParameterError("a Poisson node-level step has no fixed batch size")
         return
-    if not (isinstance(n, int) and isinstance(b, int) and 0 < b <= n and count <= n):
+    rows = replacement_rows(count)
+    if not (isinstance(n, int) and isinstance(b, int) and 0 < b <= n and rows <= n):
         raise PrivacyParameterError(
-            f"fixed-size node-level steps need 0 < batch_size <= dataset_size and "
-            f"appearances <= dataset_size, got {b} of {n}, appearances {count}"
+            f"fixed-size node-level steps need 0 < batch_size <= dataset_size and the "
+            f"2S − 1 rows a replacement changes <= dataset_size, got {b} of {n}, "
+            f"appearances {count} ({rows} rows)"
         )
 
 
@@ -474,7 +496,8 @@ def _describe(event: dpe.DpEvent) -> str:
         else:
             batch = f"fixed-size({event.batch_size} of {event.dataset_size})"
         sigma = f"Gaussian(σ={event.noise_multiplier:g})"
-        return f"node-level(≤{event.appearances} rows a person) {batch} {sigma}"
+        rows = f"≤{event.appearances} rows a person, {event.changed_rows} per replacement"
+        return f"node-level({rows}) {batch} {sigma}"
     if isinstance(event, dpe.RepeatAndSelectDpEvent):
         law = "Poisson" if math.isinf(event.shape) else f"TNB(shape={event.shape:g})"
         return f"best of {law} runs (mean {event.mean:g}) of {_describe(event.event)}"

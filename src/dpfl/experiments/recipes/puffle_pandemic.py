@@ -12,7 +12,8 @@ is in at most S = 5 rows; the seed used 20) and summarised (`contacts = "summary
 neighbours' features averaged, and hours with infected contacts), one random
 observation window per person for training and the last 21 days for testing.
 
-Privacy: node-level, replace one person (`events.node_gaussian`, RDP), each region its
+Privacy: node-level, replace one person with all their contacts, which changes up to
+2S - 1 = 9 rows (`events.node_gaussian`, RDP; the seed counted S), each region its
 own budget (`BUDGETS`: the three largest regions ε = 10, the next four 20, the three
 smallest 40, δ = 1e-6), σ calibrated per region. The seed's own entry ran at ε > 500.
 
@@ -50,6 +51,7 @@ from dpfl.experiments.recipes.clinical_common import (
     silo_mean,
 )
 from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.privacy import events
 
 NAME = "puffle-pandemic"
 TITLE = "puffle (PETs pandemic track): node-level DP, local vs FedAvg vs MR-MTL per region"
@@ -208,11 +210,14 @@ def _privacy_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
             spent[budget] = max(spent.get(budget, 0.0), eps)
     shown = "; ".join(f"budget {b:g}: spent ≤ {spent[b]:.3g}" for b in sorted(spent))
     return Row(
-        "node-level ε per region (replace one person, RDP, largest over runs and trials)",
+        "node-level ε per region (replace one person with all their contacts, RDP, "
+        "largest over runs and trials)",
         "silo-specific node-level DP is provable (Daigavane et al.'s bound); the entry "
         "itself ran at ε > 500",
         shown or "no private run finished",
-        f"each person in at most S = {APPEARANCES} rows (the seed: S = 20)",
+        f"each person in at most S = {APPEARANCES} rows (the seed: S = 20); a replacement "
+        f"changes up to 2S − 1 = {events.replacement_rows(APPEARANCES)}, all charged (the "
+        "seed charged S)",
     )
 
 
