@@ -330,13 +330,20 @@ def _fingerprints(out: Path) -> dict[str, tuple[str, int]]:
 
 
 def _as_reader() -> list[str]:
-    """A prefix that runs a command as a user whom `chmod a-w` binds (root ignores it)."""
+    """A prefix that runs a command so that `chmod a-w` binds it. Root ignores write
+    permissions through CAP_DAC_OVERRIDE: dropped, the command is still root (it reads
+    the checkout and its .venv wherever they are, a 0700 home included) but writes only
+    where the permission bits let it."""
     if os.geteuid() != 0:
         return []
     setpriv = shutil.which("setpriv")
-    if setpriv is None:
-        pytest.skip("running as root without setpriv: a read-only directory cannot be made")
-    return [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups"]
+    drop = [f"--{which}=-dac_override" for which in ("inh-caps", "bounding-set")]
+    if setpriv is None or subprocess.run([setpriv, *drop, "true"]).returncode != 0:
+        pytest.skip(
+            "running as root, and CAP_DAC_OVERRIDE cannot be dropped (setpriv): a "
+            "read-only directory cannot be made"
+        )
+    return [setpriv, *drop]
 
 
 def test_read_commands_work_in_a_read_only_study_and_write_nothing(finished: Path) -> None:
@@ -370,6 +377,17 @@ def test_read_commands_work_in_a_read_only_study_and_write_nothing(finished: Pat
                 )
                 assert shown.returncode == 0, shown.stderr
                 assert len(json.loads(shown.stdout)) == 3  # one account per hospital
+            here = subprocess.run(
+                [*reader, *DPFL, "report", str(out)],
+                capture_output=True,
+                text=True,
+                timeout=WAIT,
+                env=env,
+            )
+            assert here.returncode == 2 and "Traceback" not in here.stderr
+            said = " ".join(here.stderr.split())
+            assert f"cannot write the report in {out / 'report'}" in said
+            assert "the study directory is read-only to you" in said and "--out" in said
             elsewhere = Path(place) / "report"
             elsewhere.mkdir()
             elsewhere.chmod(0o777)
