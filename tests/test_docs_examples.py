@@ -1,4 +1,5 @@
-"""The documentation's `dpfl privacy …` examples print what their comments say.
+"""The documentation's `dpfl privacy …` examples print what their comments say, and so
+does the README's ledger example (run as it is: it records the round it affords).
 
 Every line of README.md and docs/*.md that starts with `dpfl privacy` and ends in a
 `# …` comment is run; each number in the comment must be one the command prints (to the
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from dpfl.privacy import Ledger
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = re.compile(r"^dpfl (privacy .+?)\s+#\s*(.+)$")
@@ -97,3 +100,27 @@ def test_a_documented_example_prints_what_it_says(
         assert _printed(number, printed), f"{name}: {number} is not in\n{run['stdout']}"
     for accountant in ACCOUNTANT.findall(expected):
         assert accountant in run["stdout"] or accountant.lower() in run["stdout"]
+
+
+def _readme_python(section: str) -> str:
+    """The first Python block under README.md's `## section`."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    after = text.split(f"\n## {section}\n", 1)[1]
+    return after.split("```python\n", 1)[1].split("```", 1)[0]
+
+
+def test_the_readme_ledger_example_records_the_round_its_plan_affords(tmp_path: Path) -> None:
+    code = _readme_python("The privacy layer")
+    shown = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=True,
+    )
+    spent = Ledger(tmp_path / "study.sqlite", create=False).spent("hospital-a").epsilon
+    assert spent > 0 and "refused" not in shown.stdout  # the round was recorded
+    assert NUMBER.findall(shown.stdout) == [str(spent)]
+    said = code.rsplit("#", 1)[1]  # the last line's comment: what it prints
+    assert _printed(NUMBER.findall(said)[0], [str(spent)])

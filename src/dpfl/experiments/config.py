@@ -319,6 +319,9 @@ class StudyConfig(_Strict):
     algorithm: AlgorithmConfig
     privacy: PrivacyConfig
     threshold: ThresholdConfig = ThresholdConfig()
+    roster: dict[str, str] = Field(default_factory=dict)
+    """A deployment's hospitals, pinned: each one's name and identity key, as `dpfl deploy
+    identity` prints it (`dpfl.engines.roster`). The simulator does not read it."""
 
     @model_validator(mode="before")
     @classmethod
@@ -409,7 +412,7 @@ class StudyConfig(_Strict):
     def key(self) -> str:
         """A stable id of this point (its resolved config), the run's key in the store."""
         resolved = self.model_dump(mode="json")
-        for option in ("cross_silo", "secure_aggregation"):
+        for option in ("cross_silo", "secure_aggregation", "roster"):
             if not resolved[option]:  # keys from before the option stay the same
                 del resolved[option]
         if self.threshold == ThresholdConfig():
