@@ -238,6 +238,7 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
         )
         for silo in build_silos(config.data, config.seed)
     }
+    loopback.pin_roster(study, nodes)
     port = loopback.free_port()
     start = time.perf_counter()
     with relay(port) as wire:

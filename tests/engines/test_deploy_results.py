@@ -22,7 +22,7 @@ from dpfl.experiments.runner import STORE, owning
 from dpfl.experiments.store import ResultsStore, RunResults, StoreError
 from dpfl.privacy import Ledger
 
-from .test_flower import STUDY, InProcessGrid, hospitals, study
+from .test_flower import InProcessGrid, hospitals, study
 from .test_flower_resilience import ServerKilled
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
@@ -30,7 +30,7 @@ __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
 def run_config(study: Path, out: Path) -> dict[str, Any]:
     """The server's run config, as `dpfl deploy server` gives it."""
-    return {"study": str(study), "hospitals": 3, "out": str(out), "wait": 5.0, "timeout": 5.0}
+    return {"study": str(study), "out": str(out), "wait": 5.0, "timeout": 5.0}
 
 
 def spent(node: dict[str, Any], **options: Any) -> float:
@@ -129,9 +129,10 @@ def test_the_server_says_whether_its_run_finished(study: Path, tmp_path: Path) -
 def test_a_second_server_on_a_held_out_folder_is_refused_naming_the_first(
     study: Path, tmp_path: Path
 ) -> None:
+    hospitals(study, tmp_path / "hospitals")  # the study's roster
     out = tmp_path / "results"
     with owning(out):  # the first server's ServerApp holds OUT
-        command = ["deploy", "server", str(study), "--hospitals", "3", "--out", str(out)]
+        command = ["deploy", "server", str(study), "--out", str(out)]
         result = CliRunner().invoke(app, [*command, "--superlink", "127.0.0.1:1", "--insecure"])
     assert result.exit_code == 2 and "is in use by" in result.output, result.output
     assert not (out / STORE).exists()  # Flower was never asked to run anything
@@ -184,7 +185,7 @@ def test_a_study_finished_in_the_folder_is_refused_before_any_hospital_is_asked(
 def test_a_failure_before_the_rounds_is_stored_failed(study: Path, tmp_path: Path) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
     other = tmp_path / "other.toml"  # the server's study is not the hospitals'
-    other.write_text(STUDY.replace("seed = 3", "seed = 4"), encoding="utf-8")
+    other.write_text(study.read_text(encoding="utf-8").replace("seed = 3", "seed = 4"))
     out = tmp_path / "results"
     with pytest.raises(DeploymentError, match="runs protocol 1 of study"):
         serve_study(InProcessGrid(nodes.values()), run_config(other, out))

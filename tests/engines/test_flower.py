@@ -12,7 +12,6 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
@@ -62,25 +61,20 @@ def study(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def hospitals(study: Path, root: Path, epsilon: dict[str, float] | None = None) -> dict[str, Any]:
-    """Each silo of the study written to its hospital's folder, with its node config."""
+    """Each silo of the study written to its hospital's folder, with its node config and
+    a new identity key, which the study's roster then lists."""
     config = study_point(study)
-    nodes = {}
-    for silo in build_silos(config.data, config.seed):
-        folder = root / silo.name
-        folder.mkdir(parents=True)
-        np.savez(folder / "train.npz", x=silo.x.numpy(), y=silo.y.numpy())
-        assert silo.x_test is not None and silo.y_test is not None
-        np.savez(folder / "test.npz", x=silo.x_test.numpy(), y=silo.y_test.numpy())
-        nodes[silo.name] = {
-            "name": silo.name,
-            "study": str(study),
-            "data": str(folder),
-            "public-size": silo.declared_size,
-            "epsilon": (epsilon or {}).get(silo.name, EPSILON),
-            "delta": DELTA,
-            "ledger": str(folder / "ledger.sqlite"),
-            "research-noise": True,
-        }
+    nodes = {
+        silo.name: loopback.hospital_node(
+            silo,
+            study,
+            root / silo.name,
+            epsilon=(epsilon or {}).get(silo.name, EPSILON),
+            delta=DELTA,
+        )
+        for silo in build_silos(config.data, config.seed)
+    }
+    loopback.pin_roster(study, nodes)
     return nodes
 
 
@@ -177,7 +171,7 @@ def test_in_process_the_deployment_ends_with_the_simulators_model(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
-    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused
     assert accuracy(result.params, build_silos(study_point(study).data, 3)) > 0.8
@@ -211,7 +205,7 @@ def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
     each ledger), hand-offs and sampled cohorts go through the same messages."""
     study.write_text(STUDY.replace('name = "fedavg"', algorithm), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
-    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path)
     book.close()
     assert result.rounds_completed == 3 and not result.refused
@@ -228,7 +222,7 @@ def test_in_process_aop_sets_its_noise_from_the_study_and_deploys_as_simulated(
         encoding="utf-8",
     )
     nodes = hospitals(study, tmp_path / "hospitals")
-    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and result.metrics == simulation.silo_metrics[0]
     for name, value in simulation.params.items():
@@ -243,7 +237,7 @@ def test_in_process_a_hospital_whose_budget_is_too_small_refuses_before_round_0(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals", {"hospital-1": 0.5})
-    result = serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     assert result.rounds_completed == 0
     assert list(result.refused) == ["hospital-1"]
     assert "would exceed ε=0.5" in result.refused["hospital-1"]
@@ -258,7 +252,7 @@ def test_in_process_a_client_that_is_not_dpfls_is_rejected(study: Path, tmp_path
     plain.train()(lambda message, context: Message(RecordDict(), reply_to=message))
     grid.apps = {9: plain}
     with pytest.raises(DeploymentError, match="No query function registered with name 'hello'"):
-        serve(grid, deployment_of(study), hospitals=4)
+        serve(grid, deployment_of(study))
 
 
 def test_in_process_a_hospital_restarting_after_a_crash_is_asked_again_when_it_joins(
@@ -278,11 +272,11 @@ def test_in_process_a_hospital_restarting_after_a_crash_is_asked_again_when_it_j
         return grid.app(message, context)
 
     grid.apps = {3: restarting}  # hospital-1
-    result = serve(grid, deployment_of(study), hospitals=3, wait=30)
+    result = serve(grid, deployment_of(study), wait=30)
     assert result.rounds_completed == 3 and asked[:3] == ["query.hello"] * 3
     unavailable, asked[:] = 10**6, []  # it never comes back
     with pytest.raises(DeploymentError, match=r"2 of 3 hospitals answered hello in 0.5s \("):
-        serve(grid, deployment_of(study), hospitals=3, wait=0.5)
+        serve(grid, deployment_of(study), wait=0.5)
 
 
 def test_in_process_a_hospital_cannot_claim_another_registered_name(
@@ -293,7 +287,7 @@ def test_in_process_a_hospital_cannot_claim_another_registered_name(
     with pytest.raises(
         DeploymentError, match="says it is 'hospital-1', its key is registered as 'hospital-2'"
     ):
-        serve(grid, deployment_of(study), hospitals=3)
+        serve(grid, deployment_of(study))
 
 
 def test_in_process_a_hospital_gone_mid_run_stops_it_with_what_is_done(
@@ -313,7 +307,7 @@ def test_in_process_a_hospital_gone_mid_run_stops_it_with_what_is_done(
 
     gone.train()(crash_in_round_1)
     grid.apps = {3: gone}  # hospital-1
-    result = serve(grid, deployment_of(study), hospitals=3, timeout=5)
+    result = serve(grid, deployment_of(study), timeout=5)
     assert result.rounds_completed == 1 and not result.refused
     assert result.stopped.startswith("round 1: hospital-1: error 0: ConnectionError")
     for name, node in nodes.items():  # the others paid for round 1, whose sum never came

@@ -73,7 +73,7 @@ def test_a_round_goes_on_without_a_hospital_that_failed_and_asks_it_again(
     nodes = hospitals(study, tmp_path / "hospitals")
     grid = InProcessGrid(nodes.values())
     crashing_in(grid, "hospital-1", 1)
-    result = serve(grid, deployment_of(study), hospitals=3, timeout=5, missing="continue")
+    result = serve(grid, deployment_of(study), timeout=5, missing="continue")
     assert result.rounds_completed == 3 and not result.stopped and not result.refused
     assert [(r, n) for r, n, _ in result.absent] == [(1, "hospital-1")]
     assert "ConnectionError: the machine went away" in result.absent[0][2]
@@ -86,9 +86,7 @@ def test_a_hospital_over_budget_refuses_and_the_run_goes_on_without_it(
     study: Path, tmp_path: Path
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals", {"hospital-2": 0.5})
-    result = serve(
-        InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, missing="continue"
-    )
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), missing="continue")
     assert result.rounds_completed == 3 and not result.refused
     assert [(r, n) for r, n, _ in result.absent] == [(r, "hospital-2") for r in range(3)]
     assert all("would exceed ε=0.5" in why for _, _, why in result.absent)
@@ -110,13 +108,10 @@ def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
         serve(
             ServerKilled(nodes.values(), 1),
             deployment_of(study),
-            hospitals=3,
             checkpoint=checkpoint,
         )
     assert [rounds_charged(node) for node in nodes.values()] == [2, 2, 2]
-    result = serve(
-        InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint
-    )
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), checkpoint=checkpoint)
     assert result.rounds_completed == 3 and not result.stopped and not result.refused
     for name, value in simulation.params.items():
         assert torch.equal(result.params[name], value[0])
@@ -136,12 +131,9 @@ def test_a_masked_round_asked_again_is_trained_and_paid_for_again(
         serve(
             ServerKilled(nodes.values(), 1),
             deployment_of(study),
-            hospitals=3,
             checkpoint=checkpoint,
         )
-    result = serve(
-        InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint
-    )
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), checkpoint=checkpoint)
     assert result.rounds_completed == 3 and not result.stopped
     for node in nodes.values():  # rounds 0, 1 (lost with the server), 1 again, 2
         charged = rounds_charged(node)
@@ -153,12 +145,11 @@ def test_a_masked_round_asked_again_is_trained_and_paid_for_again(
 def test_a_checkpoint_of_another_study_is_refused(study: Path, tmp_path: Path) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
     checkpoint = tmp_path / "checkpoint.pt"
-    serve(InProcessGrid(nodes.values()), deployment_of(study), hospitals=3, checkpoint=checkpoint)
+    serve(InProcessGrid(nodes.values()), deployment_of(study), checkpoint=checkpoint)
     study.write_text(STUDY.replace("rounds = 3", "rounds = 4"), encoding="utf-8")
     with pytest.raises(DeploymentError, match="is of another study or other hospitals"):
         serve(
             InProcessGrid(hospitals(study, tmp_path / "others").values()),
             deployment_of(study),
-            hospitals=3,
             checkpoint=checkpoint,
         )

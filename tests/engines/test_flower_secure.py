@@ -13,10 +13,12 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from dpfl.engines.flower import serve
 from dpfl.engines.flower_he import KeyHolderSide, make_key_files
+from dpfl.engines.roster import Roster, public_text
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import deployment_of, study_point
 from dpfl.secure.he import HomomorphicError, KeyFile
@@ -57,7 +59,7 @@ def test_a_masked_deployment_ends_as_the_simulators_masked_run(
     study.write_text(text, encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     grid = RecordingGrid(nodes.values())
-    result = serve(grid, deployment_of(study), hospitals=3)
+    result = serve(grid, deployment_of(study))
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused and not result.stopped
     for name, value in simulation.params.items():
@@ -115,7 +117,7 @@ def test_an_encrypted_deployment_ends_as_the_simulators_encrypted_run(
     for name, node in nodes.items():
         node["he-keys"] = str(secret if name == "hospital-0" else public)
     grid = RecordingGrid(nodes.values())
-    result = serve(grid, deployment_of(study), hospitals=3, he_keys=public)
+    result = serve(grid, deployment_of(study), he_keys=public)
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused and not result.stopped
     for name, value in simulation.params.items():
@@ -133,7 +135,8 @@ def test_an_encrypted_deployment_ends_as_the_simulators_encrypted_run(
 def test_the_key_holder_decrypts_one_sum_a_round(tmp_path: Path) -> None:
     """Asked again for a round it decrypted: the same sum again, another sum never."""
     secret, public = make_key_files(tmp_path)
-    side = KeyHolderSide(secret)
+    roster = Roster.parse({f"h{k}": public_text(Ed25519PrivateKey.generate()) for k in range(3)})
+    side = KeyHolderSide(secret, roster)
     keys = KeyFile.read(public.read_bytes())
 
     def encrypted(*values: float) -> dict[str, bytes]:
@@ -161,7 +164,7 @@ def test_the_key_holder_decrypts_one_sum_a_round(tmp_path: Path) -> None:
     fresh.parent.mkdir()
     fresh.write_bytes(secret.read_bytes())
     with pytest.raises(HomomorphicError, match="fewer than the 3 it must hold"):
-        KeyHolderSide(fresh).decrypt({"sum": summed(replies), "counter": 0}, fewest=3)
+        KeyHolderSide(fresh, roster).decrypt({"sum": summed(replies), "counter": 0}, fewest=3)
 
 
 def test_the_server_refuses_the_key_holders_file(tmp_path: Path) -> None:

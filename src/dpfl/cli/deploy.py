@@ -94,6 +94,13 @@ def hospital(
     ledger: Annotated[
         Path, typer.Option(help="This hospital's ledger (SQLite), kept across runs.")
     ],
+    identity: Annotated[
+        Path,
+        typer.Option(
+            help="This hospital's identity key (`dpfl deploy identity`): the study's "
+            "[roster] must list it."
+        ),
+    ],
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
     insecure: InsecureOpt = False,
     root_certificates: RootCertOpt = None,
@@ -107,9 +114,10 @@ def hospital(
         typer.Option(help="This hospital's HE key file (studies with secure_aggregation 'he')."),
     ] = None,
 ) -> None:
-    """Start this hospital's SuperNode; it trains only what its own budget affords."""
+    """Start this hospital's SuperNode; it trains only what its own budget affords, in a
+    federation of the study's [roster] only."""
     from dpfl.engines.flower import HospitalConfig
-    from dpfl.experiments.deploy import study_point
+    from dpfl.experiments.deploy import deployment_of
 
     with reported_errors():
         node = {
@@ -120,11 +128,14 @@ def hospital(
             "epsilon": epsilon,
             "delta": delta,
             "ledger": str(ledger.resolve()),
+            "identity": str(identity.resolve()),
             **({} if he_keys is None else {"he-keys": str(he_keys.resolve())}),
         }
         me = HospitalConfig.from_node_config(node)
-        study_point(me.study)  # refuse a study that cannot be deployed before connecting
-        me.silo()  # and data that cannot be read
+        # refuse, before connecting, a study that cannot be deployed, a roster that does
+        # not list this hospital's identity key, and data that cannot be read
+        me.deployment(deployment_of)
+        me.silo()
         transport = _transport(insecure, root_certificates)
     config = " ".join(
         f"{k}={v}" if isinstance(v, int | float) else f'{k}="{v}"' for k, v in node.items()
@@ -147,7 +158,6 @@ def hospital(
 @app.command("server")
 def server(
     study: Annotated[Path, typer.Argument(help="The study file, as the hospitals have it.")],
-    hospitals: Annotated[int, typer.Option(help="How many hospitals to wait for.")],
     superlink: Annotated[str, typer.Option(help="The SuperLink's HOST:PORT.")],
     out: Annotated[
         Path, typer.Option(help="The study folder: result.pt, the results store, the checkpoint.")
@@ -168,14 +178,14 @@ def server(
         typer.Option(help="The run's public HE key file (secure_aggregation 'he')."),
     ] = None,
 ) -> None:
-    """Run the study on the SuperLink's hospitals: the result goes to OUT/result.pt and to
+    """Run the study on its roster's hospitals: the result goes to OUT/result.pt and to
     OUT's results store (`dpfl report OUT`). The server checkpoints each round in OUT: run
     it again with the same OUT to resume."""
-    from dpfl.experiments.deploy import study_point, unfinished, write_app
+    from dpfl.experiments.deploy import deployment_of, unfinished, write_app
     from dpfl.experiments.runner import owning
 
     with reported_errors():
-        study_point(study)
+        deployment_of(study)
         transport = _transport(insecure, root_certificates)
         if missing not in ("stop", "continue"):
             raise ValueError(f"--missing must be 'stop' or 'continue', got {missing!r}")
@@ -183,7 +193,7 @@ def server(
             pass
     home = _home(superlink, transport)
     run_config = (
-        f'study="{study.resolve()}" hospitals={hospitals} out="{out.resolve()}" '
+        f'study="{study.resolve()}" out="{out.resolve()}" '
         f'wait={float(wait)} timeout={float(timeout)} missing="{missing}" '
         f'he-keys="{"" if he_keys is None else he_keys.resolve()}"'
     )
@@ -210,6 +220,20 @@ def he_keys_command(
     with reported_errors():
         secret, public = make_key_files(folder)
     typer.echo(f"key holder's file (secret): {secret}\neveryone else's: {public}")
+
+
+@app.command("identity")
+def identity_command(
+    file: Annotated[Path, typer.Argument(help="Where to write the new identity key (private).")],
+    name: Annotated[str, typer.Option(help="This hospital's name in the study.")],
+) -> None:
+    """Make this hospital's identity key: keep FILE, and send the coordinator the line
+    printed, which the study file lists under [roster] for every hospital."""
+    from dpfl.engines.roster import make_identity
+
+    with reported_errors():
+        public = make_identity(file)
+    typer.echo(f'"{name}" = "{public}"')
 
 
 @app.command("register")

@@ -61,6 +61,7 @@ from flwr.serverapp import Grid
 from dpfl.engines import flower_he, flower_masking
 from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
 from dpfl.engines.evaluation import evaluate
+from dpfl.engines.roster import PREFIX, Roster, RosterError, public_text, read_identity
 from dpfl.engines.simulation import Streams, stream_noise, stream_rng
 from dpfl.federation.algorithms.base import (
     Algorithm,
@@ -122,6 +123,9 @@ class Deployment:
     build: Callable[[Sequence[SiloInfo], Sequence[int], int], Algorithm]
     """The algorithm from public facts only: each silo's name and public size, the
     feature shape and the number of classes."""
+    roster: Roster
+    """The federation, pinned in the study file: its silos are exactly these hospitals,
+    and every party of a cohort or a sum is one of them (`dpfl.engines.roster`)."""
     summing: str = "none"
     """How the server learns the replies' sum: "none", it sees each; "masking", they
     leave each hospital masked (`flower_masking`); "he", encrypted (`flower_he`)."""
@@ -184,11 +188,14 @@ class HospitalConfig:
     epsilon: float
     delta: float
     ledger: Path
+    identity: Path
+    """Its identity key file (`dpfl deploy identity`): the key the study's roster lists
+    for it, which signs its keys in every masking session."""
     research_noise: bool = False
     he_keys: Path | None = None
     """Its HE key file (encrypted studies; the key holder's holds the secret key)."""
 
-    KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger")
+    KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger", "identity")
 
     @classmethod
     def from_node_config(cls, node: Mapping[str, Any]) -> HospitalConfig:
@@ -206,9 +213,23 @@ class HospitalConfig:
             eps,
             delta,
             Path(str(node["ledger"])),
+            Path(str(node["identity"])),
             bool(node.get("research-noise", False)),
             Path(str(node["he-keys"])) if node.get("he-keys") else None,
         )
+
+    def deployment(self, deployment_of: DeploymentOf) -> Deployment:
+        """Its study's deployment, whose roster must list this hospital with its key."""
+        run = deployment_of(self.study)
+        pinned = run.roster.identities.get(self.name)
+        mine = read_identity(self.identity).public_key().public_bytes_raw()
+        if pinned != mine:
+            raise DeploymentError(
+                f"the study's roster does not list {self.name} with the identity key in "
+                f"{self.identity}"
+                + ("" if pinned is None else f" (it lists {PREFIX}{pinned.hex()})")
+            )
+        return run
 
     def silo(self) -> Silo:
         """The hospital's training records: `train.npz` (x, y) in its data folder."""
@@ -239,7 +260,7 @@ class _Hospital:
         instance = str(fields.get("instance", ""))
         if not INSTANCE.fullmatch(instance) and "study" in fields:
             raise DeploymentError(f"a malformed run instance {instance!r}")
-        return cls(me, deployment_of(me.study), me.silo(), instance, context.state)
+        return cls(me, me.deployment(deployment_of), me.silo(), instance, context.state)
 
     @property
     def account(self) -> str:
@@ -254,7 +275,7 @@ class _Hospital:
             "public-size": self.me.public_size,
             "shape": list(self.silo.x.shape[1:]),
             "classes": classes,
-            **({"identity": flower_masking.identity_public(self.state)} if self.run.masked else {}),
+            "identity": public_text(read_identity(self.me.identity)),
             **({"key-holder": self.keys().secret} if self.run.encrypted else {}),
         }
 
@@ -271,14 +292,26 @@ class _Hospital:
         algorithm, silos = self.algorithm(fields)
         length = flat(parameters_of(algorithm.model)).numel()
         fewest = algorithm.fewest_replies(len(silos))
-        return flower_masking.HospitalSide(self.state, self.me.name, length, fewest)
+        return flower_masking.HospitalSide(
+            self.state,
+            self.me.name,
+            length,
+            fewest,
+            read_identity(self.me.identity),
+            self.run.roster,
+        )
 
     def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
-        """The study's algorithm over the run's silos, after checking that the server
-        declares this hospital as it declares itself."""
+        """The study's algorithm over the run's silos, after checking that they are the
+        roster's hospitals and that the server declares this hospital as it declares
+        itself."""
         if fields.get("study") != self.run.key:
             raise DeploymentError("the server runs another study than this hospital's")
         silos = _silos_of(fields)
+        try:
+            self.run.roster.check_all([s.name for s in silos], "the server's list of silos")
+        except RosterError as exc:
+            raise DeploymentError(str(exc)) from None
         mine = [s for s in silos if s.name == self.me.name]
         if mine != [SiloInfo(self.me.name, self.me.public_size)]:
             raise DeploymentError(
@@ -302,14 +335,23 @@ class _Hospital:
         return book
 
     def refusal(
-        self, book: Ledger, algorithm: Algorithm, silos: Sequence[SiloInfo], round_: int
+        self,
+        book: Ledger,
+        algorithm: Algorithm,
+        silos: Sequence[SiloInfo],
+        round_: int,
+        exchange: int = 0,
     ) -> str | None:
         """Why the rest of the plan from `round_` would pass this hospital's budget (for an
         algorithm that stops at its budget: the next round), or None if it fits. A round
-        outside the study's is refused: the plan this hospital agreed to is the study's. A
-        round already paid for, whose reply is kept to be sent again, is not paid twice."""
+        or an exchange outside the study's is refused: the plan this hospital agreed to
+        is the study's. A round already paid for, whose reply is kept to be sent again, is
+        not paid twice."""
         if not 0 <= round_ < self.run.rounds:
             return f"round {round_} is not one of the study's {self.run.rounds} rounds"
+        exchanges = algorithm.exchanges(silos)
+        if not 0 <= exchange < exchanges:
+            return f"exchange {exchange} is not one of {algorithm.name}'s {exchanges} a round"
         event = algorithm.participation_event(self.silo.info, silos)
         saved = self._load()
         paid = "reply" in saved and saved["at"][0] == round_
@@ -335,7 +377,11 @@ class _Hospital:
         if again and "reply" in saved:
             return dict(saved["reply"])
         with self.open(algorithm, silos) as book:
-            why = self.refusal(book, algorithm, silos, round_)
+            why = self.refusal(book, algorithm, silos, round_, exchange)
+            try:
+                self.run.roster.check([str(n) for n in fields["cohort"]], "the cohort")
+            except RosterError as exc:
+                why = why or str(exc)
             if why is None and self.run.masked:
                 try:
                     self.masking(fields).check_cohort(fields)
@@ -513,7 +559,7 @@ def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any
     if not hospital.run.encrypted or hospital.me.he_keys is None:
         raise DeploymentError("this hospital holds no key to decrypt with")
     algorithm, silos = hospital.algorithm(fields)
-    side = flower_he.KeyHolderSide(hospital.me.he_keys)
+    side = flower_he.KeyHolderSide(hospital.me.he_keys, hospital.run.roster)
     return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
 
 
@@ -578,8 +624,6 @@ class _Server:
     timeout: float
     names: dict[int, str] = field(default_factory=dict)
     """The hospitals' names by node, once they said hello."""
-    identities: dict[str, bytes] = field(default_factory=dict)
-    """The identity keys the hospitals announced at hello (masked studies)."""
     aggregator: Aggregator | None = None
     """The server's HE half (encrypted studies): it adds ciphertexts, nothing more."""
     holder: str = ""
@@ -665,11 +709,13 @@ class _Server:
                 )
             time.sleep(0.2)
 
-    def hospitals(self, count: int, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
-        """Wait for `count` SuperNodes (`hellos`); each must answer hello as a dpfl
-        hospital of this study, under the name its key was registered with, if any. By
-        name: (node id, its hello)."""
-        hellos = self.hellos(count, wait)
+    def hospitals(self, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Wait for the roster's hospitals (`hellos`); each must answer hello as a dpfl
+        hospital of this study, under a name of the roster with the roster's identity key
+        for it, and the name its SuperNode key was registered with, if any. By name:
+        (node id, its hello)."""
+        roster = self.run.roster
+        hellos = self.hellos(len(roster), wait)
         registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
         by_name: dict[str, tuple[int, dict[str, Any]]] = {}
         for node, fields in hellos.items():
@@ -687,6 +733,12 @@ class _Server:
                 )
             if name in by_name:
                 raise DeploymentError(f"two hospitals call themselves {name!r}")
+            pinned = roster.identities.get(name)
+            if pinned is None or fields.get("identity") != PREFIX + pinned.hex():
+                raise DeploymentError(
+                    f"node {node} says it is {name!r}, which the study's roster "
+                    + ("does not list" if pinned is None else "lists with another identity key")
+                )
             by_name[name] = (node, fields)
             LOG.info(
                 "%s: node %d, public size %s%s",
@@ -723,10 +775,11 @@ def _exchange(
     summing: SecureSum = InTheClear()
     extra: dict[str, dict[str, Any]] = {name: {} for name in orders}
     if run.masked:
-        identities = {name: server.identities[name] for name in orders}
         length = flat(result.params).numel()
         fewest = algorithm.fewest_replies(len(result.silos))
-        summing = session = flower_masking.MaskedSum.open(ask, identities, length, fewest)
+        summing = session = flower_masking.MaskedSum.open(
+            ask, run.roster, list(orders), length, fewest
+        )
         extra = {name: session.train_fields(name) for name in session.inboxes}
     elif run.encrypted and server.aggregator is not None:
         at = flower_he.counter(
@@ -800,14 +853,13 @@ def serve(
     grid: Grid,
     run: Deployment,
     *,
-    hospitals: int,
     wait: float = 60.0,
     timeout: float = 600.0,
     missing: str = "stop",
     checkpoint: Path | None = None,
     he_keys: Path | None = None,
 ) -> DeploymentResult:
-    """Run the study's rounds over `hospitals` dpfl hospitals connected to the grid: the
+    """Run the study's rounds over the hospitals of its roster, connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
     summed in the clear or, if the study masks them, by pairwise masking.
 
@@ -820,7 +872,7 @@ def serve(
     if missing not in ("stop", "continue"):
         raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
     server = _Server(grid, run, timeout)
-    known = server.hospitals(hospitals, wait)
+    known = server.hospitals(wait)
     shapes = {tuple(hello["shape"]) for _, hello in known.values()}
     if len(shapes) != 1:
         raise DeploymentError(f"the hospitals' records have different shapes: {sorted(shapes)}")
@@ -832,8 +884,6 @@ def serve(
     silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
     node = {name: n for name, (n, _) in known.items()}
     server.names = {n: name for name, n in node.items()}
-    if run.masked:
-        server.identities = {name: bytes(hello["identity"]) for name, (_, hello) in known.items()}
     if run.encrypted:
         holders = [name for name, (_, hello) in known.items() if hello["key-holder"]]
         if len(holders) != 1 or he_keys is None:

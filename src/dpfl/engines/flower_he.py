@@ -14,8 +14,11 @@ events assume (`Algorithm.fewest_replies`), and one sum per round: the last roun
 decrypted, and that sum, are kept durably beside its key file before the sum leaves.
 Asked again for that round with the same ciphertexts (a server restarted from its
 checkpoint, whose hospitals re-send their replies) it returns the same sum, which
-releases nothing new; any other sum of a round it decrypted is refused. Trust model:
-`dpfl.secure.he` (honest-but-curious server, a key holder that does not collude with it).
+releases nothing new; any other sum of a round it decrypted is refused, and so is a sum
+that claims a reply from outside the study's roster (`dpfl.engines.roster`). Trust model:
+`dpfl.secure.he` (honest-but-curious server, a key holder that does not collude with it):
+the server holds the MAC key, so a server that lies about which roster hospitals' replies
+a sum holds is outside it; masking is the choice against such a server.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import torch
 from torch import Tensor
 
 from dpfl.engines.flower_masking import Ask
+from dpfl.engines.roster import Roster
 from dpfl.federation.messages import Summed
 from dpfl.secure.he import Aggregator, HomomorphicError, KeyFile, KeyHolder
 
@@ -71,6 +75,8 @@ class KeyHolderSide:
     """The key holder's decryption, its one-sum-per-round memory in a file beside its key."""
 
     keys: Path
+    roster: Roster
+    """The federation: a sum that claims a reply from anyone else is not decrypted."""
 
     @property
     def _memory(self) -> Path:
@@ -85,7 +91,9 @@ class KeyHolderSide:
         if memory.get("round") == round_ and memory.get("digest") == digest:
             return {"total": memory["total"], "included": memory["included"]}
         holder = read_key_file(self.keys).key_holder(last_round=memory.get("round", -1))
-        total, included = holder.decrypt_sum(message, round_, at_least=fewest)
+        total, included = holder.decrypt_sum(
+            message, round_, at_least=fewest, among=self.roster.names
+        )
         answer = {"total": total.numpy().astype("<f8").tobytes(), "included": list(included)}
         partial = self._memory.with_suffix(".partial")
         torch.save({"round": round_, "digest": digest, **answer}, partial)

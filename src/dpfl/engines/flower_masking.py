@@ -5,13 +5,13 @@ replies (Dopamine) keeps that promise on the wire.
 One exchange, over its cohort (the server half in `MaskedSum`, the hospital half in the
 functions below, called by `dpfl.engines.flower`):
 
-1. "query.secagg_keys": the session id, the cohort's names, their identity keys (each
-   announced its own at hello) and the server's X25519 key. Each hospital builds the
-   session's `Setup` itself: the threshold from the cohort's size, the fixed point, its
-   own model's length and, as the fewest masked inputs it helps to unmask, what its own
-   algorithm's charged events assume (`Algorithm.fewest_replies`), never the server's
-   word. It answers its signed public keys; its client's secrets stay in its node's
-   context state, on its machine.
+1. "query.secagg_keys": the session id, the cohort's names and the server's X25519 key.
+   Each hospital builds the session's `Setup` itself: the cohort's identity keys from
+   the study's roster (a name outside it is refused: `dpfl.engines.roster`), the
+   threshold from the cohort's size, the fixed point, its own model's length and, as
+   the fewest masked inputs it helps to unmask, what its own algorithm's charged events
+   assume (`Algorithm.fewest_replies`), never the server's word. It answers its signed
+   public keys; its client's secrets stay in its node's context state, on its machine.
 2. "query.secagg_shares": the roster; each answers its encrypted Shamir shares.
 3. "train": the model and the hospital's inbox of shares. It trains, charging its ledger
    first, and sends its reply masked: the server receives masked words only.
@@ -25,14 +25,15 @@ flwr/common/secure_aggregation/secaggplus_utils.py), so every mask is one of 2^3
 streams, not a cryptographic PRG's; its shares are encrypted with Fernet, bound to no
 sender or recipient. Here Flower carries the messages and dpfl's protocol (ChaCha20
 masks under 256-bit seeds, AES-GCM shares bound to sender and recipient, GMAC'd
-messages, commitments) does the rest. The server is honest but curious, as SecAgg's:
-the identity keys it relays are the hospitals' own from hello.
+messages, commitments) does the rest. The identity keys that sign each party's keys are
+pinned in the roster every hospital holds, so the server cannot stand in for a hospital
+or add parties of its own to a session.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -43,6 +44,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import ConfigRecord, RecordDict
 from torch import Tensor
 
+from dpfl.engines.roster import Roster, RosterError
 from dpfl.federation.messages import Summed
 from dpfl.secure.masking import (
     AdvertiseKeys,
@@ -64,23 +66,24 @@ MASKING = PairwiseMasking()
 """The protocol's public parameters (threshold rule, fixed point): the simulator's."""
 STATE = "dpfl.secagg"
 """The hospital's context-state record holding its client between messages."""
-IDENTITY = "dpfl.identity"
-"""The hospital's context-state record holding its identity key for the run."""
 
 Ask = Callable[[str, Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]]
 """Send each named hospital its fields as a message of a kind; their replies by name."""
 
 
-def session_setup(fields: Mapping[str, Any], length: int, fewest: int) -> Setup:
-    """The session's setup from the server's announcement and what each party knows
-    itself (the vector's length, the fewest inputs its algorithm's events assume)."""
+def session_setup(fields: Mapping[str, Any], roster: Roster, length: int, fewest: int) -> Setup:
+    """The session's setup from the server's announcement (its id, the cohort's names, the
+    server's key) and what each party knows itself: the cohort's identity keys from the
+    roster, the vector's length, the fewest inputs its algorithm's events assume."""
     names = tuple(str(n) for n in fields["names"])
-    if len(set(names)) != len(names) or len(names) != len(fields["identities"]):
-        raise SecureAggregationError(f"a malformed roster: {names}")
+    try:
+        roster.check(names, "the masking session")
+    except RosterError as exc:
+        raise SecureAggregationError(str(exc)) from None
     return Setup(
         session=bytes(fields["session"]),
         names=names,
-        identities=dict(zip(names, map(bytes, fields["identities"]), strict=True)),
+        identities={name: roster.identities[name] for name in names},
         threshold=MASKING.threshold_for(len(names)),
         codec=MASKING.codec,
         length=length,
@@ -92,22 +95,6 @@ def session_setup(fields: Mapping[str, Any], length: int, fewest: int) -> Setup:
 # -- the hospital half ------------------------------------------------------------------
 
 
-def identity(state: RecordDict) -> Ed25519PrivateKey:
-    """This hospital's identity key for the run (made at its first use, kept in its
-    context state): the key its advertised keys are signed with."""
-    if IDENTITY not in state.config_records:
-        key = Ed25519PrivateKey.generate()
-        state.config_records[IDENTITY] = ConfigRecord({"key": key.private_bytes_raw()})
-    raw = state.config_records[IDENTITY]["key"]
-    if not isinstance(raw, bytes):
-        raise SecureAggregationError("the node's identity key is malformed")
-    return Ed25519PrivateKey.from_private_bytes(raw)
-
-
-def identity_public(state: RecordDict) -> bytes:
-    return identity(state).public_key().public_bytes_raw()
-
-
 @dataclass
 class HospitalSide:
     """One hospital's client of the session, resumed from its context state."""
@@ -116,6 +103,9 @@ class HospitalSide:
     name: str
     length: int
     fewest: int
+    identity: Ed25519PrivateKey
+    """The key the roster lists for this hospital: it signs its advertised keys."""
+    roster: Roster
 
     def _keep(self, announced: Mapping[str, Any], client: Client) -> None:
         self.state.config_records[STATE] = ConfigRecord(
@@ -130,19 +120,17 @@ class HospitalSide:
             )
         kept = dict(self.state.config_records[STATE])
         announced = {k.removeprefix("setup."): v for k, v in kept.items() if k.startswith("setup.")}
-        setup = session_setup(announced, self.length, self.fewest)
-        client = Client(setup, self.name, identity(self.state), os.urandom, saved=kept)
+        setup = session_setup(announced, self.roster, self.length, self.fewest)
+        client = Client(setup, self.name, self.identity, os.urandom, saved=kept)
         return announced, client
 
     def keys(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """Round 0: a new session's client; its signed public keys."""
-        announced = {k: fields[k] for k in ("session", "names", "identities", "server-public")}
-        setup = session_setup(announced, self.length, self.fewest)
-        if setup.identities.get(self.name) != identity_public(self.state):
-            raise SecureAggregationError(
-                f"{self.name}: the session's identity key for me is not mine"
-            )
-        client = Client(setup, self.name, identity(self.state), os.urandom)
+        announced = {k: fields[k] for k in ("session", "names", "server-public")}
+        setup = session_setup(announced, self.roster, self.length, self.fewest)
+        if self.name not in setup.names:
+            raise SecureAggregationError(f"{self.name}: a masking session without me")
+        client = Client(setup, self.name, self.identity, os.urandom)
         self._keep(announced, client)
         advert = client.advertise()
         return {
@@ -230,19 +218,20 @@ class MaskedSum:
         return False
 
     @classmethod
-    def open(cls, ask: Ask, identities: Mapping[str, bytes], length: int, fewest: int) -> MaskedSum:
-        """Rounds 0 and 1 with the cohort (named by `identities`, in order)."""
+    def open(
+        cls, ask: Ask, roster: Roster, names: Sequence[str], length: int, fewest: int
+    ) -> MaskedSum:
+        """Rounds 0 and 1 with the cohort `names` (in order), keys from the roster."""
         key = X25519PrivateKey.generate()
         announced = {
             "session": os.urandom(16),
-            "names": list(identities),
-            "identities": list(identities.values()),
+            "names": list(names),
             "server-public": key.public_key().public_bytes_raw(),
         }
-        setup = session_setup(announced, length, fewest)
+        setup = session_setup(announced, roster, length, fewest)
         server = Server(setup, key)
         adverts = ask("query.secagg_keys", {n: announced for n in setup.names})
-        roster = server.collect_keys(
+        keyed = server.collect_keys(
             [
                 AdvertiseKeys(
                     setup.session,
@@ -254,8 +243,8 @@ class MaskedSum:
                 for n, a in adverts.items()
             ]
         )
-        listed = roster_fields(roster)
-        shared = ask("query.secagg_shares", {m.sender: listed for m in roster})
+        listed = roster_fields(keyed)
+        shared = ask("query.secagg_shares", {m.sender: listed for m in keyed})
         session = cls(ask, setup, server)
         session.inboxes = server.collect_shares(
             [

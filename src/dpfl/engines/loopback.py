@@ -32,6 +32,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from dpfl.engines.roster import make_identity, public_text, read_identity, roster_table
 from dpfl.federation.silo import Silo
 
 BIN = Path(sys.executable).parent
@@ -97,10 +98,10 @@ class Cluster:
         if running.pid in family:
             running.wait()
 
-    def server(self, study: Path, hospitals: int, out: Path, *options: str) -> list[str]:
+    def server(self, study: Path, out: Path, *options: str) -> list[str]:
         """`dpfl deploy server` of the study on this cluster, with more `options`."""
         return [
-            str(BIN / "dpfl"), "deploy", "server", str(study), "--hospitals", str(hospitals),
+            str(BIN / "dpfl"), "deploy", "server", str(study),
             "--superlink", f"127.0.0.1:{self.port}", "--out", str(out),
             "--root-certificates", str(self.ca), *options,
         ]  # fmt: skip
@@ -146,9 +147,11 @@ def hospital_node(
     silo: Silo, study: Path, folder: Path, *, epsilon: float, delta: float
 ) -> dict[str, Any]:
     """Write `silo` as a hospital's data folder (train.npz, test.npz if it has a test
-    set) and return its node config: its budget, its ledger in that folder, and the
-    simulator's seeded noise, so that its updates can be compared with a simulation."""
+    set, a new identity key) and return its node config: its budget, its ledger in that
+    folder, and the simulator's seeded noise, so that its updates can be compared with a
+    simulation. `pin_roster` lists the hospitals' keys in the study."""
     folder.mkdir(parents=True)
+    make_identity(folder / "identity.pem")
     np.savez(folder / "train.npz", x=silo.x.numpy(), y=silo.y.numpy())
     if silo.x_test is not None and silo.y_test is not None:
         np.savez(folder / "test.npz", x=silo.x_test.numpy(), y=silo.y_test.numpy())
@@ -160,8 +163,18 @@ def hospital_node(
         "epsilon": epsilon,
         "delta": delta,
         "ledger": str(folder / "ledger.sqlite"),
+        "identity": str(folder / "identity.pem"),
         "research-noise": True,
     }
+
+
+def pin_roster(study: Path, nodes: Mapping[str, Mapping[str, Any]]) -> None:
+    """List the hospitals of `nodes` (name: node config) with their identity keys as the
+    study file's roster, in place of any roster it had."""
+    text = study.read_text(encoding="utf-8")
+    kept = text.split("\n[roster]\n")[0].rstrip("\n")
+    lines = {n: public_text(read_identity(Path(node["identity"]))) for n, node in nodes.items()}
+    study.write_text(f"{kept}\n\n{roster_table(lines)}", encoding="utf-8")
 
 
 @contextmanager
@@ -202,7 +215,8 @@ def cluster(
                 "dpfl", "deploy", "hospital", node["study"], "--name", name,
                 "--data", node["data"], "--public-size", str(node["public-size"]),
                 "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
-                "--ledger", node["ledger"], "--superlink", fleet,
+                "--ledger", node["ledger"], "--identity", node["identity"],
+                "--superlink", fleet,
                 "--root-certificates", str(ca), "--port", str(free_port()),
                 "--auth-key", str(auth[name]),
             ]
@@ -246,7 +260,7 @@ def deploy(
     began, out = time.monotonic(), root / "server-out"
     with cluster(nodes, root, **layout) as running:
         timing = ("--wait", str(wait), "--timeout", str(timeout))
-        command = running.server(study, len(nodes), out, *timing)
+        command = running.server(study, out, *timing)
         left = deadline - (time.monotonic() - began)
         try:
             done = subprocess.run(

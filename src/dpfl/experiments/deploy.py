@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from dpfl.engines import flower
+from dpfl.engines.roster import Roster
 from dpfl.experiments.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
 from dpfl.experiments.runner import STORE, build_algorithm, owning
@@ -84,7 +85,8 @@ def algorithm_for(
 
 
 def deployment(config: StudyConfig) -> flower.Deployment:
-    """The engine's view of a deployable study point."""
+    """The engine's view of a deployable study point, with its roster (refused without
+    one: no hospital takes the server's word for who is in the federation)."""
     check_deployable(config)
     return flower.Deployment(
         key=config.key(),
@@ -93,6 +95,7 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         accountant=config.privacy.accountant,
         build=partial(algorithm_for, config),
         summing=config.summing,
+        roster=Roster.parse(config.roster, f"study {config.name!r}'s [roster]"),
     )
 
 
@@ -107,8 +110,8 @@ def client_app() -> ClientApp:
 
 
 def server_app() -> ServerApp:
-    """The server half. Run config: `study` (the study file, as the hospitals have it),
-    `hospitals` (how many to wait for), `out` (the study folder: `result.pt`, the
+    """The server half. Run config: `study` (the study file, as the hospitals have it,
+    whose roster names the hospitals to wait for), `out` (the study folder: `result.pt`, the
     results store and the server's checkpoint, resumed from when the server runs
     again), `wait` and `timeout` (seconds for the hospitals to connect and to reply),
     `missing` ("stop" or "continue": `flower.serve`), `he-keys` (the run's public HE key
@@ -154,7 +157,6 @@ def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
             result = flower.serve(
                 grid,
                 deployment(config),
-                hospitals=int(run["hospitals"]),
                 wait=float(run["wait"]),
                 timeout=float(run["timeout"]),
                 missing=str(run.get("missing", "stop")),
@@ -275,7 +277,6 @@ clientapp = "dpfl_app:client"
 
 [tool.flwr.app.config]
 study = ""
-hospitals = 3
 out = ""
 wait = 60.0
 timeout = 600.0

@@ -103,7 +103,7 @@ import hashlib
 import math
 import secrets
 import struct
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -391,10 +391,15 @@ class KeyHolder:
         )
 
     def decrypt_sum(
-        self, message: bytes, round_: int, at_least: int = 1
+        self,
+        message: bytes,
+        round_: int,
+        at_least: int = 1,
+        among: Collection[str] | None = None,
     ) -> tuple[Tensor, tuple[str, ...]]:
         """The float64 sum in an authentic sum message of this round, and whose it is; a
-        sum of fewer than `at_least` (or `min_clients`) replies is not decrypted."""
+        sum of fewer than `at_least` (or `min_clients`) replies, or one that claims a
+        reply from outside `among` (the federation's hospitals), is not decrypted."""
         fields = _open(self._mac_key, message, _SUM)
         if len(fields) < 6:
             raise HomomorphicError("malformed sum message")
@@ -412,6 +417,11 @@ class KeyHolder:
         if k < at_least:
             raise HomomorphicError(
                 f"a sum of {k} replies, fewer than the {at_least} it must hold; not decrypted"
+            )
+        if among is not None and not set(included) <= set(among):
+            raise HomomorphicError(
+                f"a sum that claims replies of {sorted(set(included) - set(among))}, who are "
+                "not among the federation's hospitals; not decrypted"
             )
         n_params, slots = _from_u64(n_field), self.params.slots
         if len(chunks) != _n_chunks(n_params, slots):
