@@ -9,17 +9,22 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from scipy import stats
 
 from dpfl.federation.messages import SecureSum
 from dpfl.secure import masking as masking_module
 from dpfl.secure.masking import (
     AdvertiseKeys,
+    Client,
     EncryptedShare,
     FixedPoint,
     MaskedInput,
     PairwiseMasking,
     SecureAggregationError,
+    Server,
+    Setup,
     ShareKeys,
     UnmaskReply,
     UnmaskRequest,
@@ -139,6 +144,74 @@ def test_threshold_defaults_to_a_majority_of_at_least_two():
     assert [masking.threshold_for(k) for k in (2, 3, 4, 10)] == [2, 2, 3, 6]
     with pytest.raises(ValueError, match="at least 2"):
         PairwiseMasking(threshold=1)
+
+
+def split_announcement(threshold: int) -> tuple[np.ndarray, np.ndarray | None]:
+    """A server that tells the first t of five clients "all survived" and the others "c0
+    dropped", then unmasks c0's input alone from the shares: c0's encoded input, and
+    what the server recovers of it (None: its shares of s_c0 do not reconstruct it)."""
+    rng = seeded(20)
+    names = tuple(f"c{i}" for i in range(5))
+    inputs = {n: np.random.default_rng(i).uniform(-1, 1, 16) for i, n in enumerate(names)}
+    identities = {n: Ed25519PrivateKey.from_private_bytes(rng(32)) for n in names}
+    server_key = X25519PrivateKey.from_private_bytes(rng(32))
+    setup = Setup(
+        session=rng(16),
+        names=names,
+        identities={n: k.public_key().public_bytes_raw() for n, k in identities.items()},
+        threshold=threshold,
+        codec=FixedPoint(),
+        length=16,
+        server_public=server_key.public_key().public_bytes_raw(),
+    )
+    clients = {n: Client(setup, n, identities[n], rng) for n in names}
+    server = Server(setup, server_key)
+    roster = server.collect_keys([c.advertise() for c in clients.values()])
+    inboxes = server.collect_shares([c.share_keys(roster) for c in clients.values()])
+    masked = {v: clients[v].masked_input(inboxes[v], inputs[v]) for v in names}
+    server.collect_masked(list(masked.values()))
+    everyone = UnmaskRequest(setup.session, names, ())
+    without_c0 = UnmaskRequest(setup.session, names[1:], names[:1])
+    told_all = [clients[v].unmask(everyone) for v in names[:threshold]]
+    told_dropped = [clients[v].unmask(without_c0) for v in names[threshold:]]
+    with pytest.raises(SecureAggregationError, match="second unmask request"):
+        clients["c1"].unmask(without_c0)  # each client answers one announcement
+    b = masking_module._combine([dict(r.self_mask_shares)["c0"] for r in told_all])
+    raw = masking_module._combine([dict(r.key_shares)["c0"] for r in told_dropped[:threshold]])
+    s = X25519PrivateKey.from_private_bytes(raw)
+    encoded = setup.codec.encode(inputs["c0"])
+    if s.public_key().public_bytes_raw() != roster[0].s_public:
+        return encoded, None
+    words = masked["c0"].words.copy()  # c0 is first: it added +PRG(s_c0v) for every v
+    seeds = [masking_module._pair_seed(setup, s, "c0", m) for m in roster[1:]]
+    masking_module._add_masks(
+        words, [(b, -1)] + [(seed, -1) for seed in seeds], masking_module.ROUND_MASKED_INPUT
+    )
+    return encoded, words
+
+
+def test_a_threshold_below_a_majority_is_refused_so_a_split_announcement_reveals_nothing(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """With K = 5 and t = 2, telling two clients "all survived" and three "c0 dropped"
+    reconstructs both of c0's masks: the server reads c0's input. Such a setup is
+    refused; at the majority t = 3 the second group is too small to rebuild s_c0."""
+    with pytest.raises(SecureAggregationError, match="below a majority"):
+        split_announcement(threshold=2)
+    with monkeypatch.context() as unchecked:  # the clients as they were before the check
+        unchecked.setattr(masking_module, "check_threshold", lambda threshold, clients: None)
+        encoded, recovered = split_announcement(threshold=2)
+    assert recovered is not None and np.array_equal(recovered, encoded)
+    for refused in (
+        lambda: PairwiseMasking(threshold=2).threshold_for(5),
+        lambda: PairwiseMasking(threshold=2, random_bytes=seeded(21))(replies(5)),
+        lambda: PairwiseMasking(threshold=3).threshold_for(6),
+    ):
+        with pytest.raises(SecureAggregationError, match="below a majority"):
+            refused()
+    assert PairwiseMasking(threshold=3).threshold_for(5) == 3
+    encoded, recovered = split_announcement(threshold=3)
+    assert recovered is None
 
 
 def tamper_with(kind: type, change: Any) -> Any:
@@ -318,7 +391,7 @@ def test_a_sum_smaller_than_the_callers_minimum_is_never_unmasked():
     only the server: a server that announces two inputs as lost is refused."""
     vectors = replies(5)
     names = tuple(vectors)
-    one_lost = PairwiseMasking(threshold=2, dropouts={names[4]}, random_bytes=seeded(1))
+    one_lost = PairwiseMasking(threshold=3, dropouts={names[4]}, random_bytes=seeded(1))
     assert one_lost(vectors, at_least=4).included == names[:4]
     with pytest.raises(SecureAggregationError, match="fewer than the 5 required"):
         one_lost(vectors, at_least=5)

@@ -22,7 +22,8 @@ check that the server only ever sees masked words. The rounds (the paper's names
    senders; fewer than t and the protocol aborts.
 3. Unmasking. The server announces U3 and the dropped D = U2 \\ U3; each client in U3
    that is still there (U5, |U5| ≥ t) checks the announcement (U3 ⊆ U2, D = U2 \\ U3,
-   |U3| ≥ t, one announcement per session: it never reveals both b_v and s_v of one v) and
+   |U3| ≥ t, one announcement per session: it never reveals both b_v and s_v of one v;
+   others may be told otherwise: see Threshold, below) and
    returns its shares of b_v for v ∈ U3 and of s_v for v ∈ D. The server reconstructs
    them from t shares, checks b_v against its commitment and s_v against its advertised
    public key, removes the self masks of U3 and the pairwise masks between U3 and D, and
@@ -71,8 +72,21 @@ masked vector as long as a float32 one.
 Threshold. t Shamir shares reconstruct a secret and t − 1 reveal nothing; default
 t = ⌊K/2⌋ + 1 (a majority), and t ≥ 2 always. A sum is revealed only if at least t
 clients' masked inputs arrived and at least t of them answer the unmasking round; else
-`SecureAggregationError`, and nothing is revealed. Privacy against the server colluding
-with fewer than t clients; dropouts up to K − t are tolerated. A caller's `at_least` m
+`SecureAggregationError`, and nothing is revealed. Dropouts up to K − t are tolerated.
+A threshold below a majority is refused (`check_threshold`, by `Setup` itself, so no
+client or server can be built with one): each client answers one unmasking
+announcement, but nothing makes the announcements it and others receive the same. A
+server that tells one group "v survived" and another "v dropped" gets shares of b_v from
+the first and of s_v from the second, both of v's masks, and unmasks v's input alone if
+each group holds t clients (K = 5, t = 2: two and two). Two disjoint groups of t clients
+cannot exist when 2t > K. What holds: against a server that follows the protocol and
+colludes with fewer than t clients, every input stays private; against a server that
+lies in its announcements and controls c clients (who answer both), every input stays
+private while 2t − c > K: with the majority threshold, c = 0 for an odd K and c ≤ 1
+for an even K; a larger t protects against more (t = K: any c, but no dropout). A
+consistency round (SecAgg+: clients sign the announcement they received and check t
+signatures on it before answering) would not raise this bound: each group can sign
+its own announcement. A caller's `at_least` m
 (`Setup.min_inputs`) raises the bar for the masked inputs: every client refuses to help
 unmask a sum of fewer than max(t, m) inputs, so a DP algorithm whose hospitals charged
 the event of m noise shares never sees a sum with fewer.
@@ -336,6 +350,23 @@ def _combine(shares: Sequence[bytes]) -> bytes:
 ROUND_SHARE_KEYS, ROUND_MASKED_INPUT, ROUND_UNMASK = 1, 2, 3
 
 
+def majority(clients: int) -> int:
+    """⌊K/2⌋ + 1, and at least 2: the least threshold (module docstring, Threshold)."""
+    return max(2, clients // 2 + 1)
+
+
+def check_threshold(threshold: int, clients: int) -> None:
+    """Refuse a threshold under which a server announcing different dropouts to two
+    groups of clients could collect both masks of one client (module docstring)."""
+    if threshold < majority(clients):
+        raise SecureAggregationError(
+            f"a threshold of {threshold} for {clients} clients is below a majority "
+            f"({majority(clients)}): two groups of {threshold} could each answer a different "
+            "unmasking announcement and reveal one client's input; use at least "
+            f"{majority(clients)}"
+        )
+
+
 # ---------------------------------------------------------------------------------------
 # Messages
 
@@ -356,6 +387,9 @@ class Setup:
     min_inputs: int = 1
     """The fewest masked inputs whose sum the clients help to unmask (the caller's
     `at_least`: its privacy event assumes that many noise shares in the sum)."""
+
+    def __post_init__(self) -> None:
+        check_threshold(self.threshold, len(self.names))
 
     @property
     def quorum(self) -> int:
@@ -975,7 +1009,11 @@ class PairwiseMasking:
         return FixedPoint(self.bits, self.scale, self.clip)
 
     def threshold_for(self, clients: int) -> int:
-        return self.threshold if self.threshold is not None else max(2, clients // 2 + 1)
+        """t for a round of `clients`: the one asked for, refused below a majority."""
+        if self.threshold is None:
+            return majority(clients)
+        check_threshold(self.threshold, clients)
+        return self.threshold
 
     def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed:
         return self.run(vectors, at_least=at_least).summed
