@@ -98,6 +98,8 @@ def test_node_level_epsilon_grows_with_the_rows_a_person_is_in() -> None:
         )
         assert value == epsilon(event, 1 / 2_600_000).epsilon
     assert shown[1] < shown[10] < shown[50]
+    assert "replace one person" in data["relation"] and "2S − 1" in data["relation"]
+    assert data["by_appearances"]["10"]["changed_rows"] == 19
     result = runner.invoke(app, [*args, "-S", "0"])
     assert result.exit_code == 2 and "appearances" in result.output
 
