@@ -331,6 +331,13 @@ def test_reproduce_says_which_real_data_it_could_not_find(
     assert "--data-dir" in missing.stderr and "not a folder" in missing.stderr
 
 
+def test_reproduce_help_lists_every_recipe() -> None:
+    shown = runner.invoke(app, ["reproduce", "--help"])
+    assert shown.exit_code == 0
+    for name in recipes.RECIPES:
+        assert name in shown.stdout
+
+
 def test_a_hospitals_supernode_that_stops_soon_after_its_start_is_started_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

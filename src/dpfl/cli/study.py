@@ -305,10 +305,7 @@ def _best_tuned(directory: Path, epsilon: float, delta: float, metric: str, json
 def reproduce(
     name: Annotated[
         str,
-        typer.Argument(
-            help="owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl, puffle-pandemic, "
-            "dopamine, flamby-heart-disease, flamby-tcga-brca or gse7390-survival."
-        ),
+        typer.Argument(metavar="RECIPE", help="One of the recipes listed above."),
     ],
     out: OutOpt,
     full: Annotated[bool, typer.Option("--full", help="The paper's scale (hours).")] = False,
@@ -322,7 +319,11 @@ def reproduce(
     workers: WorkersOpt = CORES,
     json: JsonOpt = False,
 ) -> None:
-    """Re-run a seed paper's experiment on our data and print ours next to the paper's."""
+    """Re-run a seed paper's experiment on our data and print ours next to the paper's.
+
+    RECIPE: owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl, puffle-pandemic,
+    dopamine, flamby-heart-disease, flamby-tcga-brca or gse7390-survival
+    (docs/reproductions.md)."""
     from dpfl.experiments.recipes import reproduce as run_recipe
     from dpfl.experiments.runner import StudyBar
 
