@@ -39,21 +39,26 @@ def test_audits_each_finished_run_and_keeps_the_figures(tmp_path: Path) -> None:
     (run,) = run_study(Study(STUDY), tmp_path)
     assert run.ledger is not None
     ledger = (tmp_path / run.ledger).read_bytes()
+    with ResultsStore(tmp_path / "results.sqlite", create=False) as store:
+        by_silo = store.epsilon_by_silo(run).by_silo
+    # the partition gives hospital-1 the larger ε (its sampling rate): the headline ε
+    assert by_silo["hospital-1"] == max(by_silo.values()) > by_silo["hospital-0"]
     (bound,) = audit(tmp_path, "--trials", "40")
     assert (bound["run"], bound["method"], bound["silo"], bound["canary"]) == (
         run.id,
         "two-world",
-        "hospital-0",
+        "hospital-1",
         "GradientCanary",
     )
     assert (bound["observer"], bound["trials"], bound["positives"]) == ("server", 40, 20)
     with Ledger(tmp_path / run.ledger, create=False) as book:  # the study's own mechanism
-        assert bound["epsilon_ledger"] == book.spent(account("hospital-0", 0)).epsilon
+        assert bound["epsilon_ledger"] == book.spent(account("hospital-1", 0)).epsilon
     assert bound["epsilon_lower"] <= bound["epsilon_ledger"]
 
     table = runner.invoke(app, ["audit", str(tmp_path), "--trials", "40", "--canaries", "input"])
     assert table.exit_code == 0, table.output
     assert "InputCanary" in table.stdout and "ledger ε =" in table.stdout
+    assert "silo planted: each run's silo of the largest ε" in " ".join(table.stdout.split())
     with ResultsStore(tmp_path / "results.sqlite", create=False) as store:
         kept = store.rows("audit_bounds", run.id)
     assert [(r["canary"], r["trials"]) for r in kept] == [

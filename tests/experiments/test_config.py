@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
-from dpfl.experiments.config import ConfigError, Study, load
+from dpfl.experiments import config as config_module
+from dpfl.experiments.config import MAX_POINTS, ConfigError, Study, load
 
 BASE = """
 name = "t"
@@ -180,3 +182,70 @@ def test_secure_aggregation_defaults_to_what_the_accounting_needs(tmp_path: Path
     assert masked.summing == "masking" and masked.key() != config.key()
     dopamine = BASE.replace('name = "fedavg"', 'name = "fedsgd_secure"')
     assert load(_write(tmp_path, dopamine)).points[0][1].summing == "ideal"
+
+
+def test_a_misspelt_key_holding_a_list_is_one_error_and_no_grid(tmp_path: Path) -> None:
+    text = BASE.replace("[privacy]", "[privacy]\nepsilonn = [1, 2, 4]")
+    with pytest.raises(ConfigError) as refused:
+        load(_write(tmp_path, text))
+    (line,) = str(refused.value).splitlines()[1:]
+    assert line == "  privacy.epsilonn: unknown key (check its spelling and section)"
+
+
+def test_misspelt_keys_in_sections_by_name_and_in_a_grid_of_sections_are_named() -> None:
+    raw = tomllib.loads(BASE)
+    raw["privacy"]["silos"] = {"hospital-0": {"epsilon": 1.0, "delta": 1e-5, "deltaa": 1}}
+    raw["data"]["partition"] = [{"kind": "iid", "silos": 2}, {"kind": "iid", "sillos": 3}]
+    with pytest.raises(ConfigError) as refused:
+        Study(raw)
+    assert str(refused.value).splitlines()[1:] == [
+        "  data.partition.sillos: unknown key (check its spelling and section)",
+        "  privacy.silos.hospital-0.deltaa: unknown key (check its spelling and section)",
+    ]
+
+
+class _Expanded(AssertionError):
+    """A grid point was built."""
+
+
+@pytest.fixture
+def never_expand(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Fail at once if any grid point of the study is built (on code that expands a grid
+    before it checks it, the test fails here instead of running for minutes)."""
+
+    def refuse(raw: object, grid: object) -> None:
+        raise _Expanded("a grid point was built before the study was refused")
+
+    monkeypatch.setattr(config_module, "_with", refuse)
+
+
+@pytest.mark.usefixtures("never_expand")
+def test_many_unknown_two_valued_keys_are_refused_before_expanding(tmp_path: Path) -> None:
+    typos = "".join(f"typo{k} = [1, 2]\n" for k in range(24))
+    with pytest.raises(ConfigError) as refused:
+        load(_write(tmp_path, typos + BASE))
+    lines = str(refused.value).splitlines()[1:]
+    assert lines == [f"  typo{k}: unknown key (check its spelling and section)" for k in range(24)]
+
+
+@pytest.mark.usefixtures("never_expand")
+def test_a_grid_over_the_limit_is_refused_with_its_size_and_axes(tmp_path: Path) -> None:
+    grid = BASE.replace("rounds = 3", f"rounds = {list(range(1, 257))}")
+    grid = grid.replace("epsilon = 1.0", f"epsilon = {[k / 8 for k in range(1, 257)]}")
+    grid = grid.replace(
+        "[algorithm]", f"[algorithm]\nlearning_rate = {[k / 4 for k in range(1, 257)]}"
+    )
+    with pytest.raises(ConfigError) as refused:
+        load(_write(tmp_path, grid))
+    assert str(refused.value).splitlines()[1:] == [
+        f"  a grid of 16,777,216 points, over the limit of {MAX_POINTS:,}: rounds (256) × "
+        "algorithm.learning_rate (256) × privacy.epsilon (256)"
+    ]
+
+
+def test_a_grid_at_the_limit_is_expanded(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(config_module, "MAX_POINTS", 4)
+    study = load(_write(tmp_path, BASE.replace("rounds = 3", "rounds = [1, 2, 3, 4]")))
+    assert len(study.points) == 4
+    with pytest.raises(ConfigError, match="a grid of 5 points, over the limit of 4: rounds"):
+        load(_write(tmp_path, BASE.replace("rounds = 3", "rounds = [1, 2, 3, 4, 5]")))

@@ -301,7 +301,7 @@ def test_a_version_1_store_is_read_as_it_is_and_upgraded_keeping_its_runs(tmp_pa
     db.close()
     (summary,) = [s for s in run_summaries(tmp_path) if s["id"] == "new"]
     assert summary["cross_silo"] == [
-        {"model": "a", "test": "b", "metrics": {"auroc": {"mean": 0.8, "std": 0.0}}}
+        {"model": "a", "test": "b", "metrics": {"auroc": {"mean": 0.8, "std": None}}}
     ]
 
 

@@ -34,7 +34,7 @@ STUDY = {
 def study(tmp_path_factory: pytest.TempPathFactory) -> Path:
     directory = tmp_path_factory.mktemp("study")
     (private,) = run_study(Study(STUDY), directory)
-    (public,) = run_study(Study({**STUDY, "privacy": {"private": False}}), directory)
+    (public,) = run_study(Study({**STUDY, "privacy": {"private": False}}), directory, add=True)
     assert private.status == public.status == "finished", (private.error, public.error)
     return directory
 
@@ -265,6 +265,21 @@ def test_the_conventions_on_a_hand_built_store(tmp_path: Path) -> None:
     (shown,) = run_summaries(tmp_path)
     assert shown["metrics"] == {
         "accuracy": {"mean": 0.75, "std": pytest.approx(statistics.stdev([0.6, 0.9]))},
-        "auroc": {"mean": 0.8, "std": 0.0},  # the commands' convention for one value
+        "auroc": {"mean": 0.8, "std": None},  # one value: its spread is unknown, not 0
     }
     assert shown["epsilon"] == {"rdp": 3.0, "pld": 0.9} and shown["accountant"] == "rdp"
+
+
+def test_one_value_is_shown_as_n_1_never_as_a_spread_of_zero(tmp_path: Path) -> None:
+    """Every table prints a single trial's figure as `n = 1`: its spread is unknown."""
+    from dpfl.cli.common import mean_std
+    from dpfl.experiments.report.page import _spread_text
+
+    assert queries.mean_std_text(0.8378, None, 4) == "0.8378 (n = 1)"
+    assert queries.mean_std_text(0.8378, math.nan, 4) == "0.8378 (n = 1)"
+    assert queries.mean_std_text(0.8, 0.0) == "0.800 ± 0.000"  # a spread of 0 measured
+    hand_built(tmp_path)
+    (shown,) = run_summaries(tmp_path)
+    assert mean_std(shown["metrics"]["auroc"]) == "0.800 (n = 1)"
+    assert mean_std(shown["metrics"]["accuracy"]) == "0.750 ± 0.212"
+    assert _spread_text(Spread((0.8,))) == "0.800\u00a0(n\u00a0=\u00a01)"

@@ -33,6 +33,7 @@ from dpfl.cli import app
 from dpfl.experiments.config import Study
 from dpfl.experiments.runner import LOCK, STORE, StudyBar, run_study
 from dpfl.experiments.store import ResultsStore, StoreError
+from dpfl.experiments.study_dir import IDENTITY
 from dpfl.experiments.summary import run_summaries
 
 SWEEP = """
@@ -444,3 +445,117 @@ def _toml(tmp_path: Path) -> Path:
         encoding="utf-8",
     )
     return path
+
+
+HEART = """
+name = "heart"
+rounds = 1
+trials = 1
+[data]
+dataset = "heart_disease"
+path = "data"
+[algorithm]
+name = "fedavg"
+[privacy]
+noise_multiplier = 1.0
+accountant = "rdp"
+"""
+HEART_ROWS = (
+    "63.0,1.0,1.0,145.0,233.0,1.0,2.0,150.0,0.0,2.3,3.0,0.0,6.0,0",
+    "67.0,1.0,4.0,160.0,286.0,0.0,2.0,108.0,1.0,1.5,2.0,3.0,3.0,2",
+    "67.0,1.0,4.0,120.0,229.0,0.0,2.0,129.0,1.0,2.6,2.0,2.0,7.0,1",
+    "41.0,0.0,2.0,130.0,204.0,0.0,2.0,172.0,0.0,1.4,1.0,0.0,3.0,0",
+)
+
+
+def _heart_files(folder: Path, cleveland: int) -> Path:
+    """UCI-format heart disease files: `cleveland` rows in Cleveland's, 40 elsewhere."""
+    folder.mkdir(exist_ok=True)
+    for site, rows in (("cleveland", cleveland), ("hungarian", 40), ("switzerland", 40)):
+        lines = [HEART_ROWS[i % len(HEART_ROWS)] for i in range(rows)]
+        (folder / f"processed.{site}.data").write_text("\n".join(lines) + "\n", encoding="ascii")
+    (folder / "processed.va.data").write_text("\n".join(HEART_ROWS * 10) + "\n", encoding="ascii")
+    return folder / "processed.cleveland.data"
+
+
+def _everything_but_the_lock(out: Path) -> dict[str, tuple[str, int]]:
+    """The directory's files (the lock's holder details change with every command)."""
+    return {name: seen for name, seen in _fingerprints(out).items() if name != LOCK}
+
+
+def test_a_rerun_after_the_data_changed_is_refused_naming_the_file(tmp_path: Path) -> None:
+    cleveland = _heart_files(tmp_path / "data", cleveland=303)
+    config = tmp_path / "heart.toml"
+    config.write_text(HEART, encoding="utf-8")
+    out = tmp_path / "out"
+    command = ["run", str(config), "--out", str(out)]
+    first = CliRunner().invoke(app, command)
+    assert first.exit_code == 0, first.output
+    assert CliRunner().invoke(app, command).exit_code == 0  # the same data: it is finished
+    before = {"size": cleveland.stat().st_size, "sha256": _sha256(cleveland)}
+    _heart_files(tmp_path / "data", cleveland=100)
+    kept = _everything_but_the_lock(out)
+    refused = CliRunner().invoke(app, command)
+    said = " ".join(refused.stderr.split())
+    assert refused.exit_code == 2, refused.output
+    assert (
+        f"{out} holds results computed from other data: in {tmp_path / 'data'}, "
+        f"processed.cleveland.data: {before['size']:,} → {cleveland.stat().st_size:,} bytes, "
+        f"sha256 {before['sha256'][:12]}… → {_sha256(cleveland)[:12]}…. "
+    ) in said
+    assert "run the study into a new --out" in said and "hungarian" not in said
+    assert _everything_but_the_lock(out) == kept
+    added = CliRunner().invoke(app, [*command, "--add"])  # adding points is not the cure
+    assert added.exit_code == 2 and "other data" in added.stderr
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+ONE_TRIAL = """
+name = "other"
+rounds = 2
+[data]
+dataset = "breast_cancer"
+partition = { kind = "iid", silos = 3 }
+[algorithm]
+name = "fedavg"
+learning_rate = 0.5
+[privacy]
+noise_multiplier = 1.0
+"""
+
+
+@pytest.mark.parametrize("record", ["study.json", "none: a directory from before it"])
+def test_another_study_is_refused_unless_added_and_one_trial_shows_n_1(
+    finished: Path, tmp_path: Path, record: str
+) -> None:
+    out = shutil.copytree(finished, tmp_path / "study")
+    if record != IDENTITY:
+        (out / IDENTITY).unlink()  # its points are then the store's runs
+    config = tmp_path / "other.toml"
+    config.write_text(ONE_TRIAL, encoding="utf-8")
+    before = _contents(out)
+    refused = CliRunner().invoke(app, ["run", str(config), "--out", str(out)])
+    said = " ".join(refused.stderr.split())
+    assert refused.exit_code == 2, refused.output
+    assert (
+        f"{out} holds the results of study 'tiny' (2 points); study 'other' has 1 point not "
+        "among them"
+    ) in said
+    assert "pass --add to add its points to this directory" in said
+    assert _contents(out) == before
+    assert run_study(Study(TINY), out)  # the study it holds still runs (all finished)
+    added = CliRunner().invoke(app, ["run", str(config), "--out", str(out), "--add"])
+    assert added.exit_code == 0, added.output
+    assert "0.000 ±" not in added.stdout and "(n = 1)" in added.stdout  # the runs table
+    best = CliRunner().invoke(app, ["best", str(out), "-e", "1000", "-d", "1e-5"])
+    assert best.exit_code == 0, best.output
+    rows = [line for line in best.stdout.splitlines() if line.startswith("│")]
+    assert len(rows) == 3 and all(re.search(r"│ \d\.\d{4} \(n = 1\) +│", r) for r in rows)
+    assert "± 0.0000" not in best.stdout
+    answer = json.loads(
+        CliRunner().invoke(app, ["best", str(out), "-e", "1000", "-d", "1e-5", "--json"]).stdout
+    )
+    assert answer["best"]["std"] is None and answer["best"]["spread"] == "1 trial × 1 seed"

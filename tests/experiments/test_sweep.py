@@ -191,7 +191,7 @@ def test_best_respects_both_epsilon_and_delta(tmp_path: Path) -> None:
     run_study(
         Study({**STUDY, "privacy": {"noise_multiplier": [0.8, 3.0], "delta": 1e-5}}), tmp_path
     )
-    run_study(Study({**STUDY, "privacy": {"private": False}}), tmp_path)
+    run_study(Study({**STUDY, "privacy": {"private": False}}), tmp_path, add=True)
     found = best.candidates(tmp_path, epsilon=100.0, delta=1e-5)
     by_sigma = {c.run.noise_multiplier: c for c in found}
     assert by_sigma[None].epsilon == math.inf and not by_sigma[None].qualifies  # non-private

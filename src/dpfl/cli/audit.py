@@ -9,6 +9,7 @@ import json as json_module
 import math
 import os
 from contextlib import nullcontext
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -54,7 +55,13 @@ def audit(
     run: Annotated[
         list[str] | None, typer.Option(help="Audit only this run id (repeatable).")
     ] = None,
-    silo: Annotated[str | None, typer.Option(help="The silo planted (default: the first).")] = None,
+    silo: Annotated[
+        str | None,
+        typer.Option(
+            help="The silo planted (default: each run's silo of the largest ε, the one its "
+            "headline ε is)."
+        ),
+    ] = None,
     observer: Annotated[
         str | None,
         typer.Option(
@@ -95,6 +102,7 @@ def audit(
         path = directory / "results.sqlite"
         with ResultsStore(path, create=False) as store:
             runs = [r for r in store.runs(status="finished") if not run or r.id in run]
+            planted = {r.id: silo or _headline_silo(store, r) for r in runs}
         if not runs:
             raise ValueError(f"{directory}: no finished run to audit")
         if keep and not (os.access(path, os.W_OK) and os.access(directory, os.W_OK)):
@@ -102,7 +110,7 @@ def audit(
         found = []
         with ResultsStore(path) if keep else nullcontext() as writer:
             for r in runs:  # each run's figures kept as soon as they are measured
-                found.append((r, rows(audit_run(r, plan))))
+                found.append((r, rows(audit_run(r, replace(plan, silo=planted[r.id])))))
                 if writer is not None:
                     writer.record_audit(r.id, *found[-1][1])
     if json:
@@ -116,6 +124,11 @@ def audit(
         )
         return
     _print(directory, found, confidence)
+    if silo is None:
+        console.print(
+            "silo planted: each run's silo of the largest ε (its headline ε, the worst case "
+            "over silos); --silo NAME plants another"
+        )
 
 
 def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float) -> None:
@@ -153,6 +166,13 @@ def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float)
         f"bounds at {confidence:.0%} confidence; audits train on the silos' records: "
         "their figures are not DP releases"
     )
+
+
+def _headline_silo(store: ResultsStore, run: RunRow) -> str | None:
+    """The silo whose ε is the run's headline ε, the largest over silos (None: a run that
+    accounted none, whose first silo is audited)."""
+    by_silo = store.epsilon_by_silo(run).by_silo
+    return max(by_silo, key=by_silo.__getitem__, default=None)
 
 
 def _plain(row: dict[str, Any]) -> dict[str, Any]:

@@ -87,6 +87,9 @@ def _bound(value: float, spec: str = "g") -> str:
     return "none" if math.isinf(value) else format(value, spec)
 
 
-def mean_std(value: dict[str, float] | None) -> str:
-    """A metric's mean ± sample std as the tables print it; a dash where it is undefined."""
-    return "—" if value is None else f"{value['mean']:.3f} ± {value['std']:.3f}"
+def mean_std(value: dict[str, Any] | None) -> str:
+    """A metric's mean ± sample std as the tables print it (`n = 1` for one value); a
+    dash where it is undefined."""
+    from dpfl.experiments.queries import mean_std_text
+
+    return "—" if value is None else mean_std_text(value["mean"], value["std"])

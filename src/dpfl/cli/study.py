@@ -23,12 +23,20 @@ OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (resu
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 CORES = os.cpu_count() or 1
 DEFAULT_DATA = Path("../shared/data")
+AddOpt = Annotated[
+    bool,
+    typer.Option(
+        "--add",
+        help="Add this study's points to a directory that holds another study's results "
+        "(best and report then read both).",
+    ),
+]
 WorkersOpt = Annotated[
     int, typer.Option("--workers", "-j", help="Grid points run at once, one per process.")
 ]
 
 
-def run(config: Path, out: OutOpt, json: JsonOpt = False) -> None:
+def run(config: Path, out: OutOpt, json: JsonOpt = False, add: AddOpt = False) -> None:
     """Run one study config (all its trials); refuses a config with grid axes."""
     from dpfl.experiments.config import load
 
@@ -39,8 +47,9 @@ def run(config: Path, out: OutOpt, json: JsonOpt = False) -> None:
                 f"{config} is a grid of {len(study.points)} points "
                 f"({', '.join(study.axes)}); use `dpfl sweep`"
             )
-        with _resumable(["run", str(config), "--out", str(out), *(["--json"] * json)]):
-            _run(study, out, workers=1, json=json, progress=not json)
+        again = ["run", str(config), "--out", str(out), *(["--json"] * json), *(["--add"] * add)]
+        with _resumable(again):
+            _run(study, out, workers=1, json=json, progress=not json, add=add)
 
 
 def sweep(
@@ -65,12 +74,14 @@ def sweep(
         ),
     ] = None,
     json: JsonOpt = False,
+    add: AddOpt = False,
 ) -> None:
     """Run every grid point of a study × its trials; rerun to resume after a stop."""
     from dpfl.experiments.config import load
 
     where = ["-j", str(CORES if workers is None else workers)] if ray is None else ["--ray", ray]
     again = ["sweep", str(config), "--out", str(out), *where, *(["--json"] * json)]
+    again += ["--add"] * add
     with reported_errors(), _resumable(again):
         if ray is not None and workers is not None:
             raise ValueError(
@@ -79,7 +90,9 @@ def sweep(
             )
         local = CORES if workers is None else workers
         study = load(config)
-        _run(study, out, workers=1 if ray else local, ray=ray, json=json, progress=not json)
+        _run(
+            study, out, workers=1 if ray else local, ray=ray, json=json, progress=not json, add=add
+        )
 
 
 def tune(
@@ -102,15 +115,20 @@ def tune(
         float, typer.Option(help="Fraction of each silo's training records held out.")
     ] = 0.2,
     json: JsonOpt = False,
+    add: AddOpt = False,
 ) -> None:
     """Select among the study's grid points privately: a random number of DP runs, only
     the best released, the selection charged to every silo's ledger (Papernot & Steinke)."""
     from dpfl.experiments.config import load
+    from dpfl.experiments.study_dir import claim
     from dpfl.experiments.tune import LEDGER, tune
 
     with reported_errors():
+        study = load(config)
+        out.mkdir(parents=True, exist_ok=True)
+        claim(out, [c for _, c in study.points], [study.name], add=add)
         tuned = tune(
-            load(config),
+            study,
             out,
             metric=metric,
             mean=mean,
@@ -159,6 +177,7 @@ def best(
     """The best finished configuration whose every silo is within (ε, δ), and whether its ε
     includes the selection (a `dpfl tune` directory) or not (a sweep's)."""
     from dpfl.experiments.best import CAVEAT, candidates
+    from dpfl.experiments.queries import mean_std_text
     from dpfl.experiments.tune import RESULT
 
     with reported_errors():
@@ -227,7 +246,7 @@ def best(
                 c.run.id + (f" +{len(c.runs) - 1}" if len(c.runs) > 1 else ""),
                 c.run.algorithm,
                 _grid(_pooled_grid(c.run.grid, len(c.runs))),
-                f"{c.mean:.4f} ± {c.std:.4f}",
+                mean_std_text(c.mean, c.std, 4),
                 str(c.replicates),
                 _epsilon(c.epsilon, enforcing_accountant(c.run), research_noise(c.run)),
                 "yes" if c.qualifies else "no",
@@ -368,7 +387,14 @@ def reproduce(
 
 
 def _run(
-    study: Any, out: Path, *, workers: int, json: bool, progress: bool, ray: str | None = None
+    study: Any,
+    out: Path,
+    *,
+    workers: int,
+    json: bool,
+    progress: bool,
+    ray: str | None = None,
+    add: bool = False,
 ) -> None:
     from dpfl.experiments.config import study_terms
     from dpfl.experiments.runner import run_study
@@ -380,6 +406,7 @@ def _run(
         workers=workers,
         ray=ray,
         progress=progress,
+        add=add,
         report=(lambda line: None)
         if json
         else lambda line: errors.print(escape(study_terms(line))),

@@ -36,7 +36,8 @@ class Candidate:
     run: RunRow
     """the run, or the first of the runs pooled"""
     mean: float
-    std: float
+    std: float | None
+    """the sample std; None for a single value (no spread)"""
     epsilon: float
     qualifies: bool
     replicates: Replicates | None = None
@@ -77,7 +78,7 @@ def candidates(
                 Candidate(
                     group.run,
                     score.mean,
-                    score.std if len(score.values) > 1 else 0.0,
+                    score.std if len(score.values) > 1 else None,
                     spent,
                     spent <= epsilon and score.defined,
                     group.replicates,

@@ -34,10 +34,11 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 import tomllib
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -83,6 +84,12 @@ LIST_VALUED = {
     ("data", "partition", "names"),
 }
 """Keys whose single value is a list: a grid over them is a list of lists."""
+
+
+MAX_POINTS = 100_000
+"""The largest grid a study may have: a larger one is refused, its size and axes named,
+before any point is built (a few two-valued axes too many make millions)."""
+UNKNOWN_KEY = "unknown key (check its spelling and section)"
 
 
 class ConfigError(ValueError):
@@ -437,9 +444,16 @@ class Study:
 
     def __init__(self, raw: Mapping[str, Any], source: str = "config") -> None:
         self.source = source
-        self.axes = dict(_axes(raw))
+        # keys and size first: a grid is expanded only once it is known to be a study's
+        errors = [f"  {key}: {UNKNOWN_KEY}" for key in dict.fromkeys(_unknown_keys(raw))]
+        self.axes = {} if errors else dict(_axes(raw))
+        size = math.prod(len(values) for values in self.axes.values())
+        if size > MAX_POINTS:
+            axes = " × ".join(f"{key} ({len(values)})" for key, values in self.axes.items())
+            errors.append(f"  a grid of {size:,} points, over the limit of {MAX_POINTS:,}: {axes}")
+        if errors:
+            raise ConfigError(f"{source}: invalid study\n" + "\n".join(errors))
         self.points: list[tuple[dict[str, Any], StudyConfig]] = []
-        errors = []
         for values in itertools.product(*self.axes.values()) if self.axes else [()]:
             grid = dict(zip(self.axes, values, strict=True))
             try:
@@ -515,6 +529,42 @@ def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tupl
             yield ".".join(path), value
 
 
+def _unknown_keys(
+    raw: Mapping[str, Any], schema: type[BaseModel] = StudyConfig, prefix: str = ""
+) -> Iterator[str]:
+    """The dotted key of every key that `schema` (or a section of it) does not have, read
+    off the raw file: a misspelt key holding a list is named once, and never expanded."""
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        field = schema.model_fields.get(key)
+        if field is None:
+            yield dotted
+            continue
+        section, by_name = _section(field.annotation)
+        tables = value if isinstance(value, list) else [value]  # a grid of sections
+        for table in tables if section is not None else []:
+            if not isinstance(table, Mapping):
+                continue  # not a table: validation names it
+            if not by_name:
+                yield from _unknown_keys(table, section, f"{dotted}.")
+                continue
+            for name, entry in table.items():  # sections by name (privacy.silos)
+                if isinstance(entry, Mapping):
+                    yield from _unknown_keys(entry, section, f"{dotted}.{name}.")
+
+
+def _section(annotation: Any) -> tuple[Any, bool]:
+    """The section (`_Strict` model) a field holds, if any, and whether it holds a table
+    of them by name."""
+    if isinstance(annotation, type) and issubclass(annotation, _Strict):
+        return annotation, False
+    if get_origin(annotation) is dict:
+        value = get_args(annotation)[1]
+        if isinstance(value, type) and issubclass(value, _Strict):
+            return value, True
+    return None, False
+
+
 def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
     """`raw` with each axis set to its value in this grid point."""
     point: dict[str, Any] = json.loads(json.dumps(raw, default=str))
@@ -534,7 +584,7 @@ def _describe(exc: ValidationError, grid: Mapping[str, Any]) -> str:
         key = ".".join(str(p) for p in error["loc"]) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
         if error["type"] == "extra_forbidden":
-            message = "unknown key (check its spelling and section)"
+            message = UNKNOWN_KEY
         lines.append(f"  {key}: {message}{where}")
     return "\n".join(lines)
 

@@ -22,6 +22,8 @@ they are shown. The conventions, in one place:
   each kind: each (method, silo, observer, canary) ε lower bound, each (silo, model,
   attack) membership attack. They are measurements on the training records, not DP
   releases, and never change a run's ε.
+* A single value has no spread: its std is NaN (None in JSON) and printed as `n = 1`
+  (`mean_std_text`), never as a spread of 0.
 * A spread is over what varied, said as `Replicates` ("5 trials × 3 seeds"): a run's
   trials vary the batches, the noise and (with `model.init = "per-trial"`) the model's
   initialisation; its seed also varies the split into silos and the first
@@ -81,6 +83,14 @@ class Spread:
     def std(self) -> float:
         """The sample std; NaN under two values (one trial has no spread)."""
         return statistics.stdev(self.values) if len(self.values) > 1 else math.nan
+
+
+def mean_std_text(mean: float, std: float | None, digits: int = 3, *, space: str = " ") -> str:
+    """`0.838 ± 0.012` as every table prints a mean and its sample std; `0.838 (n = 1)`
+    where the std is unknown (None or NaN: a single value), which a `± 0.000` would hide."""
+    if std is None or math.isnan(std):
+        return f"{mean:.{digits}f}{space}(n{space}={space}1)"
+    return f"{mean:.{digits}f}{space}±{space}{std:.{digits}f}"
 
 
 @dataclass(frozen=True)

@@ -50,6 +50,7 @@ from dpfl.experiments.config import Study, StudyConfig, ThresholdConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.datasheet import datasheet
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
+from dpfl.experiments.study_dir import claim
 from dpfl.federation import algorithms
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
@@ -78,11 +79,14 @@ def run_study(
     ray: str | None = None,
     progress: bool = False,
     report: Progress = lambda line: None,
+    add: bool = False,
 ) -> list[RunRow]:
     """Run every point of `study` (or of several studies, sharing the workers) not yet
     finished in `out`; return all their runs, in grid order. `progress` draws a bar
     over the points and each running point's rounds (as does a `StudyBar` passed as
-    `report`). Refused (`StudyInUseError`) while another process holds `out`.
+    `report`). Refused (`StudyInUseError`) while another process holds `out`, and
+    (`StudyDirectoryError`) where `out` holds results of other data, or of points the
+    study does not have unless `add` (`dpfl.experiments.study_dir`).
 
     `ray`: the address of a Ray cluster ("auto", "HOST:PORT", "ray://HOST:PORT") to run
     the points on, one CPU each, instead of `workers` local processes; `out` must be on a
@@ -103,6 +107,7 @@ def run_study(
     points = [point for s in studies for point in s.points]
     bar = report if isinstance(report, StudyBar) else StudyBar(report) if progress else None
     with owning(out):
+        claim(out, [c for _, c in points], [s.name for s in studies], add=add)
         with ResultsStore(out / STORE) as store:
             todo = [(g, c) for g, c in points if store.status(c.key()) != "finished"]
         names = ", ".join(s.name for s in studies)

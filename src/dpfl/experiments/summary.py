@@ -94,10 +94,11 @@ def silo_summaries(directory: str | Path, run_id: str) -> list[dict[str, Any]]:
     ]
 
 
-def _mean_std(final: dict[str, Spread]) -> dict[str, dict[str, float]]:
-    """{metric: {mean, std}} of the defined metrics; std 0 for a single trial."""
+def _mean_std(final: dict[str, Spread]) -> dict[str, dict[str, float | None]]:
+    """{metric: {mean, std}} of the defined metrics; std None for a single value (its
+    spread is unknown, not 0)."""
     return {
-        metric: {"mean": spread.mean, "std": spread.std if len(spread.values) > 1 else 0.0}
+        metric: {"mean": spread.mean, "std": spread.std if len(spread.values) > 1 else None}
         for metric, spread in final.items()
         if spread.defined
     }

@@ -22,6 +22,7 @@ from dpfl.experiments.queries import (
     Traffic,
     bound_text,
     exceeds_ledger,
+    mean_std_text,
     pool_seeds,
 )
 from dpfl.experiments.store import RunRow, SiloEpsilons
@@ -306,11 +307,10 @@ def _rounds_text(run: RunRow) -> str:
 
 
 def _spread_text(spread: Spread) -> str:
-    """Mean ± sample std over trials; no ± for a single trial, a dash if undefined."""
+    """Mean ± sample std over trials; `n = 1` for a single trial, a dash if undefined."""
     if not spread.defined:
         return "—"
-    std = "" if len(spread.values) < 2 else f"\u00a0±\u00a0{spread.std:.3f}"
-    return f"{spread.mean:.3f}{std}"
+    return mean_std_text(spread.mean, spread.std, space="\u00a0")
 
 
 def _grid_text(grid: dict[str, Any]) -> str:
