@@ -429,6 +429,28 @@ def test_privacy_utility_draws_one_line_per_value_of_another_axis(
         assert list(handle[0].get_xdata()) == pytest.approx(expected)  # the line, not its bars
 
 
+def test_learning_curves_give_each_run_its_own_colour_and_legend_entry(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A sweep of one algorithm over σ: its runs' curves must not look alike."""
+    plans = [Plan("fedavg", {"privacy.noise_multiplier": s}, s) for s in (0.8, 1.6, 3.2)]
+    drawn: dict[str, Any] = {}
+    draw = page_module.figure_html
+
+    def keep(figure: Any, caption: str, absent: str = "") -> str:
+        drawn.setdefault(caption.split(" ")[0], figure)
+        return draw(figure, caption, absent)
+
+    monkeypatch.setattr(page_module, "figure_html", keep)
+    write_report(build_study(tmp_path, plans, failed=False))
+    (ax,) = drawn["Accuracy"].axes  # the learning curves' caption starts with the metric
+    lines = ax.get_lines()
+    assert len(lines) == len(plans)
+    assert len({line.get_color() for line in lines}) == len(plans)
+    labels = [text.get_text() for text in drawn["Accuracy"].legends[0].get_texts()]
+    assert labels == [line.get_label() for line in lines] and len(set(labels)) == len(plans)
+
+
 def test_empty_store_says_so(tmp_path: Path) -> None:
     ResultsStore(tmp_path / "results.sqlite").close()
     index = write_report(tmp_path)

@@ -73,25 +73,23 @@ def privacy_utility(shown: list[Shown], metric: str, colors: dict[str, Any]) -> 
     return figure
 
 
-def learning_curves(shown: list[Shown], metric: str, colors: dict[str, Any]) -> Figure | None:
-    """A line per run in its algorithm's colour (as in the privacy–utility figure); the
-    runs of one algorithm differ by line style and marker (distinct for up to 20). None
-    if no run has a curve on the union of the test sets (a deployment has none)."""
-    if not any(s.summary.metrics.curves.get(metric) for s in shown):
+def learning_curves(shown: list[Shown], metric: str) -> Figure | None:
+    """A line per run, each in its own colour (a qualitative colormap) and named in the
+    legend: runs of one algorithm (a sweep over ε) would otherwise look alike. None if no
+    run has a curve on the union of the test sets (a deployment has none)."""
+    curves = [(s, c) for s in shown if (c := s.summary.metrics.curves.get(metric))]
+    if not curves:
         return None
     figure, ax = _new_figure("Learning curves", "round", metric_name(metric))
-    for algorithm, runs in _by_algorithm(shown).items():
-        color = colors[algorithm]
-        curves = [(s, s.summary.metrics.curves.get(metric, {})) for s in runs]
-        for i, (s, curve) in enumerate((s, c) for s, c in curves if c):
-            rounds = list(curve)
-            mean = [curve[r].mean for r in rounds]
-            std = [curve[r].std for r in rounds]
-            ax.plot(rounds, mean, color=color, markersize=4, label=s.label, **_style(i))
-            if any(math.isfinite(d) for d in std):
-                low = [m - d for m, d in zip(mean, std, strict=True)]
-                high = [m + d for m, d in zip(mean, std, strict=True)]
-                ax.fill_between(rounds, low, high, color=color, alpha=0.15, linewidth=0)
+    for (s, curve), color in zip(curves, _colors(len(curves)), strict=True):
+        rounds = list(curve)
+        mean = [curve[r].mean for r in rounds]
+        std = [curve[r].std for r in rounds]
+        ax.plot(rounds, mean, color=color, marker=".", label=s.label)
+        if any(math.isfinite(d) for d in std):
+            low = [m - d for m, d in zip(mean, std, strict=True)]
+            high = [m + d for m, d in zip(mean, std, strict=True)]
+            ax.fill_between(rounds, low, high, color=color, alpha=0.15, linewidth=0)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     figure.legend(loc="outside right upper", fontsize="small")
     return figure

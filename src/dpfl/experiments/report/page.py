@@ -106,7 +106,7 @@ def _figures(shown: list[Shown], metric: str) -> str:
             ),
             "<h2 id='learning-curves'>Learning curves</h2>",
             figure_html(
-                figures.learning_curves(shown, metric, colors),
+                figures.learning_curves(shown, metric),
                 f"{name[:1].upper()}{name[1:]} on the union of the silos' test sets at each "
                 "evaluated round: mean over trials, band ± 1 sample std (no band with a single "
                 "trial).",
@@ -595,8 +595,9 @@ table { border-collapse: collapse; margin: 0.5rem 0 1.5rem; font-size: 0.9rem; }
 th, td { border: 1px solid #ccc; padding: 0.25rem 0.5rem; text-align: left;
          vertical-align: top; }
 th { background: #f2f2f2; }
-td:first-child { white-space: nowrap; }
-.scroll { overflow-x: auto; }
+td { overflow-wrap: anywhere; }
+td:first-child { white-space: nowrap; overflow-wrap: normal; }
+.scroll { overflow-x: auto; max-width: 100%; }
 td ul, dd ul { margin: 0; padding-left: 1.1rem; }
 pre { margin: 0; white-space: pre-wrap; }
 figure { margin: 0 0 1.5rem; }
