@@ -507,8 +507,10 @@ def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Al
             votes=spec.votes,
         ),
         "cyclic": lambda: algorithms.Cyclic(**common, steps_per_visit=spec.steps_per_visit),
-        "fedsgd_secure": lambda: algorithms.FedSGDSecure(
-            **common, tolerated_dropouts=spec.tolerated_dropouts
+        "fedsgd_secure": lambda: algorithms.FedSGDSecure(  # K from its silos, never a cohort
+            **common,
+            tolerated_dropouts=spec.tolerated_dropouts,
+            roster=tuple(s.name for s in silos),
         ),
         "mrmtl": lambda: algorithms.MRMTL(**common, **local, **weighted, strength=spec.strength),
         "ditto": lambda: algorithms.Ditto(**common, **local, **weighted, strength=spec.strength),
