@@ -15,10 +15,12 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.simulation import account, simulate
-from dpfl.experiments.config import Study, load
-from dpfl.experiments.datasets import build_silos
+from dpfl.experiments import tune as tune_module
+from dpfl.experiments.config import ConfigError, Study, load
+from dpfl.experiments.datasets import build_silos, load_dataset
 from dpfl.experiments.runner import build_algorithm
 from dpfl.experiments.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
+from dpfl.federation.silo import Silo
 from dpfl.privacy import Accountant, Ledger, events
 
 STUDY: dict[str, Any] = {
@@ -28,6 +30,7 @@ STUDY: dict[str, Any] = {
     "algorithm": {"name": "fedavg", "learning_rate": [0.1, 1.0]},
     "privacy": {"epsilon": 2.0, "delta": 1e-5},
 }
+HELD_OUT: dict[str, Any] = {**STUDY, "tune": {"validation": "held-out", "validation_fraction": 0.5}}
 
 
 def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path: Path) -> None:
@@ -74,7 +77,12 @@ def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path:
         "test_metrics",
         "mean",
         "shape",
+        "datasheet",
     }  # nothing of the other candidates, nor their number
+    assert written["datasheet"] == tuned.datasheet
+    assert tuned.datasheet["validation"] == "from-training"
+    assert "training records" in tuned.datasheet["validation_records"]
+    assert "trains on them" in tuned.datasheet["outside_epsilon"]
     with pytest.raises(ValueError, match="released once"):
         tune(Study(STUDY), tmp_path, metric="auroc", mean=3.0)
 
@@ -124,6 +132,78 @@ def test_the_validation_part_comes_out_of_the_training_records() -> None:
     assert abs(held.y.float().mean() - silo.y.float().mean()) < 0.02  # stratified
 
 
+def test_held_out_validation_records_are_no_candidates_training_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Held out: the validation records are test records, disjoint (by the dataset's row
+    index) from every candidate's training records, which are the study's own."""
+    trained: list[list[Silo]] = []
+    tested: list[list[Silo]] = []
+    simulate_, tested_ = tune_module.simulate, tune_module._tested
+
+    def recorded_simulate(algorithm: Any, silos: list[Silo], **options: Any) -> Any:
+        trained.append(silos)
+        return simulate_(algorithm, silos, **options)
+
+    def recorded_tested(algorithm: Any, result: Any, silos: list[Silo]) -> Any:
+        tested.append(silos)
+        return tested_(algorithm, result, silos)
+
+    monkeypatch.setattr(tune_module, "simulate", recorded_simulate)
+    monkeypatch.setattr(tune_module, "_tested", recorded_tested)
+    tuned = tune(Study(HELD_OUT), tmp_path, metric="auroc", mean=3.0)
+
+    config = Study(HELD_OUT).points[0][1]
+    row = {r.tobytes(): i for i, r in enumerate(load_dataset(config.data, 0).features)}
+
+    def rows(silos: list[Silo], part: str) -> set[int]:
+        return {row[r.tobytes()] for s in silos for r in getattr(s, part).numpy()}
+
+    study = build_silos(config.data, 0)
+    validation = rows(trained[0], "x_test")
+    assert trained and validation
+    for candidate in trained:
+        assert rows(candidate, "x_test") == validation
+        assert not rows(candidate, "x") & validation
+        assert rows(candidate, "x") == rows(study, "x")  # what `dpfl run` trains on
+        assert [s.public_size for s in candidate] == [s.public_size for s in study]
+    (released,) = tested
+    assert not rows(released, "x_test") & validation
+    assert rows(released, "x_test") | validation == rows(study, "x_test")
+    assert tuned.datasheet["validation"] == "held-out"
+    assert "no silo's training set" in tuned.datasheet["validation_records"]
+    assert "no run of the study trains on them" in tuned.datasheet["outside_epsilon"]
+    assert json.loads((tmp_path / RESULT).read_text())["datasheet"] == tuned.datasheet
+
+
+@pytest.mark.parametrize(
+    ("section", "message"),
+    [
+        ({"validation": "test"}, r"tune.validation: Input should be 'from-training' or 'held-out'"),
+        ({"validation_fraction": 1.0}, r"tune.validation_fraction: Input should be less than 1"),
+        ({"fraction": 0.2}, r"tune.fraction: unknown key"),
+    ],
+)
+def test_bad_validation_choices_are_refused_by_their_key(
+    section: dict[str, Any], message: str
+) -> None:
+    with pytest.raises(ConfigError, match=message):
+        Study({**STUDY, "tune": section})
+
+
+def test_a_held_out_split_that_leaves_a_part_empty_is_refused(tmp_path: Path) -> None:
+    tiny = {
+        **STUDY,
+        "data": {**STUDY["data"], "test_fraction": 0.01},  # 2 test records a silo
+        "tune": {"validation": "held-out", "validation_fraction": 0.1},
+    }
+    with pytest.raises(ValueError, match="test records leave no validation or no other record"):
+        tune(Study(tiny), tmp_path, metric="auroc", mean=3.0)
+    with pytest.raises(ValueError, match=r"must lie in \(0, 1\)"):
+        tune(Study(HELD_OUT), tmp_path, metric="auroc", validation_fraction=1.0)
+    assert not (tmp_path / LEDGER).exists()
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -131,6 +211,7 @@ def test_the_validation_part_comes_out_of_the_training_records() -> None:
         ({"rounds": [2, 4]}, "rounds must be the same"),
         ({"privacy": {"noise_multiplier": 1.0, "epsilon": 2.0}}, "leave privacy.noise"),
         ({"trials": 2}, "trials must be 1"),
+        ({"tune": {"validation": ["from-training", "held-out"]}}, "tune must be the same"),
     ],
 )
 def test_a_study_the_selection_cannot_account_for_is_refused(
@@ -155,6 +236,17 @@ def test_dpfl_tune_prints_the_choice_and_its_epsilon(tmp_path: Path) -> None:
     shown = json.loads(result.output)
     assert shown["point"]["algorithm.learning_rate"] in (0.5, 1.0)
     assert max(shown["epsilon"].values()) <= 3.0
+    assert shown["datasheet"]["validation"] == "from-training"
+
+    held = tmp_path / "held.toml"
+    held.write_text(study.read_text() + '[tune]\nvalidation = "held-out"\n')
+    text = CliRunner().invoke(app, ["tune", str(held), "--out", str(tmp_path / "h"), "--mean", "2"])
+    assert text.exit_code == 0, text.output
+    lines = " ".join(text.output.split())  # the console wraps long lines
+    assert "validation: held-out" in lines
+    assert "validation records: a stratified part (0.2) of each silo's test records" in lines
+    assert "in epsilon: each silo's records the candidates trained on" in lines
+    assert "outside epsilon: the validation records" in lines
 
     # `dpfl best` of the directory: the one released point, its ε with the selection in it
     best = CliRunner().invoke(app, ["best", str(tmp_path / "o"), "-e", "3", "-d", "1e-5", "--json"])

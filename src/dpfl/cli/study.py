@@ -112,8 +112,12 @@ def tune(
         ),
     ] = 1.0,
     validation: Annotated[
-        float, typer.Option(help="Fraction of each silo's training records held out.")
-    ] = 0.2,
+        float | None,
+        typer.Option(
+            help="Fraction of the records held out for validation (default: the study's "
+            "tune.validation_fraction, 0.2; tune.validation says which records)."
+        ),
+    ] = None,
     json: JsonOpt = False,
     add: AddOpt = False,
 ) -> None:
@@ -149,7 +153,8 @@ def tune(
             f"chosen: {_grid(tuned.point)}  validation {metric} {tuned.validation:.4f}\n"
             f"test: "
             + "  ".join(f"{k} {v:.4f}" for k, v in tuned.test_metrics.items())
-            + f"\n{privacy}"
+            + f"\n{privacy}\n"
+            + "\n".join(f"{key.replace('_', ' ')}: {text}" for key, text in tuned.datasheet.items())
         )
 
 

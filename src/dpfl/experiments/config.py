@@ -293,6 +293,18 @@ class ThresholdConfig(_Strict):
     logit_range: float = Field(8.0, gt=0)
 
 
+class TuneConfig(_Strict):
+    """`dpfl tune`'s validation records, which pick the released candidate without noise
+    (outside ε); no other command reads them. "from-training": a stratified
+    `validation_fraction` of each silo's training records, which every candidate then
+    trains without; "held-out": that fraction of each silo's test records, in no silo's
+    training set: the candidates train on the study's training records (what `dpfl run`
+    trains on) and the test metrics are read on the rest of the test records."""
+
+    validation: Literal["from-training", "held-out"] = "from-training"
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+
+
 class StudyConfig(_Strict):
     """One point of a study: everything a run needs."""
 
@@ -326,6 +338,7 @@ class StudyConfig(_Strict):
     algorithm: AlgorithmConfig
     privacy: PrivacyConfig
     threshold: ThresholdConfig = ThresholdConfig()
+    tune: TuneConfig = TuneConfig()
     roster: dict[str, str] = Field(default_factory=dict)
     """A deployment's hospitals, pinned: each one's name and identity key, as `dpfl deploy
     identity` prints it (`dpfl.engines.roster`). The simulator does not read it."""
@@ -418,7 +431,7 @@ class StudyConfig(_Strict):
 
     def key(self) -> str:
         """A stable id of this point (its resolved config), the run's key in the store."""
-        resolved = self.model_dump(mode="json")
+        resolved = self.model_dump(mode="json", exclude={"tune"})  # runs do not read it
         for option in ("cross_silo", "secure_aggregation", "roster"):
             if not resolved[option]:  # keys from before the option stay the same
                 del resolved[option]

@@ -171,6 +171,41 @@ def _threshold(config: StudyConfig) -> str:
     )
 
 
+SELECTION_RECORDS = {
+    "from-training": (
+        "a stratified part ({fraction}) of each silo's training records, set aside: the "
+        "candidates train on the rest (public sizes shrink by as much)",
+        "the validation records: they choose the released candidate without noise, and a "
+        "later `dpfl run` of the chosen point trains on them (their part in the choice is "
+        "in no ε)",
+    ),
+    "held-out": (
+        "a stratified part ({fraction}) of each silo's test records, in no silo's training "
+        "set: the candidates train on the study's training records, the released one is "
+        "tested on the rest of the test records",
+        "the validation records: they choose the released candidate without noise, but no "
+        "run of the study trains on them",
+    ),
+}
+"""Per `tune.validation`: where the validation records come from, and what of them ε
+leaves out."""
+
+
+def selection(validation: str, fraction: float, private: bool) -> dict[str, str]:
+    """A `dpfl tune` release's datasheet: its validation records (`TuneConfig`) and what
+    its ε covers."""
+    records, outside = SELECTION_RECORDS[validation]
+    return {
+        "validation": validation,
+        "validation_records": records.format(fraction=f"{fraction:g}"),
+        "in_epsilon": "each silo's records the candidates trained on, the selection among "
+        "them included (Papernot & Steinke)"
+        if private
+        else "nothing: the non-private reference (ε = ∞)",
+        "outside_epsilon": f"{outside}; the test records, whose metrics are released",
+    }
+
+
 def _sample_rates(node: dpe.DpEvent) -> set[float]:
     """The Poisson sampling rates q inside a recorded event."""
     if isinstance(node, dpe.PoissonSampledDpEvent | NodeSampledGaussianDpEvent):

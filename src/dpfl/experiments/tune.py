@@ -4,17 +4,22 @@
 A study's grid is the search space. A random number K of candidate runs is drawn from
 the declared law (`dpfl.privacy.selection.repetitions`: truncated negative binomial, or
 Poisson), each candidate takes a point of the grid uniformly at random, trains with DP
-on each silo's training records less a validation part, and is scored on the silos'
-validation parts; only the best candidate is released. Each silo is charged
-`tuned(run, mean, shape)`, where `run` is the composition of the events a candidate's
-sampling code recorded for it: the search space may vary only what leaves that
-mechanism unchanged (learning rates, a pull λ, the model's width, the loss), so every
-candidate records the same events, which is checked. σ is calibrated (by RDP, the only
-accountant of the selection) so that the selection fits each silo's ε.
+and is scored on the silos' validation records; only the best candidate is released.
+Each silo is charged `tuned(run, mean, shape)`, where `run` is the composition of the
+events a candidate's sampling code recorded for it: the search space may vary only what
+leaves that mechanism unchanged (learning rates, a pull λ, the model's width, the
+loss), so every candidate records the same events, which is checked. σ is calibrated
+(by RDP, the only accountant of the selection) so that the selection fits each silo's ε.
 
 What stays secret for the bound to hold: K and every candidate but the chosen one, so
-nothing about them is kept or printed. The validation records (like the test records)
-are outside ε: the guarantee is for the training records.
+nothing about them is kept or printed. The validation records pick the winner without
+noise: like the test records they are outside ε, which covers the records the
+candidates train on. The study's `[tune] validation` says where they come from
+(`TuneConfig`): "from-training" (the default), a part of each silo's training records,
+which the candidates train without (a later `dpfl run` of the chosen point would train
+on them); "held-out", a part of each silo's test records, in no silo's training set, so
+the candidates train on the study's training records and every training record is
+covered. The released `datasheet` (`dpfl.experiments.datasheet.selection`) says which.
 
 A non-private study is tuned by the same procedure, K from the same law, so that a
 private method and its non-private reference get the same budget of tuning runs
@@ -39,6 +44,7 @@ from dpfl.data import partition
 from dpfl.engines.accounts import Calibration
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import account, drawn_schedule, participations, simulate
+from dpfl.experiments import datasheet
 from dpfl.experiments.best import LOWER_IS_BETTER
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
@@ -49,6 +55,8 @@ from dpfl.privacy import Accountant, Budget, Ledger, events, selection
 
 RESULT = "tuned.json"
 LEDGER = "ledger.sqlite"
+Records = tuple[torch.Tensor, torch.Tensor]
+"""A set of records: features and labels."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +75,10 @@ class Tuned:
     test_metrics: dict[str, float]
     mean: float
     shape: float
+    datasheet: dict[str, Any] = dataclasses.field(default_factory=dict)
+    """The validation records and what ε covers (`datasheet.selection`); empty in a
+    selection released before it was written (its validation was from the training
+    records)."""
 
 
 def tune(
@@ -76,18 +88,22 @@ def tune(
     metric: str,
     mean: float = 10.0,
     shape: float = 1.0,
-    validation_fraction: float = 0.2,
+    validation_fraction: float | None = None,
 ) -> Tuned:
     """Select among `study`'s grid points privately (see the module docstring) and write
-    the outcome to `out/tuned.json`, the charges to `out/ledger.sqlite`."""
+    the outcome to `out/tuned.json`, the charges to `out/ledger.sqlite`.
+    `validation_fraction`: the study's `tune.validation_fraction` unless given."""
     points = [config for _, config in study.points]
     first = _check(points, validation_fraction)
+    fraction = (
+        first.tune.validation_fraction if validation_fraction is None else validation_fraction
+    )
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / RESULT).exists():
         raise ValueError(f"{folder / RESULT} exists: a selection is released once")
     silos = build_silos(first.data, first.seed)
-    tuning = [with_validation(s, validation_fraction, first.seed) for s in silos]
+    tuning, tested = validation_split(silos, first.tune.validation, fraction, first.seed)
     privacy = first.privacy
     budgets = {s.name: _budget(first, s.name) for s in silos} if privacy.private else {}
     sigma = _calibrated(points, tuning, budgets, mean, shape) if privacy.private else None
@@ -145,9 +161,10 @@ def tune(
         delta=privacy.delta,
         validation=-best[0] if not lower else best[0],
         metric=metric,
-        test_metrics=_tested(algorithm, result, silos),
+        test_metrics=_tested(algorithm, result, tested),
         mean=mean,
         shape=shape,
+        datasheet=datasheet.selection(first.tune.validation, fraction, privacy.private),
     )
     (folder / RESULT).write_text(json.dumps(dataclasses.asdict(tuned), indent=1) + "\n")
     return tuned
@@ -197,17 +214,17 @@ def released(folder: str | Path, *, delta: float) -> tuple[Tuned, float]:
     return tuned, worst
 
 
-def _check(points: list[StudyConfig], fraction: float) -> StudyConfig:
+def _check(points: list[StudyConfig], fraction: float | None) -> StudyConfig:
     """Refuse a study the selection cannot be accounted for."""
     first = points[0]
-    if not 0 < fraction < 1:
+    if fraction is not None and not 0 < fraction < 1:
         raise ValueError(f"the validation fraction must lie in (0, 1), got {fraction}")
     problems = []
     if any(p.privacy.noise_multiplier is not None for p in points):
         problems.append("leave privacy.noise_multiplier out: σ is calibrated")
     if any(p.trials != 1 for p in points):
         problems.append("trials must be 1 (a selection releases one model)")
-    for section in ("privacy", "data", "rounds", "seed"):
+    for section in ("privacy", "data", "rounds", "seed", "tune"):
         if any(getattr(p, section) != getattr(first, section) for p in points):
             problems.append(f"{section} must be the same at every point (it is no hyperparameter)")
     if any(p.algorithm.name != first.algorithm.name for p in points):
@@ -227,20 +244,58 @@ def _budget(config: StudyConfig, name: str) -> tuple[float, float]:
     return config.privacy.epsilon, config.privacy.delta
 
 
+def validation_split(
+    silos: list[Silo], validation: str, fraction: float, seed: int
+) -> tuple[list[Silo], list[Silo]]:
+    """The silos the candidates train and are validated on (their test records are the
+    validation records), and those the released one is tested on (`TuneConfig`)."""
+    if validation == "from-training":
+        return [with_validation(s, fraction, seed) for s in silos], silos
+    if validation == "held-out":
+        pairs = [held_out(s, fraction, seed) for s in silos]
+        return [tuning for tuning, _ in pairs], [tested for _, tested in pairs]
+    raise ValueError(f"tune.validation is 'from-training' or 'held-out', not {validation!r}")
+
+
 def with_validation(silo: Silo, fraction: float, seed: int) -> Silo:
     """The silo's training records less a stratified validation part, which becomes its
     test set during the selection; the public size shrinks by the public fraction."""
-    labels = silo.y.numpy()
-    strata = labels if labels.ndim == 1 else labels[:, 1].astype(np.int64)
-    train, held = partition.stratified_split(strata, [1 - fraction, fraction], seed)
+    (x, y), validation = _stratified(silo.name, "training", silo.x, silo.y, fraction, seed)
     size = silo.declared_size - round(fraction * silo.declared_size)
     return dataclasses.replace(
-        silo,
-        x=silo.x.index_select(0, _index(train)),
-        y=silo.y[_index(train)],
-        x_test=silo.x.index_select(0, _index(held)),
-        y_test=silo.y[_index(held)],
-        public_size=size,
+        silo, x=x, y=y, x_test=validation[0], y_test=validation[1], public_size=size
+    )
+
+
+def held_out(silo: Silo, fraction: float, seed: int) -> tuple[Silo, Silo]:
+    """The silo with a stratified part of its test records as its test set during the
+    selection, and with the rest as the test set of the released candidate; its training
+    records (and public size) are the study's."""
+    if silo.x_test is None or silo.y_test is None:
+        raise ValueError(f"silo {silo.name!r} has no test records to hold validation out of")
+    rest, validation = _stratified(silo.name, "test", silo.x_test, silo.y_test, fraction, seed)
+    return (
+        dataclasses.replace(silo, x_test=validation[0], y_test=validation[1]),
+        dataclasses.replace(silo, x_test=rest[0], y_test=rest[1]),
+    )
+
+
+def _stratified(
+    name: str, kind: str, x: torch.Tensor, y: torch.Tensor, fraction: float, seed: int
+) -> tuple[Records, Records]:
+    """Records split into the rest and a stratified `fraction` (by class, or by event for
+    survival labels); refuses a split that leaves either part empty."""
+    labels = y.numpy()
+    strata = labels if labels.ndim == 1 else labels[:, 1].astype(np.int64)
+    kept, held = partition.stratified_split(strata, [1 - fraction, fraction], seed)
+    if not len(kept) or not len(held):
+        raise ValueError(
+            f"silo {name!r}: its {len(labels)} {kind} records leave no validation or no "
+            f"other record at a validation fraction of {fraction:g}"
+        )
+    return (x.index_select(0, _index(kept)), y[_index(kept)]), (
+        x.index_select(0, _index(held)),
+        y[_index(held)],
     )
 
 
