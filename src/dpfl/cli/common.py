@@ -16,6 +16,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from dpfl.privacy import PrivacyError, SiloAccount
+from dpfl.sqlite_file import DamagedFileError
 
 # A pipe or a log file gets 120 columns: ledger tables are wider than 80.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -25,16 +26,17 @@ errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
 @contextmanager
 def reported_errors() -> Iterator[None]:
     """Turn bad input (privacy parameters, configs, data files, stores) into one red line
-    and exit status 2; show warnings in yellow. A message stays one line however long, and
-    is printed as it is: brackets in it (an event's "[add/remove one record]", a path) are
-    not rich markup."""
+    and exit status 2, and a damaged ledger or results store into one with status 1 (the
+    input was right, the file is not); show warnings in yellow. A message stays one line
+    however long, and is printed as it is: brackets in it (an event's "[add/remove one
+    record]", a path) are not rich markup."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
             yield
-        except (PrivacyError, ValueError, OSError) as exc:
+        except (DamagedFileError, PrivacyError, ValueError, OSError) as exc:
             errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-            raise typer.Exit(2) from exc
+            raise typer.Exit(1 if isinstance(exc, DamagedFileError) else 2) from exc
         finally:
             for warning in caught:
                 message = escape(str(warning.message))

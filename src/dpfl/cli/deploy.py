@@ -118,6 +118,7 @@ def hospital(
     federation of the study's [roster] only."""
     from dpfl.engines.flower import HospitalConfig
     from dpfl.experiments.deploy import deployment_of
+    from dpfl.privacy import Ledger
 
     with reported_errors():
         node = {
@@ -132,6 +133,8 @@ def hospital(
             **({} if he_keys is None else {"he-keys": str(he_keys.resolve())}),
         }
         me = HospitalConfig.from_node_config(node)
+        if ledger.is_file() and ledger.stat().st_size:  # a damaged one: refused here, not
+            Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed, a roster that does
         # not list this hospital's identity key, and data that cannot be read
         me.deployment(deployment_of)

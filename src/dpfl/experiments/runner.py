@@ -59,6 +59,7 @@ from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.output_perturbation import AOPConfig
 from dpfl.privacy import Accountant, Ledger
 from dpfl.privacy.errors import UnsupportedAccountingError
+from dpfl.sqlite_file import DamagedFileError
 
 STORE = "results.sqlite"
 LOCK = "study.lock"
@@ -276,7 +277,7 @@ class PointFailure:
 def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
     """Simulate one point, resuming from its checkpoint with its ledger (both in `out`),
     and build its results; what any worker runs. An error is returned as the point's
-    failure; Ctrl-C is raised, leaving the point to resume."""
+    failure; Ctrl-C and a damaged ledger are raised, leaving the point to resume."""
     key = config.key()
     ledger_file = Path("ledgers") / f"{key}.sqlite"
     checkpoint = _checkpoint(out, key)
@@ -287,7 +288,7 @@ def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
         if result.interrupted:
             raise KeyboardInterrupt
         return _results(config, key, result, ledger_file, time.perf_counter() - started)
-    except (KeyboardInterrupt, SystemExit):
+    except (KeyboardInterrupt, SystemExit, DamagedFileError):
         raise  # left 'running': a restart resumes it from its checkpoint
     except DataFormatError as exc:  # bad input: the message names file, line and column
         return PointFailure(f"{type(exc).__name__}: {exc}")

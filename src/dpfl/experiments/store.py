@@ -51,7 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.privacy import Ledger
-from dpfl.sqlite_file import open_database, schema_of, write_transaction
+from dpfl.sqlite_file import DamagedFileError, open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
 _SCHEMA_VERSION = 4
@@ -200,6 +200,12 @@ class StoreError(ValueError):
     """The file is not a results store, or a run is not in it."""
 
 
+class DamagedStoreError(StoreError, DamagedFileError):
+    """The results store is damaged; nothing was written to it."""
+
+    remedy = "restore it from a backup, or run the study again in a new directory"
+
+
 @dataclass(frozen=True)
 class RunRow:
     """One run as stored: its config and grid point are parsed back from JSON."""
@@ -294,6 +300,7 @@ class ResultsStore:
             schema=_SCHEMA,
             schema_version=_SCHEMA_VERSION,
             error=StoreError,
+            damaged=DamagedStoreError,
             migrations=_MIGRATIONS,
             read_only=not create,
         )

@@ -11,8 +11,9 @@ post-processing for it and costs nothing. The ledger is a SQLite file (one per s
   `kill -9` can lose an update but never spent budget.
 * An event that would take the silo past its budget is refused and nothing is written.
 * Reopening the file continues from what was spent.
-* Readers open it read-only (`create=False`), and a damaged file is reported by name,
-  never as a traceback.
+* Readers open it read-only (`create=False`) and create nothing beside it. A damaged
+  file is refused by name when opened (`DamagedLedgerError`), before any budget is read
+  or charged, never as a traceback, and is never modified.
 """
 
 from __future__ import annotations
@@ -34,7 +35,13 @@ from dpfl.privacy import calibration, events
 from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
 from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
 from dpfl.privacy.events import Neighbouring, PrivacyEvent
-from dpfl.sqlite_file import database_errors, open_database, schema_of, write_transaction
+from dpfl.sqlite_file import (
+    DamagedFileError,
+    database_errors,
+    open_database,
+    schema_of,
+    write_transaction,
+)
 
 _APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
 _SCHEMA_VERSION = 2
@@ -70,6 +77,12 @@ CREATE TABLE events (
 CREATE INDEX events_by_silo ON events(silo, id);
 """
 )
+
+
+class DamagedLedgerError(LedgerError, DamagedFileError):
+    """The ledger file is damaged; nothing was written to it."""
+
+    remedy = "restore it from a backup: the budget it records as spent cannot be recomputed"
 
 
 @dataclass(frozen=True)
@@ -115,7 +128,7 @@ def _guarded(
 
     @functools.wraps(method)
     def guarded(self: Ledger, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
-        with database_errors(self.path, "ledger", LedgerError):
+        with database_errors(self.path, "ledger", LedgerError, DamagedLedgerError):
             return method(self, *args, **kwargs)
 
     return guarded
@@ -606,6 +619,7 @@ def _open(path: Path, *, read_only: bool) -> sqlite3.Connection:
         schema=_SCHEMA,
         schema_version=_SCHEMA_VERSION,
         error=LedgerError,
+        damaged=DamagedLedgerError,
         migrations=_MIGRATIONS,
         read_only=read_only,
     )
