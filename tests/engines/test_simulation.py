@@ -14,6 +14,7 @@ from sklearn.datasets import load_breast_cancer
 
 from dpfl.data import partition
 from dpfl.engines import simulation
+from dpfl.engines.accounts import note_release
 from dpfl.engines.simulation import SimulationResult, account, simulate
 from dpfl.federation.algorithms import Cyclic, FedAvg, Instruction, Local, State
 from dpfl.federation.silo import Silo, SiloInfo
@@ -214,6 +215,101 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
     with Ledger(ledger) as book:
         assert len(book.entries(account(silos[2], 0))) == 8
     assert again.epsilon[0]["h2"].epsilon > whole.epsilon[0]["h2"].epsilon
+
+
+def _rounds_charged(ledger: Path, silos: Sequence[Silo]) -> list[list[int | None]]:
+    """Per silo, the rounds its first trial's account was charged for, in order."""
+    with Ledger(ledger, create=False) as book:
+        return [[e.round for e in book.entries(account(s, 0))] for s in silos]
+
+
+def test_an_older_copy_of_a_checkpoint_pays_for_the_round_it_releases_again(
+    tmp_path: Path,
+) -> None:
+    """The audit's attack: 2 rounds, copy the checkpoint, resume to 3 (round 2 released
+    and charged), restore the copy and run to 3 again: round 2 is released again, with
+    fresh noise, and must be charged again (it was free: the ledger showed it once)."""
+    silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
+    run = dict(ledger=ledger, checkpoint=checkpoint, research_noise=False, progress=False)
+    simulate(_fedavg(), silos, rounds=2, **run)  # type: ignore[arg-type]
+    copy = checkpoint.read_bytes()
+    first = simulate(_fedavg(), silos, rounds=3, **run)  # type: ignore[arg-type]
+    checkpoint.write_bytes(copy)
+    second = simulate(_fedavg(), silos, rounds=3, **run)  # type: ignore[arg-type]
+    assert second.metadata["instance"] == first.metadata["instance"]  # resumed, not new
+    assert not torch.equal(first.params["weight"], second.params["weight"])  # a new release
+    assert _rounds_charged(ledger, silos) == [[0, 1, 2, 2]] * 3
+
+
+def test_a_round_released_meanwhile_by_another_resume_is_not_released_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two resumes of one crashed run both find round 1 paid for and unreleased: the one
+    that notes it released second stops before its checkpoint and result."""
+    silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
+    real_save = simulation._save
+
+    def crash_in_round_1(*args: object) -> None:
+        if args[3] == 1:  # round 1 was paid for, never released
+            raise RuntimeError("power cut")
+        real_save(*args)  # type: ignore[arg-type]
+
+    def run(**kwargs: object) -> SimulationResult:
+        return simulate(
+            _fedavg(),
+            silos,
+            rounds=2,
+            ledger=ledger,
+            checkpoint=checkpoint,
+            progress=False,
+            **kwargs,  # type: ignore[arg-type]
+        )
+
+    monkeypatch.setattr(simulation, "_save", crash_in_round_1)
+    with pytest.raises(RuntimeError, match="power cut"):
+        run()
+    monkeypatch.setattr(simulation, "_save", real_save)
+    with Ledger(ledger) as book:
+        run_name = book.entries(account(silos[0], 0))[-1].label.split(" instance ")[0]
+
+    def other_resume_releases(round_: int, *_: object) -> None:
+        with Ledger(ledger) as other:  # another process, its own connection
+            note_release(other, run_name, round_)
+
+    with pytest.raises(RuntimeError, match=r"round 1 of fedavg run .* released meanwhile"):
+        run(observe=other_resume_releases)
+    assert torch.load(checkpoint, weights_only=False)["round"] == 0
+    assert _rounds_charged(ledger, silos) == [[0, 1]] * 3
+    assert run().rounds_completed == 2  # a resume now pays for the round it releases
+    assert _rounds_charged(ledger, silos) == [[0, 1, 1]] * 3
+
+
+@pytest.mark.parametrize("charged", [False, True], ids=["before-charges", "after-charges"])
+def test_ctrl_c_in_a_round_charges_it_again_on_resume_only_once_it_was_charged(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, charged: bool
+) -> None:
+    """An interrupted result holds the round under way once it was charged (its update
+    may be aggregated): a resume pays for that round again. Interrupted before its
+    charges, it holds nothing of the round, and the resume pays once."""
+    silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
+    run = dict(rounds=4, ledger=ledger, checkpoint=checkpoint, progress=False)
+    real = simulation._RunState.exchange
+
+    def interrupted_in_round_2(self: object, *args: object) -> object:
+        if args[3] == 2 and not charged:
+            raise KeyboardInterrupt
+        out = real(self, *args)  # type: ignore[arg-type]
+        if args[3] == 2:
+            raise KeyboardInterrupt
+        return out
+
+    monkeypatch.setattr(simulation._RunState, "exchange", interrupted_in_round_2)
+    stopped = simulate(_fedavg(), silos, **run)  # type: ignore[arg-type]
+    assert stopped.interrupted and stopped.rounds_completed == 2
+    monkeypatch.setattr(simulation._RunState, "exchange", real)
+    simulate(_fedavg(), silos, **run)  # type: ignore[arg-type]
+    again = [2] if charged else []
+    assert _rounds_charged(ledger, silos) == [[0, 1, 2, *again, 3]] * 3
 
 
 def test_a_plan_over_budget_fails_before_training_and_calibration_fits_it() -> None:

@@ -5,8 +5,9 @@ One ledger account per (silo, trial) with the silo's (ε, δ) budget, and one pe
 (declared, or a DP count released once through the ledger); the whole plan checked
 before round 0; σ calibrated to the budgets by the accountant that enforces them; and
 the resume rule: only a resume of the same run instance may count an entry as already
-paid. The simulator applies it to every account of a run at once; a deployed hospital
-applies it to its own accounts.
+paid, and only for a round the ledger does not show released (`note_release`). The
+simulator applies it to every account of a run at once; a deployed hospital applies it
+to its own accounts.
 """
 
 from __future__ import annotations
@@ -210,12 +211,17 @@ def prepaid(
     trials: int,
     start: int,
     label: str,
+    run: str,
 ) -> Prepaid:
-    """Charges this run (by its label) already made for the round it resumes with: it
-    stopped after paying for that round but before checkpointing it. The round's outputs
+    """Charges this run instance (by its label) already made for the round it resumes
+    with: it stopped after paying for that round but before releasing it. Its outputs
     were never kept, and re-running it releases them once, so what was paid covers it.
-    If this run's entries go past that round, it is a new run over an old ledger, and
-    nothing counts as paid."""
+    If the ledger shows that round of the `run` released (`note_release`: e.g. a later
+    checkpoint was written, and the one resumed from is an older copy) or this
+    instance's entries go past it (a new run over an old ledger), re-running it is a new
+    release and nothing counts as paid."""
+    if book.noted(_released(run, start)):
+        return Counter()
     names = [
         account(s, r, view)
         for s in silos
@@ -235,6 +241,20 @@ def prepaid(
     return Counter(
         (name, start, entry.event.to_json()) for name, entry in mine if entry.round == start
     )
+
+
+def note_release(book: Ledger, run: str, round_: int) -> bool:
+    """Note in the ledger that `run` (any instance of it: its label without the instance,
+    the same in every study directory) releases round `round_`'s outputs (a checkpoint of
+    it, a result holding it), before it does: a resume from an older checkpoint then
+    pays for that round again (`prepaid`). The ledger, not the checkpoint, keeps it: a
+    copy of a checkpoint can be restored, a ledger's fact cannot be taken back. True if
+    the round was noted released before."""
+    return book.noted(_released(run, round_), note=True)
+
+
+def _released(run: str, round_: int) -> str:
+    return f"{run} released round {round_}"
 
 
 def unpaid(

@@ -19,8 +19,9 @@ What it adds around the halves (the bookkeeping shared with any engine is in
   ledger and re-used by every later run over it); mechanisms are shaped by it alone.
 * run instances: each run gets an id kept in its checkpoint and in the label of every
   ledger entry it makes. Only a resume of that instance from its own checkpoint may
-  count an entry as already paid (a round paid for but never checkpointed); a rerun, or
-  the same run with a new checkpoint, pays in full.
+  count an entry as already paid (a round paid for but never released); a rerun, the
+  same run with a new checkpoint, or a resume from an older copy of its checkpoint (the
+  ledger notes each round released before its checkpoint takes its name) pays in full.
 * determinism with research noise: every generator and noise source is derived from
   (seed, trial, silo, round), so a run repeats bit for bit, trials stacked together
   equal trials run alone, and a run resumed from its checkpoint ends with the same model
@@ -63,6 +64,7 @@ from dpfl.engines.accounts import (
     account,
     affordable_rounds,
     check_plans,
+    note_release,
     prepaid,
     public_sizes,
     register_accounts,
@@ -391,11 +393,30 @@ def simulate(
                     "costs more than what is left (add noise or raise the budget)"
                 )
             stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-        label = f"{algorithm.name} run {fingerprint[:12]} instance {instance}"
-        paid = prepaid(book, algorithm, infos, trials, start, label) if resumed else Counter[Any]()
+        run_name = f"{algorithm.name} run {fingerprint[:12]}"
+        label = f"{run_name} instance {instance}"
+        paid = (
+            prepaid(book, algorithm, infos, trials, start, label, run_name)
+            if resumed
+            else Counter[Any]()
+        )
         if algorithm.private:
             left = participations(schedule, start, rounds)
             check_plans(book, algorithm, infos, trials, left, targets, paid, releases(start))
+        covered, begun, noted = bool(paid), set[int](), set[int]()
+
+        def mark_released(round_: int) -> None:
+            """Note the round released in the ledger before anything holding it is written
+            or returned. A round re-run on charges paid for one release, which another
+            process released meanwhile (e.g. from the same checkpoint), is not released."""
+            again = algorithm.private and note_release(book, run_name, round_)
+            if again and covered and round_ == start and round_ not in noted:
+                raise RuntimeError(
+                    f"round {round_} of {run_name} was released meanwhile by another process "
+                    f"while this one resumed it from {checkpoint}; its charges pay for one "
+                    "release, so this one is not released"
+                )
+            noted.add(round_)
 
         def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
             """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
@@ -405,6 +426,7 @@ def simulate(
                 for (trial, index), view, event in charges
                 for k in (range(len(silos)) if index < 0 else [index])
             ]
+            begun.add(current)  # from here on the round's outputs may be in the result
             if paid and current == start:  # only the resumed round can have been paid
                 named = unpaid(named, paid, current)
             if named:
@@ -455,7 +477,16 @@ def simulate(
                             algorithm.model, models, silos, current, algorithm.loss, cuts
                         )
                     if checkpoint is not None:
-                        _save(checkpoint, fingerprint, instance, current, run, history, messages)
+                        _save(
+                            checkpoint,
+                            fingerprint,
+                            instance,
+                            current,
+                            run,
+                            history,
+                            messages,
+                            mark_released,
+                        )
                     if progress and (time.monotonic() >= next_status or current == rounds - 1):
                         began = time.monotonic()
                         bar.update(task, status=_status(book, infos, trials, history, algorithm))
@@ -466,6 +497,8 @@ def simulate(
                     completed = current + 1
             except KeyboardInterrupt:
                 interrupted = True
+                if checkpoint is not None and current in begun:  # the result may hold it
+                    mark_released(current)
         shared = [state["global"] for state in run.server]
         params = _stacked(shared)
         models = run.models(algorithm, silos)
@@ -844,8 +877,12 @@ def _save(
     state: _RunState,
     history: list[dict[str, Any]],
     messages: list[dict[str, Any]],
+    release: Callable[[int], None] | None = None,
 ) -> None:
-    """Write the checkpoint atomically: a crash leaves the previous one intact."""
+    """Write the checkpoint atomically: a crash leaves the previous one intact. It holds
+    the round's outputs: `release(round_)` notes them released just before the file takes
+    its name (a crash between the two makes a resume pay for the round again, never
+    release it unpaid)."""
     target = Path(path)
     partial = target.with_suffix(target.suffix + ".partial")
     torch.save(
@@ -859,4 +896,6 @@ def _save(
         },
         partial,
     )
+    if release is not None:
+        release(round_)
     os.replace(partial, target)

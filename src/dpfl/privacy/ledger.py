@@ -406,6 +406,19 @@ class Ledger:
         return None if kept is None else float(json.loads(kept))
 
     @_guarded
+    def noted(self, key: str, *, note: bool = False) -> bool:
+        """Whether the fact `key` is kept (e.g. that a run released a round); with `note`,
+        keep it now if not, in one transaction: of processes noting one key, exactly one
+        is told it was not kept before."""
+        if not note:
+            return schema_of(self._db) >= 2 and _fact(self._db, key) is not None
+        with write_transaction(self._db) as db:
+            if _fact(db, key) is not None:
+                return True
+            db.execute("INSERT INTO facts VALUES (?, ?, ?)", (key, "", time.time()))
+            return False
+
+    @_guarded
     def claim(self, owner: str) -> None:
         """Mark the ledger as the account book of `owner` (e.g. a study's run id); a ledger
         already claimed by another owner is refused, so that one run's spending can never
