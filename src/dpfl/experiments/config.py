@@ -359,7 +359,7 @@ class StudyConfig(_Strict):
             why = {
                 "mrmtl": "its pull towards the global model joins SGD's velocity",
                 "ditto": "its pull towards the global model joins SGD's velocity",
-                "fedsgd_secure": "its momentum is carried between rounds",
+                "fedsgd_secure": "its hospitals reply one plain noisy step for the secure sum",
                 "aop": "it runs no SGD steps",
                 "sign": "it sends the signs of one gradient",
             }.get(name)
