@@ -297,7 +297,7 @@ def test_results_table_reads_the_union_at_the_last_round_and_the_server_view(pag
         if plan.sigma is None:
             assert row["σ"] == "—"
             assert row["max ε (enforced)"] == row["max ε (other accountant)"] == "∞ (non-private)"
-            assert row["AUROC"] == f"{auroc(plan, 0, last):.3f}"  # trial 1's is undefined
+            assert row["AUROC"] == f"{auroc(plan, 0, last):.3f} (n = 1)"  # trial 1's undefined
         else:
             other = "rdp" if plan.accountant == "pld" else "pld"
             mark = " †" if plan.research_noise else ""
@@ -463,8 +463,8 @@ def test_single_run_single_trial_has_no_spread(tmp_path: Path) -> None:
     plan = Plan("fedavg", {}, 1.2, trials=1)
     index = write_report(build_study(tmp_path, [plan], failed=False), metric="auroc")
     row = results_table(index)[plan.id[:8]]
-    assert row["AUROC"] == f"{auroc(plan, 0, 3):.3f}"
-    assert "±" not in row["accuracy"]
+    assert row["AUROC"] == f"{auroc(plan, 0, 3):.3f} (n = 1)"  # a spread of one is unknown
+    assert "±" not in row["accuracy"] and row["accuracy"].endswith(" (n = 1)")
     assert len(image_sources(index)) == 4
     assert "Failed runs" not in index.read_text(encoding="utf-8")
 
