@@ -1,6 +1,6 @@
 """Batch samplers, each declaring the privacy event its batches make possible.
 
-The one rule of ARCHITECTURE.md: the code that draws a batch is the code that declares
+The one rule of docs/architecture.md: the code that draws a batch is the code that declares
 its privacy event. `privacy_event(noise_multiplier, steps)` takes the noise multiplier
 of DP-SGD as it is run (Gaussian noise of std σ·C added to the sum of gradients clipped
 to norm C) and returns the event that is true for *this* way of sampling; a sampler

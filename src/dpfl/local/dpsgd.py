@@ -10,7 +10,7 @@ coordinate: m ← β₁m + (1−β₁)g̃, s ← β₂s + (1−β₂)g̃², θ �
 corrections m̂ = m/(1−β₁ᵗ), ŝ = s/(1−β₂ᵗ), as torch.optim.Adam's default; its state
 restarts at each local training (t counts from 1 within one `run`).
 
-The sampler declares the privacy event (ARCHITECTURE.md's one rule); `run` asks for it
+The sampler declares the privacy event (docs/architecture.md's one rule); `run` asks for it
 *before* the first step, so a sampler that cannot be accounted for (shuffled batches)
 stops the run instead of being reported wrongly, and returns it with the result for the
 caller to record in the silo's ledger.

@@ -2,7 +2,7 @@
 
 An event is a `dp_accounting` `DpEvent` tree plus the neighbouring relation under which
 it was analysed. The code that samples a batch or adds noise builds the event (the one
-rule in ARCHITECTURE.md); accountants and the ledger only read events. Two event types
+rule in docs/architecture.md); accountants and the ledger only read events. Two event types
 are ours because `dp_accounting` has none for them (three, with node-level steps):
 
 * `ApproximateDpEvent`: a mechanism known only to be (ε, δ)-DP (A*STAR's approximate

@@ -1,7 +1,7 @@
 """What every federated algorithm provides: a server half and a hospital half.
 
 An algorithm is a small frozen object with pure, seedable functions over parameters
-(ARCHITECTURE.md, "One algorithm, two engines"):
+(docs/architecture.md, "One algorithm, two engines"):
 
 * server half: `configure` says what each silo of a round gets (an `Instruction`),
   `aggregate` turns the silos' `Reply`s into the next state through `secure_sum`, the
