@@ -3,7 +3,7 @@ the Python API and by `dpfl privacy ledger` in one line, and is never modified; 
 create nothing beside a ledger, damaged or not.
 
 The faults are injected deterministically into a copy of one ledger, and are shared with
-tests/experiments/test_store_files.py."""
+tests/experiments/test_store.py."""
 
 from __future__ import annotations
 

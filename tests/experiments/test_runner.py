@@ -1,5 +1,6 @@
-"""Sweeps end to end: results in SQLite, a killed sweep resumes without loss or double
-charges, `best` honours both ε and δ, the commands print JSON."""
+"""dpfl.experiments.runner: sweeps end to end. Results land in SQLite, a killed sweep
+resumes without loss or double charges, `best` honours both ε and δ, the commands print
+JSON."""
 
 from __future__ import annotations
 

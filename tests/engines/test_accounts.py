@@ -1,10 +1,11 @@
-"""The two defects an independent audit found, each pinned by a test that failed before:
+"""dpfl.engines.accounts: the rules an engine keeps around an algorithm's rounds.
 
-1. A rerun over one ledger got rounds for free: only a resume of the same run instance
-   from its own checkpoint may count an entry as paid.
-2. The record count shaped the mechanism (q, steps, normaliser, AOP's σ) although events
-   are declared add/remove: mechanisms are shaped by a public size, declared or released
-   as a DP count charged first.
+1. The resume rule: a rerun over one ledger pays for every round; only a resume of the
+   same run instance from its own checkpoint may count an entry as paid.
+2. Public sizes: the record count never shapes the mechanism (q, steps, normaliser, AOP's
+   σ), although events are declared add/remove; mechanisms are shaped by a public size,
+   declared or released as a DP count charged first.
+3. The progress status shows the worst trial by the accountant that enforces the budget.
 """
 
 from __future__ import annotations
