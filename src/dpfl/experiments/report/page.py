@@ -8,6 +8,7 @@ import html
 import io
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from matplotlib.figure import Figure
@@ -17,6 +18,7 @@ from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_n
 from dpfl.experiments.queries import (
     RESULTS_FILE,
     CrossSilo,
+    Metrics,
     Pooled,
     Spread,
     Traffic,
@@ -163,36 +165,24 @@ def _overview(runs: list[RunRow], shown: list[Shown]) -> str:
 
 
 def _results_table(shown: list[Shown], metric: str) -> str:
-    metrics = _table_metrics(metric)
-    header = [
-        "run",
-        "algorithm",
-        "grid point",
-        "trials",
-        "± over",
-        "rounds",
-        "σ",
-        "max ε (enforced)",
-        "max ε (other accountant)",
-        *(metric_name(m) for m in metrics),
-        "bytes up per client",
-    ]
     rows = [
-        [
-            _Html(f'<a href="#run-{_e(s.run.id)}">{_e(s.run.id[:8])}</a>'),
-            s.run.algorithm,
-            point(s.run) or "—",
-            s.run.trials,
-            str(s.summary.replicates),
-            _rounds_text(s.run),
-            _number(s.run.noise_multiplier) if s.summary.private else "—",
-            _epsilon_text(s, s.summary.accountant, mark=True),
-            _epsilon_text(s, s.summary.other_accountant),
-            *(_spread_text(s.summary.metrics.score(m)) for m in metrics),
-            _bytes_up([s.run], s.summary.traffic),
-        ]
+        _ScoredRow(
+            (s.run,),
+            point(s.run),
+            [
+                s.run.trials,
+                str(s.summary.replicates),
+                _rounds_text(s.run),
+                _number(s.run.noise_multiplier) if s.summary.private else "—",
+                _epsilon_text(s, s.summary.accountant, mark=True),
+                _epsilon_text(s, s.summary.other_accountant),
+            ],
+            s.summary.metrics,
+            s.summary.traffic,
+        )
         for s in shown
     ]
+    facts = ["trials", "± over", "rounds", "σ", "max ε (enforced)", "max ε (other accountant)"]
     caption = (
         "<p>ε: the largest over silos and trials, by the accountant that enforced the "
         "budgets; the other accountant's figure is shown for comparison only.</p>"
@@ -201,7 +191,48 @@ def _results_table(shown: list[Shown], metric: str) -> str:
         caption += f"<p>{_e(REPORTED)}</p>"
     if any(research_noise(s.run) for s in shown):
         caption += f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>"
-    return "<h2 id='results'>Results</h2>\n" + _table(header, rows) + caption
+    table = _scores_table(("run", "grid point", *facts), rows, metric)
+    return "<h2 id='results'>Results</h2>\n" + table + caption
+
+
+@dataclass(frozen=True)
+class _ScoredRow:
+    """One row of a table of scores: a run, or runs pooled over seeds."""
+
+    runs: tuple[RunRow, ...]
+    point: str
+    facts: list[Any]
+    """the cells between the grid point and the metrics"""
+    metrics: Metrics
+    traffic: Traffic
+
+
+def _scores_table(columns: tuple[str, ...], rows: list[_ScoredRow], metric: str) -> str:
+    """The runs (linked to their datasheets), algorithm, grid point and facts of each row,
+    then `metric` and the usual metrics, and bytes up per client. `columns` names the runs,
+    the grid point and the facts."""
+    runs, grid_point, *facts = columns
+    metrics = _table_metrics(metric)
+    header = [
+        runs,
+        "algorithm",
+        grid_point,
+        *facts,
+        *(metric_name(m) for m in metrics),
+        "bytes up per client",
+    ]
+    cells = [
+        [
+            _Html(", ".join(f'<a href="#run-{_e(r.id)}">{_e(r.id[:8])}</a>' for r in row.runs)),
+            row.runs[0].algorithm,
+            row.point or "—",
+            *row.facts,
+            *(_spread_text(row.metrics.score(m)) for m in metrics),
+            _bytes_up(row.runs, row.traffic),
+        ]
+        for row in rows
+    ]
+    return _table(header, cells)
 
 
 def _bytes_up(runs: Iterable[RunRow], traffic: Traffic) -> str:
@@ -222,40 +253,32 @@ def _table_metrics(metric: str) -> list[str]:
 def _pooled_table(groups: list[Pooled], metric: str) -> str:
     """Runs that differ only in their seed, one row: figures over every trial of every
     seed (nothing if no two runs differ only in their seed)."""
-    pooled = [g for g in groups if len(g.runs) > 1]
-    if not pooled:
-        return ""
-    metrics = _table_metrics(metric)
-    header = [
-        "runs",
-        "algorithm",
-        "grid point (but the seed)",
-        "± over",
-        "seeds",
-        "max ε (enforced)",
-        *(metric_name(m) for m in metrics),
-        "bytes up per client",
-    ]
     rows = [
-        [
-            _Html(", ".join(f'<a href="#run-{_e(r.id)}">{_e(r.id[:8])}</a>' for r in g.runs)),
-            g.run.algorithm,
-            point(g.run, ("seed",)) or "—",
-            str(g.replicates),
-            ", ".join(str(seed) for seed in g.replicates.seeds),
-            _pooled_epsilon(g),
-            *(_spread_text(g.metrics.score(m)) for m in metrics),
-            _bytes_up(g.runs, g.traffic),
-        ]
-        for g in pooled
+        _ScoredRow(
+            g.runs,
+            point(g.run, ("seed",)),
+            [
+                str(g.replicates),
+                ", ".join(str(seed) for seed in g.replicates.seeds),
+                _pooled_epsilon(g),
+            ],
+            g.metrics,
+            g.traffic,
+        )
+        for g in groups
+        if len(g.runs) > 1
     ]
+    if not rows:
+        return ""
     caption = (
         "<p>Runs that differ only in their study seed, pooled: mean ± sample std over every "
         "trial of every seed. A trial varies the batches, the noise and (but for trial 0) "
         "the model's initialisation; a seed also varies the split into silos and trial "
         "0's initialisation. ε: the largest over silos, trials and seeds.</p>"
     )
-    return "<h2 id='pooled'>Pooled over seeds</h2>\n" + _table(header, rows) + caption
+    columns = ("runs", "grid point (but the seed)", "± over", "seeds", "max ε (enforced)")
+    table = _scores_table(columns, rows, metric)
+    return "<h2 id='pooled'>Pooled over seeds</h2>\n" + table + caption
 
 
 def _pooled_epsilon(g: Pooled) -> str:
