@@ -1,11 +1,12 @@
 """The documentation's `dpfl privacy …` examples print what their comments say, and so
 does the README's ledger example (run as it is: it records the round it affords).
 
-Every line of README.md and docs/*.md that starts with `dpfl privacy` and ends in a
-`# …` comment is run; each number in the comment must be one the command prints (to the
-comment's decimals), and an accountant it names must be printed. The examples run in one
-child process under a memory limit: one that regressed to a huge PLD fails, rather than
-taking the machine's memory.
+Every line of README.md and the Markdown pages under docs/ that starts with `dpfl
+privacy` and ends in a `# …` comment is run; each number in the comment must be one the
+command prints (to the comment's decimals), and an accountant it names must be printed.
+The examples run in one child process under a memory limit: one that regressed to a huge
+PLD fails, rather than taking the machine's memory. Every relative link in those pages
+names a file that exists, and a `#fragment` a heading of the page it points to.
 """
 
 from __future__ import annotations
@@ -39,13 +40,18 @@ print(json.dumps([{"exit_code": r.exit_code, "stdout": r.stdout, "output": r.out
 """
 
 
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCED = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
+
+
 def _examples() -> list[tuple[str, str, str]]:
     """(file, command, expected) for every documented example with its result."""
     found = []
-    for path in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+    for path in PAGES:
         for line in path.read_text(encoding="utf-8").splitlines():
             if match := EXAMPLE.match(line.strip()):
-                found.append((path.name, match[1], match[2]))
+                found.append((str(path.relative_to(ROOT)), match[1], match[2]))
     return found
 
 
@@ -124,3 +130,31 @@ def test_the_readme_ledger_example_records_the_round_its_plan_affords(tmp_path: 
     assert NUMBER.findall(shown.stdout) == [str(spent)]
     said = code.rsplit("#", 1)[1]  # the last line's comment: what it prints
     assert _printed(NUMBER.findall(said)[0], [str(spent)])
+
+
+def _anchors(page: Path) -> set[str]:
+    """The fragments GitHub gives a page's headings: lower case, punctuation dropped,
+    spaces as hyphens, a repeated one numbered."""
+    seen: dict[str, int] = {}
+    for line in FENCED.sub("", page.read_text(encoding="utf-8")).splitlines():
+        if heading := re.match(r"#+ (.+)", line):
+            slug = re.sub(r"[^\w\- ]", "", heading[1].strip().lower()).replace(" ", "-")
+            seen[slug] = seen.get(slug, -1) + 1
+            if seen[slug]:
+                seen[f"{slug}-{seen[slug]}"] = 0
+    return set(seen)
+
+
+def test_every_relative_link_in_the_docs_resolves() -> None:
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(FENCED.sub("", page.read_text(encoding="utf-8"))):
+            if re.match(r"[a-z]+:", target):  # https:, mailto:: not ours to check
+                continue
+            file, _, fragment = target.partition("#")
+            linked = (page.parent / file).resolve() if file else page
+            if not linked.exists():
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such file)")
+            elif fragment and linked.suffix == ".md" and fragment not in _anchors(linked):
+                broken.append(f"{page.relative_to(ROOT)}: {target} (no such heading)")
+    assert broken == []

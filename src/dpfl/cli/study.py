@@ -347,7 +347,7 @@ def reproduce(
 
     RECIPE: owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl, puffle-pandemic,
     dopamine, flamby-heart-disease, flamby-tcga-brca or gse7390-survival
-    (docs/reproductions.md)."""
+    (docs/reproductions/README.md)."""
     from dpfl.experiments.recipes import reproduce as run_recipe
     from dpfl.experiments.runner import StudyBar
 
