@@ -120,7 +120,7 @@ def test_a_hospital_and_the_server_killed_mid_round_then_restarted_end_as_simula
 
     out = tmp_path / "server-out"
     with loopback.cluster(nodes, tmp_path) as running:
-        command = running.server(study, 3, out, "--wait", "60", "--timeout", "60")
+        command = running.server(study, out, "--wait", "60", "--timeout", "60")
         with open(running.logs / "first-server.log", "wb") as log:
             first = subprocess.Popen(command, env=running.env, stdout=log, stderr=log)
         try:
@@ -132,7 +132,7 @@ def test_a_hospital_and_the_server_killed_mid_round_then_restarted_end_as_simula
         committed = {name: charged(name) for name in nodes}
         (checkpoint,) = out.glob("checkpoint-*.pt")
         instance = torch.load(checkpoint, weights_only=True)["instance"]
-        again = running.server(study, 3, out, "--wait", str(REJOIN), "--timeout", str(REJOIN))
+        again = running.server(study, out, "--wait", str(REJOIN), "--timeout", str(REJOIN))
         with open(running.logs / "second-server.log", "wb") as log:
             second = subprocess.Popen(again, env=running.env, stdout=log, stderr=log)
         try:

@@ -170,7 +170,7 @@ def test_a_hospital_whose_key_the_roster_does_not_list_refuses_to_start(
         message_type="query.hello",
     )
     message.metadata.__dict__["_message_id"] = "m0"
-    with pytest.raises(DeploymentError, match="does not list hospital-0 with the identity key"):
+    with pytest.raises(RosterError, match="does not list hospital-0 with the identity key"):
         client_app()(message, context)
 
 

@@ -40,12 +40,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -62,7 +60,7 @@ from dpfl.engines import flower_he, flower_masking
 from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.roster import PREFIX, Roster, RosterError, public_text, read_identity
-from dpfl.engines.simulation import Streams, stream_noise, stream_rng
+from dpfl.engines.streams import Streams, member_rng, stream_noise, stream_rng
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
@@ -73,9 +71,10 @@ from dpfl.federation.algorithms.base import (
 )
 from dpfl.federation.messages import Encoding, SecureSum, decode, encode
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.files import replacing
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
-from dpfl.local.noise import NoiseSource, SecureNoise
+from dpfl.local.threads import torch_threads
 from dpfl.privacy import Ledger, events
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.secure import InTheClear
@@ -142,17 +141,6 @@ class Deployment:
 DeploymentOf = Callable[[Path], Deployment]
 """How a half reads a study file (the hospital's from its node config, the server's
 from its run config) into its `Deployment`; refuses one that cannot be deployed."""
-
-
-@contextmanager
-def _one_thread() -> Iterator[None]:
-    """One torch thread, as the simulator trains (and the same float sums)."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _record(fields: Mapping[str, Any]) -> RecordDict:
@@ -224,7 +212,7 @@ class HospitalConfig:
         pinned = run.roster.identities.get(self.name)
         mine = read_identity(self.identity).public_key().public_bytes_raw()
         if pinned != mine:
-            raise DeploymentError(
+            raise RosterError(
                 f"the study's roster does not list {self.name} with the identity key in "
                 f"{self.identity}"
                 + ("" if pinned is None else f" (it lists {PREFIX}{pinned.hex()})")
@@ -399,8 +387,12 @@ class _Hospital:
                 else saved.get("local", algorithm.initial_local_state(like))
             )
             calls = saved.get("calls", {}) if saved.get("at", [None])[0] == round_ else {}
-            index = [s.name for s in silos].index(self.me.name)
-            streams = _MemberStreams(self.run.seed, round_, index, calls, self.me.research_noise)
+            me = (0, [s.name for s in silos].index(self.me.name))  # (trial, silo index)
+            seed, research = self.run.seed, self.me.research_noise
+            rng = Streams(seed, round_, partial(member_rng, research), {me: calls.get("rng", 0)})
+            noise = Streams(
+                seed, round_, partial(stream_noise, research), {me: calls.get("noise", 0)}
+            )
             label = f"{algorithm.name} deployment of {self.run.key} instance {self.instance}"
 
             def charge(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
@@ -410,9 +402,9 @@ class _Hospital:
                     round=round_,
                 )
 
-            ctx = HospitalContext(round_, streams.rng, streams.noise, charge)
+            ctx = HospitalContext(round_, partial(rng, *me), partial(noise, *me), charge)
             try:
-                with _one_thread():
+                with torch_threads(1):  # as the simulator trains: the same float sums
                     reply, local = algorithm.client_update(
                         Instruction(params, cohort), self.silo, before, ctx
                     )
@@ -432,7 +424,8 @@ class _Hospital:
                     "length": reply.vector.numel(),
                 }
             )
-        kept = {"local": local, "before": before, "at": [round_, exchange], "calls": streams.calls}
+        calls = {"rng": rng.calls(*me), "noise": noise.calls(*me)}
+        kept = {"local": local, "before": before, "at": [round_, exchange], "calls": calls}
         self._save({**kept, **({} if self.run.masked else {"reply": out})})
         return out
 
@@ -451,7 +444,7 @@ class _Hospital:
         with np.load(test) as arrays:
             tested = Silo.from_arrays(self.me.name, arrays["x"], arrays["y"])
         silo = dataclasses.replace(self.silo, x_test=tested.x, y_test=tested.y)
-        with _one_thread():
+        with torch_threads(1):  # as the simulator trains: the same float sums
             model = algorithm.model_of({"global": sent}, local)
             (row,) = evaluate(
                 algorithm.model, [[model]], [silo], int(fields["round"]), algorithm.loss
@@ -467,37 +460,8 @@ class _Hospital:
 
     def _save(self, saved: Mapping[str, Any]) -> None:
         """Atomically: a crash leaves the previous round's local state."""
-        partial = self._state_file.with_suffix(".partial")
-        torch.save(dict(saved), partial)
-        os.replace(partial, self._state_file)
-
-
-@dataclass
-class _MemberStreams:
-    """The hospital's randomness for one round: the CSPRNG's noise and OS-seeded
-    batches, or with research noise the simulator's streams for this member (keyed by
-    seed, trial 0, its index among the run's silos, round and call)."""
-
-    seed: int
-    round: int
-    index: int
-    calls: dict[str, int] = field(default_factory=dict)
-    research: bool = False
-
-    def _key(self, kind: str) -> tuple[int, ...]:
-        call = self.calls.get(kind, 0)
-        self.calls[kind] = call + 1
-        return (self.seed, 0, self.index + 1, self.round, call)
-
-    def rng(self) -> np.random.Generator:
-        if not self.research:
-            return np.random.default_rng()  # seeded from the OS: the server cannot know it
-        return stream_rng(self._key("rng"))
-
-    def noise(self) -> NoiseSource:
-        if not self.research:
-            return SecureNoise()
-        return stream_noise(True, self._key("noise"))
+        with replacing(self._state_file) as partial:
+            torch.save(dict(saved), partial)
 
 
 def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
@@ -844,9 +808,8 @@ class Checkpoint:
             "epsilon": result.epsilon,
             "absent": result.absent,
         }
-        partial = self.path.with_suffix(self.path.suffix + ".partial")
-        torch.save(saved, partial)
-        os.replace(partial, self.path)
+        with replacing(self.path) as partial:
+            torch.save(saved, partial)
 
 
 def serve(

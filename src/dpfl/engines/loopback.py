@@ -51,7 +51,8 @@ class Layout(TypedDict, total=False):
     cli: bool
     """SuperNodes started by `dpfl deploy hospital` (default: `flower-supernode` itself)."""
     intruder: bool
-    """One more SuperNode, as the first hospital but with a key nobody registered."""
+    """One more SuperNode, as the first hospital (its name, roster key and records) but
+    with a SuperNode key nobody registered."""
     port: int
     """The SuperLink's port (default: a free one)."""
     fleet: str
@@ -212,7 +213,7 @@ def cluster(
         ],
         **{
             name: [
-                "dpfl", "deploy", "hospital", node["study"], "--name", name,
+                "dpfl", "deploy", "hospital", node["study"], "--name", node["name"],
                 "--data", node["data"], "--public-size", str(node["public-size"]),
                 "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
                 "--ledger", node["ledger"], "--identity", node["identity"],
