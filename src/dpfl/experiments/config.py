@@ -36,9 +36,10 @@ import itertools
 import json
 import math
 import tomllib
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any, Literal, get_args, get_origin
+from types import MappingProxyType, UnionType
+from typing import Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -49,18 +50,8 @@ from pydantic import (
     model_validator,
 )
 
-AlgorithmName = Literal[
-    "fedavg",
-    "cyclic",
-    "sign",
-    "fedsgd_secure",
-    "aop",
-    "mrmtl",
-    "ditto",
-    "finetune",
-    "local",
-    "centralized",
-]
+from dpfl.federation.algorithms import SETTINGS, AlgorithmSettings, DPSGDSettings
+
 SecureAggregation = Literal["none", "ideal", "masking", "he"]
 Metric = Literal[
     "accuracy",
@@ -184,64 +175,6 @@ class ModelConfig(_Strict):
     study seed's in every trial: vary `seed` as a grid axis to vary it too."""
 
 
-class AlgorithmConfig(_Strict):
-    """The algorithm and its hyper-parameters; each algorithm reads the ones it has."""
-
-    name: AlgorithmName
-    learning_rate: float = Field(0.5, gt=0)
-    clip_norm: float = Field(1.0, gt=0)
-    expected_batch_size: float = Field(16.0, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    optimizer: Literal["sgd", "adam"] = "sgd"
-    """Local optimiser of the DP-SGD steps; adam is post-processing of the noisy gradient
-    (the same ε), FLamby's baselines' choice. Not for mrmtl, ditto, fedsgd_secure, whose
-    steps carry state between rounds or pulls (nor aop, which runs no SGD steps, nor sign,
-    which sends the signs of one gradient); its state restarts at each local training."""
-    loss: (
-        Literal["bce", "cross_entropy", "focal", "weighted_bce", "logistic_hazard", "cox"] | None
-    ) = None
-    """Default: bce for two classes, cross_entropy for more, logistic_hazard for survival
-    (discrete-time, over `model.time_bins`); cox, the partial likelihood, only without
-    privacy (its risk sets couple patients, so per-example clipping bounds nothing)."""
-    sampling: Literal["poisson", "balanced"] = "poisson"
-    """Local batches: "poisson", or "balanced", Kerkouche's downsampling of each Poisson
-    batch to as many records of each class as the rarer has (two classes; charged at σ/2,
-    since one record then moves the clipped sum by up to 2C)."""
-    positive_weight: float = Field(1.0, gt=0)
-    """weighted_bce's weight of the positive class."""
-    local_epochs: float = Field(1.0, gt=0)
-    """fedavg, sign, mrmtl, ditto, finetune, local: local epochs per round."""
-    client_rate: float | None = Field(None, gt=0, le=1)
-    """fedavg, sign: each silo takes part in a round with this probability."""
-    clients_per_round: int | None = Field(None, ge=1)
-    """fedavg, sign: exactly this many silos, drawn at random, take part in each round."""
-    weighting: Literal["size", "uniform"] | None = None
-    """fedavg, mrmtl, ditto, finetune: mean of the models weighted by silo size (the
-    default) or uniform (Kerkouche's 1/|K|); sign's votes are always uniform."""
-    steps_per_visit: int = Field(10, ge=1)
-    """cyclic: DP-SGD steps at each silo per visit (Owkin's E)."""
-    server_learning_rate: float = Field(0.005, gt=0)
-    """sign: the server's step γ."""
-    votes: Literal["binary", "ternary"] = "binary"
-    """sign: "binary", a coin where the update is exactly 0 (§3.1); "ternary", a 0 there
-    (1.6 bits a parameter), so that weights no batch touched stay put."""
-    strength: float = Field(1.0, ge=0)
-    """mrmtl, ditto: the pull λ towards the global model."""
-    federated_rounds: int = Field(1, ge=1)
-    """finetune: rounds of FedAvg before local fine-tuning."""
-    epochs_per_round: float = Field(1.0, gt=0)
-    """centralized: epochs over the pooled data per round."""
-    regularization: float = Field(0.01, gt=0)
-    """aop: Λ."""
-    gradient_tolerance: float = Field(1e-4, gt=0)
-    """aop: γ, the bound on the minimiser's gradient norm."""
-    feature_norm_bound: float = Field(1.0, gt=0)
-    """aop: R, every record's feature norm (rows are clipped to it)."""
-    tolerated_dropouts: int = Field(0, ge=0)
-    """fedsgd_secure: d, the hospitals whose replies a round's sum may lack; every
-    hospital is charged the noise of K − d shares, σ√((K − d)/K)."""
-
-
 class SiloBudget(_Strict):
     epsilon: float = Field(gt=0)
     delta: float = Field(gt=0, lt=1)
@@ -335,7 +268,9 @@ class StudyConfig(_Strict):
     ε, after the last round only."""
     data: DataConfig
     model: ModelConfig = ModelConfig()
-    algorithm: AlgorithmConfig
+    algorithm: AlgorithmSettings
+    """The algorithm and its settings, which its own module declares
+    (`dpfl.federation.algorithms`)."""
     privacy: PrivacyConfig
     threshold: ThresholdConfig = ThresholdConfig()
     tune: TuneConfig = TuneConfig()
@@ -352,24 +287,9 @@ class StudyConfig(_Strict):
 
     @model_validator(mode="after")
     def _fits_the_algorithm(self) -> StudyConfig:
-        from dpfl.federation.algorithms import BY_NAME  # imports torch: only to validate
-
-        name, kind = self.algorithm.name, BY_NAME[self.algorithm.name]
-        if self.algorithm.optimizer == "adam":
-            why = {
-                "mrmtl": "its pull towards the global model joins SGD's velocity",
-                "ditto": "its pull towards the global model joins SGD's velocity",
-                "fedsgd_secure": "its hospitals reply one plain noisy step for the secure sum",
-                "aop": "it runs no SGD steps",
-                "sign": "it sends the signs of one gradient",
-            }.get(name)
-            if why is not None:
-                raise ValueError(f"algorithm.optimizer 'adam' is not for {name}: {why}; use 'sgd'")
-            if self.algorithm.momentum:
-                raise ValueError(
-                    "algorithm.optimizer 'adam' takes no algorithm.momentum (Adam's first "
-                    "moment is its momentum): leave momentum at 0"
-                )
+        """The study's other sections against the algorithm's class facts (its settings
+        checked themselves)."""
+        name, kind = self.algorithm.name, self.algorithm.algorithm
         if kind.sets_own_noise and not self.privacy.private:
             raise ValueError(
                 f"{name} has no non-private form; the non-private reference is fedavg or "
@@ -383,8 +303,6 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
         if self.privacy.calibration == "per-silo" and not kind.silo_noise_allowed:
             raise ValueError(f"{name}'s silos cannot have noise multipliers of their own")
-        if self.algorithm.sampling == "balanced" and not getattr(kind, "balances_batches", False):
-            raise ValueError(f"algorithm.sampling: {name} cannot draw balanced batches")
         if self.algorithm.loss == "cox" and self.privacy.private:
             raise ValueError(
                 "algorithm.loss: the Cox partial likelihood couples the patients of a batch "
@@ -406,10 +324,6 @@ class StudyConfig(_Strict):
             )
         if not kind.sums_replies and self.secure_aggregation not in (None, "none"):
             raise ValueError(f"{name}'s server sums no replies: no secure_aggregation to choose")
-        if self.algorithm.tolerated_dropouts and name != "fedsgd_secure":
-            raise ValueError("algorithm.tolerated_dropouts is fedsgd_secure's")
-        if self.algorithm.votes != "binary" and name != "sign":
-            raise ValueError("algorithm.votes is sign's")
         if self.threshold.choose == "balanced":
             if kind.stops_at_budget and self.privacy.private:
                 raise ValueError(
@@ -423,33 +337,101 @@ class StudyConfig(_Strict):
     @property
     def summing(self) -> SecureAggregation:
         """The secure aggregation in force: the chosen one, else the algorithm's default."""
-        from dpfl.federation.algorithms import BY_NAME
-
         if self.secure_aggregation is not None:
             return self.secure_aggregation
-        return "ideal" if BY_NAME[self.algorithm.name].needs_secure_sum else "none"
+        return "ideal" if self.algorithm.algorithm.needs_secure_sum else "none"
 
     def key(self) -> str:
-        """A stable id of this point (its resolved config), the run's key in the store."""
-        resolved = self.model_dump(mode="json", exclude={"tune"})  # runs do not read it
-        for option in ("cross_silo", "secure_aggregation", "roster"):
-            if not resolved[option]:  # keys from before the option stay the same
-                del resolved[option]
-        if self.threshold == ThresholdConfig():
-            del resolved["threshold"]
-        if not self.algorithm.tolerated_dropouts:
-            del resolved["algorithm"]["tolerated_dropouts"]
-        for section, option, default in (
-            ("algorithm", "optimizer", "sgd"),
-            ("algorithm", "sampling", "poisson"),
-            ("algorithm", "votes", "binary"),
-            ("data", "split", "stratified"),
-            ("model", "time_bins", None),
-        ):
-            if resolved[section][option] == default:  # keys from before the option stay
-                del resolved[section][option]
-        text = json.dumps(resolved, sort_keys=True)
+        """A stable id of this point (its resolved config), the run's key in the store:
+        `KEYED`'s fields, each at this point's value (or the pinned default, where the
+        point's section lacks it), and any other field only where it is not at its
+        default, so that a new option, or an algorithm's own setting, leaves every
+        existing key as it was."""
+        text = json.dumps(_keyed(self, KEYED), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+REQUIRED = None
+"""Stands in `KEYED` for a field without a default: every point has its own value."""
+KEYED: Mapping[str, Any] = MappingProxyType(
+    {
+        "name": "study",
+        "seed": 0,
+        "trials": 1,
+        "rounds": REQUIRED,
+        "eval_every": 1,
+        "engine": "simulation",
+        "research_noise": True,
+        "metrics": ["accuracy", "auroc"],
+        "data": {
+            "dataset": REQUIRED,
+            "path": None,
+            "options": {},
+            "partition": {"kind": "iid", "silos": None, "alpha": 0.5, "names": None},
+            "test_fraction": 0.2,
+            "public_sizes": "declared",
+            "size_noise": 20.0,
+        },
+        "model": {"kind": "logistic_regression", "hidden": [200, 200], "init": "per-trial"},
+        "algorithm": {
+            "name": REQUIRED,
+            "learning_rate": 0.5,
+            "clip_norm": 1.0,
+            "expected_batch_size": 16.0,
+            "momentum": 0.0,
+            "loss": None,
+            "positive_weight": 1.0,
+            "local_epochs": 1.0,
+            "client_rate": None,
+            "clients_per_round": None,
+            "weighting": None,
+            "steps_per_visit": 10,
+            "server_learning_rate": 0.005,
+            "strength": 1.0,
+            "federated_rounds": 1,
+            "epochs_per_round": 1.0,
+            "regularization": 0.01,
+            "gradient_tolerance": 0.0001,
+            "feature_norm_bound": 1.0,
+        },
+        "privacy": {
+            "private": True,
+            "epsilon": None,
+            "delta": 1e-05,
+            "noise_multiplier": None,
+            "accountant": "pld",
+            "silos": {},
+            "calibration": "common",
+        },
+    }
+)
+"""The fields (and their defaults) that every run key holds, frozen as they were when
+the study had one flat `[algorithm]` section for every algorithm: each key holds them
+all, whatever the algorithm's own settings, so that no run's id ever moves. Never add
+to it: a new field enters a key only where it is set (`StudyConfig.key`)."""
+UNKEYED = frozenset({"tune"})
+"""Fields no run reads (only `dpfl tune`), which therefore name no run."""
+
+
+def _keyed(section: BaseModel, pinned: Mapping[str, Any]) -> dict[str, Any]:
+    """`section`'s fields for its run key: every `pinned` one, at the section's value or
+    else the pinned default, and every other one where it is not at its default."""
+    dumped = section.model_dump(mode="json")
+    keyed: dict[str, Any] = {}
+    for name, default in pinned.items():
+        value = getattr(section, name, None)
+        if isinstance(value, BaseModel) and isinstance(default, Mapping):
+            keyed[name] = _keyed(value, default)
+        else:
+            keyed[name] = dumped.get(name, default)
+    for name, field in type(section).model_fields.items():
+        if name in pinned or name in UNKEYED:
+            continue
+        if getattr(section, name) != field.get_default(call_default_factory=True):
+            keyed[name] = dumped[name]
+    if isinstance(section, DPSGDSettings):  # other algorithms' settings of a grid over them
+        keyed |= {name: dumped[name] for name in section.others() if name not in pinned}
+    return keyed
 
 
 class Study:
@@ -543,39 +525,43 @@ def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tupl
 
 
 def _unknown_keys(
-    raw: Mapping[str, Any], schema: type[BaseModel] = StudyConfig, prefix: str = ""
+    raw: Mapping[str, Any], schema: Sequence[type[BaseModel]] = (StudyConfig,), prefix: str = ""
 ) -> Iterator[str]:
-    """The dotted key of every key that `schema` (or a section of it) does not have, read
-    off the raw file: a misspelt key holding a list is named once, and never expanded."""
+    """The dotted key of every key that no model of `schema` (or a section of it) has,
+    read off the raw file: a misspelt key holding a list is named once, and never
+    expanded. (A key of some algorithm's settings but not of the one named is left to
+    validation, which names the algorithms whose key it is.)"""
+    fields = {name: field for model in schema for name, field in model.model_fields.items()}
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
-        field = schema.model_fields.get(key)
+        field = fields.get(key)
         if field is None:
             yield dotted
             continue
-        section, by_name = _section(field.annotation)
+        sections, by_name = _sections(field.annotation)
         tables = value if isinstance(value, list) else [value]  # a grid of sections
-        for table in tables if section is not None else []:
+        for table in tables if sections else []:
             if not isinstance(table, Mapping):
                 continue  # not a table: validation names it
             if not by_name:
-                yield from _unknown_keys(table, section, f"{dotted}.")
+                yield from _unknown_keys(table, sections, f"{dotted}.")
                 continue
             for name, entry in table.items():  # sections by name (privacy.silos)
                 if isinstance(entry, Mapping):
-                    yield from _unknown_keys(entry, section, f"{dotted}.{name}.")
+                    yield from _unknown_keys(entry, sections, f"{dotted}.{name}.")
 
 
-def _section(annotation: Any) -> tuple[Any, bool]:
-    """The section (`_Strict` model) a field holds, if any, and whether it holds a table
-    of them by name."""
-    if isinstance(annotation, type) and issubclass(annotation, _Strict):
-        return annotation, False
+def _sections(annotation: Any) -> tuple[tuple[type[BaseModel], ...], bool]:
+    """The sections (models) a field holds, if any: one, or those of a union (an
+    algorithm's settings); and whether it holds a table of them by name."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return (annotation,), False
     if get_origin(annotation) is dict:
-        value = get_args(annotation)[1]
-        if isinstance(value, type) and issubclass(value, _Strict):
-            return value, True
-    return None, False
+        return _sections(get_args(annotation)[1])[0], True
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    if options and all(isinstance(o, type) and issubclass(o, BaseModel) for o in options):
+        return options, False
+    return (), False
 
 
 def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
@@ -591,16 +577,27 @@ def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _describe(exc: ValidationError, grid: Mapping[str, Any]) -> str:
-    where = f" (grid point {_show(grid)})" if grid else ""
+    where = f" (grid point {', '.join(grid_pairs(grid))})" if grid else ""
     lines = []
     for error in exc.errors():
-        key = ".".join(str(p) for p in error["loc"]) or "(top level)"
+        loc = error["loc"]
+        if loc[:1] == ("algorithm",) and len(loc) > 1 and loc[1] in SETTINGS:
+            loc = (loc[0], *loc[2:])  # the algorithm's name, which the union adds
+        key = ".".join(str(p) for p in loc) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "union_tag_not_found":  # no algorithm named
+            key, message = f"{key}.name", "Field required"
+        if error["type"] == "union_tag_invalid":  # an algorithm of no such name
+            *names, last = (repr(name) for name in SETTINGS)
+            key, message = f"{key}.name", f"Input should be {', '.join(names)} or {last}"
         if error["type"] == "extra_forbidden":
             message = UNKNOWN_KEY
         lines.append(f"  {key}: {message}{where}")
     return "\n".join(lines)
 
 
-def _show(grid: Mapping[str, Any]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in grid.items())
+def grid_pairs(grid: Mapping[str, Any], *, last_part: bool = False) -> list[str]:
+    """`key=value` for each axis of a grid point, in its order, for messages and tables;
+    `last_part` keeps the last part of each dotted key, enough to tell a sweep's points
+    apart (`noise_multiplier=1.0` for `privacy.noise_multiplier=1.0`)."""
+    return [f"{k.rsplit('.', 1)[-1] if last_part else k}={v}" for k, v in grid.items()]

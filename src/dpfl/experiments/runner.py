@@ -42,21 +42,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as Bar
 
-from dpfl import models, secure
+from dpfl import secure
 from dpfl.allocator import keep_freed_memory
 from dpfl.data.dataset import DataFormatError
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.config import Study, StudyConfig, ThresholdConfig
+from dpfl.experiments.config import Study, StudyConfig, grid_pairs
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.datasheet import datasheet
+from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.experiments.study_dir import claim
-from dpfl.federation import algorithms
-from dpfl.federation.silo import Silo
-from dpfl.federation.threshold import BalancedThreshold
-from dpfl.local import losses
-from dpfl.local.dpsgd import DPSGDConfig
-from dpfl.local.output_perturbation import AOPConfig
 from dpfl.privacy import Accountant, Ledger
 from dpfl.privacy.errors import UnsupportedAccountingError
 from dpfl.sqlite_file import DamagedFileError
@@ -324,11 +319,12 @@ def record_point(
         return f"{key} {config.algorithm.name} FAILED: {outcome.error}\n{outcome.trace}".rstrip()
     store.finish(key, outcome)
     _checkpoint(out, key).unlink(missing_ok=True)
-    return f"{key} {config.algorithm.name} {_show(grid)}finished in {outcome.seconds:.1f} s"
+    finished = f"finished in {outcome.seconds:.1f} s"
+    return " ".join([key, config.algorithm.name, *grid_pairs(grid), finished])
 
 
 def finished_already(config: StudyConfig, grid: dict[str, Any]) -> str:
-    return f"{config.key()} {config.algorithm.name} {_show(grid)}already finished"
+    return " ".join([config.key(), config.algorithm.name, *grid_pairs(grid), "already finished"])
 
 
 class StudyBar:
@@ -413,11 +409,7 @@ def _checkpoint(out: Path, key: str) -> Path:
 
 def _label(key: str, grid: dict[str, Any]) -> str:
     """`ab12cd34 learning_rate=0.5`: the last part of each grid key tells points apart."""
-    return " ".join([key[:8], *(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in grid.items())])
-
-
-def _show(grid: dict[str, Any]) -> str:
-    return "".join(f"{k}={v} " for k, v in grid.items())
+    return " ".join([key[:8], *grid_pairs(grid, last_part=True)])
 
 
 def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> SimulationResult:
@@ -454,137 +446,6 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             secure_sum=secure.by_name(config.summing),
             threshold=decision_threshold(config.threshold),
         )
-
-
-def decision_threshold(config: ThresholdConfig) -> float | BalancedThreshold:
-    """The study's threshold as the simulator takes it."""
-    if config.choose == "fixed":
-        return config.value
-    return BalancedThreshold(config.noise, config.bins, config.logit_range)
-
-
-def build_algorithm(config: StudyConfig, silos: Sequence[Silo]) -> algorithms.Algorithm:
-    """The configured algorithm, its model initialised from the study's seed."""
-    spec, privacy = config.algorithm, config.privacy
-    outputs, loss = _head(config, silos)
-    torch.manual_seed(config.seed)
-    model = _model(config, silos[0], outputs)
-    dpsgd = (
-        DPSGDConfig(
-            spec.clip_norm,
-            privacy.noise_multiplier or 1.0,
-            spec.learning_rate,
-            spec.momentum,
-            optimizer=spec.optimizer,
-        )
-        if privacy.private
-        else DPSGDConfig.non_private(  # no clipping either
-            spec.learning_rate, spec.momentum, optimizer=spec.optimizer
-        )
-    )
-    common: dict[str, Any] = {
-        "model": model,
-        "loss": loss,
-        "dpsgd": dpsgd,
-        "expected_batch_size": spec.expected_batch_size,
-        "balanced": spec.sampling == "balanced",
-    }
-    local: dict[str, Any] = {"local_epochs": spec.local_epochs}
-    weighted: dict[str, Any] = {} if spec.weighting is None else {"weighting": spec.weighting}
-    sampled: dict[str, Any] = {
-        "client_rate": spec.client_rate,
-        "clients_per_round": spec.clients_per_round,
-    }
-    if spec.name == "sign" and spec.weighting == "size":
-        raise ValueError("sign's votes are not weighted by silo size (Kerkouche §3.1)")
-    makers: dict[str, Callable[[], algorithms.Algorithm]] = {
-        "aop": lambda: _aop(config, model, loss),
-        "fedavg": lambda: algorithms.FedAvg(**common, **local, **sampled, **weighted),
-        "sign": lambda: algorithms.Sign(
-            **common,
-            **local,
-            **sampled,
-            server_learning_rate=spec.server_learning_rate,
-            votes=spec.votes,
-        ),
-        "cyclic": lambda: algorithms.Cyclic(**common, steps_per_visit=spec.steps_per_visit),
-        "fedsgd_secure": lambda: algorithms.FedSGDSecure(  # K from its silos, never a cohort
-            **common,
-            tolerated_dropouts=spec.tolerated_dropouts,
-            roster=tuple(s.name for s in silos),
-        ),
-        "mrmtl": lambda: algorithms.MRMTL(**common, **local, **weighted, strength=spec.strength),
-        "ditto": lambda: algorithms.Ditto(**common, **local, **weighted, strength=spec.strength),
-        "finetune": lambda: algorithms.Finetune(
-            **common, **local, **weighted, federated_rounds=spec.federated_rounds
-        ),
-        "local": lambda: algorithms.Local(**common, **local),
-        "centralized": lambda: algorithms.Centralized(
-            **common, epochs_per_round=spec.epochs_per_round
-        ),
-    }
-    return makers[spec.name]()
-
-
-def _aop(config: StudyConfig, model: torch.nn.Module, loss: losses.Loss) -> algorithms.AOP:
-    spec, privacy = config.algorithm, config.privacy
-    if not isinstance(model, torch.nn.Linear):
-        raise ValueError("aop needs model.kind = 'logistic_regression'")
-    assert privacy.epsilon is not None  # checked by StudyConfig
-    aop = AOPConfig(
-        privacy.epsilon,
-        privacy.delta,
-        spec.regularization,
-        spec.gradient_tolerance,
-        spec.feature_norm_bound,
-    )
-    return algorithms.AOP(model=model, loss=loss, config=aop, epochs=config.rounds)
-
-
-SURVIVAL_LOSSES = ("logistic_hazard", "cox")
-
-
-def _head(config: StudyConfig, silos: Sequence[Silo]) -> tuple[int, losses.Loss]:
-    """The model's number of outputs and the loss: one logit for two classes, one per
-    class for more; for survival labels, one hazard logit per time interval
-    (logistic_hazard) or one risk score (cox)."""
-    spec = config.algorithm
-    if any(s.survival for s in silos):
-        name = spec.loss or "logistic_hazard"
-        if name not in SURVIVAL_LOSSES:
-            raise ValueError(
-                f"algorithm.loss: {name} is a classification loss and the labels are "
-                f"survival (time, event) pairs; use one of {', '.join(SURVIVAL_LOSSES)}"
-            )
-        if name == "cox":
-            return 1, losses.cox
-        if not config.model.time_bins:
-            raise ValueError("survival with logistic_hazard needs model.time_bins")
-        return len(config.model.time_bins) + 1, losses.logistic_hazard(config.model.time_bins)
-    classes = int(max(int(s.y.max()) for s in silos)) + 1
-    outputs = 1 if classes == 2 else classes
-    name = spec.loss or ("bce" if outputs == 1 else "cross_entropy")
-    if name in SURVIVAL_LOSSES:
-        raise ValueError(f"algorithm.loss: {name} needs survival (time, event) labels")
-    if name == "weighted_bce":
-        return outputs, losses.weighted_bce(spec.positive_weight)
-    if name == "focal":
-        return outputs, losses.focal()
-    loss: losses.Loss = getattr(losses, name)
-    return outputs, loss
-
-
-def _model(config: StudyConfig, silo: Silo, outputs: int) -> torch.nn.Module:
-    shape = tuple(silo.x.shape[1:])
-    if config.model.kind == "small_cnn":
-        if len(shape) != 3 or silo.survival:
-            raise ValueError(f"model.kind: small_cnn classifies images, got {shape} records")
-        return models.small_cnn(shape[0], shape[1], n_classes=outputs)
-    if len(shape) != 1:
-        raise ValueError(f"model.kind: {config.model.kind} needs a feature vector, got {shape}")
-    if config.model.kind == "mlp":
-        return models.mlp(shape[0], config.model.hidden, n_outputs=outputs)
-    return torch.nn.Linear(shape[0], outputs)
 
 
 def _results(
@@ -624,7 +485,7 @@ def _results(
                     except UnsupportedAccountingError:  # node-level steps: RDP only
                         continue
                     privacy.append((trial, last, silo, view, other.value, delta, spent.epsilon))
-        sheet = datasheet(config, algorithms.BY_NAME[config.algorithm.name], result, book)
+        sheet = datasheet(config, config.algorithm.algorithm, result, book)
     return RunResults(
         rounds_completed=result.rounds_completed,
         noise_multiplier=result.noise_multiplier if config.privacy.private else None,

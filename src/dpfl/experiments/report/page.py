@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from dpfl.experiments.config import study_terms
+from dpfl.experiments.config import grid_pairs, study_terms
 from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
 from dpfl.experiments.queries import (
     RESULTS_FILE,
@@ -336,10 +336,6 @@ def _spread_text(spread: Spread) -> str:
     return mean_std_text(spread.mean, spread.std, space="\u00a0")
 
 
-def _grid_text(grid: dict[str, Any]) -> str:
-    return ", ".join(f"{key}={value}" for key, value in sorted(grid.items()))
-
-
 def _epsilon_text(s: Shown, accountant: str, *, mark: bool = False) -> str:
     """The run's largest ε by `accountant`, labelled with it; marked if `mark` and the
     noise was seeded."""
@@ -363,7 +359,7 @@ def _datasheet(s: Shown, metric: str) -> str:
     summary = s.summary
     facts = {
         "run": s.run.id,
-        "grid point": _grid_text(s.run.grid) or None,
+        "grid point": ", ".join(grid_pairs(dict(sorted(s.run.grid.items())))) or None,
         "unit of privacy": sheet.get("unit"),
         "mechanism": sheet.get("mechanism"),
         "accountant (enforces budgets)": summary.accountant.upper() if summary.private else None,
