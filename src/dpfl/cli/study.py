@@ -528,4 +528,6 @@ def _research_caption(seeded: Iterable[bool]) -> str | None:
 
 def _grid(grid: dict[str, Any]) -> str:
     """`name=fedavg epsilon=0.5`: the last part of each key is enough to tell points apart."""
-    return " ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in grid.items()) or "—"
+    from dpfl.experiments.config import grid_pairs
+
+    return " ".join(grid_pairs(grid, last_part=True)) or "—"
