@@ -257,8 +257,18 @@ class FixedPoint:
 # Primitives
 
 
-def _hkdf(secret: bytes, salt: bytes, info: bytes) -> bytes:
-    return HKDF(algorithm=hashes.SHA256(), length=32, salt=salt, info=info).derive(secret)
+def _agreed_key(own: X25519PrivateKey, other: bytes, session: bytes, purpose: bytes) -> bytes:
+    """HKDF-SHA256 of the X25519 agreement between `own` and the public key `other`, salted
+    with the session and bound to what the key is for: one key per pair, session and use."""
+    shared = own.exchange(X25519PublicKey.from_public_bytes(other))
+    info = b"dpfl/secagg/" + purpose
+    return HKDF(algorithm=hashes.SHA256(), length=32, salt=session, info=info).derive(shared)
+
+
+def _pair(setup: Setup, u: str, v: str) -> bytes:
+    """The unordered pair {u, v} by their places in the roster: both ends derive one key."""
+    lo, hi = sorted((setup.names.index(u), setup.names.index(v)))
+    return _idx(lo) + _idx(hi)
 
 
 def _frame(*parts: bytes) -> bytes:
@@ -542,10 +552,7 @@ class Client:
         c, s = (saved["c"], saved["s"]) if saved else (random_bytes(32), random_bytes(32))
         self._c = X25519PrivateKey.from_private_bytes(c)
         self._s = X25519PrivateKey.from_private_bytes(s)
-        server = X25519PublicKey.from_public_bytes(setup.server_public)
-        self._channel = _hkdf(
-            self._c.exchange(server), setup.session, b"dpfl/secagg/channel" + name.encode()
-        )
+        self._channel = _channel_key(self._c, setup.server_public, setup.session, name)
         self._roster: dict[str, AdvertiseKeys] = {}
         self._u2: tuple[str, ...] = ()
         self._b = b""
@@ -589,9 +596,8 @@ class Client:
         return self.setup.names.index(name)
 
     def _share_key(self, other: AdvertiseKeys) -> bytes:
-        shared = self._c.exchange(X25519PublicKey.from_public_bytes(other.c_public))
-        lo, hi = sorted((self._index(self.name), self._index(other.sender)))
-        return _hkdf(shared, self.setup.session, b"dpfl/secagg/share" + _idx(lo) + _idx(hi))
+        pair = _pair(self.setup, self.name, other.sender)
+        return _agreed_key(self._c, other.c_public, self.setup.session, b"share" + pair)
 
     def _share_aad(self, sender: str, recipient: str) -> bytes:
         return _frame(b"share", self.setup.session, sender.encode(), recipient.encode())
@@ -751,9 +757,13 @@ def _unframe_pair(data: bytes) -> tuple[bytes, bytes]:
 
 
 def _pair_seed(setup: Setup, own: X25519PrivateKey, name: str, other: AdvertiseKeys) -> bytes:
-    shared = own.exchange(X25519PublicKey.from_public_bytes(other.s_public))
-    lo, hi = sorted((setup.names.index(name), setup.names.index(other.sender)))
-    return _hkdf(shared, setup.session, b"dpfl/secagg/mask" + _idx(lo) + _idx(hi))
+    pair = _pair(setup, name, other.sender)
+    return _agreed_key(own, other.s_public, setup.session, b"mask" + pair)
+
+
+def _channel_key(own: X25519PrivateKey, other: bytes, session: bytes, client: str) -> bytes:
+    """The key of a client's authenticated channel to the server, derived at either end."""
+    return _agreed_key(own, other, session, b"channel" + client.encode())
 
 
 def _check_roster(setup: Setup, roster: Sequence[AdvertiseKeys]) -> dict[str, AdvertiseKeys]:
@@ -816,9 +826,8 @@ class Server:
         self.received += messages
         self._roster = _check_roster(self.setup, messages)
         for name, message in self._roster.items():
-            shared = self._key.exchange(X25519PublicKey.from_public_bytes(message.c_public))
-            self._channels[name] = _hkdf(
-                shared, self.setup.session, b"dpfl/secagg/channel" + name.encode()
+            self._channels[name] = _channel_key(
+                self._key, message.c_public, self.setup.session, name
             )
         return tuple(self._roster.values())
 
