@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 import torch
-from flwr.app import ConfigRecord, Context, Error, Message, RecordDict
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.constant import ErrorCode
 from flwr.proto.node_pb2 import NodeInfo
@@ -30,6 +30,8 @@ from dpfl.experiments.deploy import client_app, deployment_of, study_point
 from dpfl.experiments.runner import build_algorithm
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger
+
+from .conftest import public_fields, server_message
 
 STUDY = """
 name = "deployed"
@@ -321,23 +323,8 @@ def test_in_process_a_hospital_refuses_a_round_outside_the_study(
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
     grid = InProcessGrid(nodes.values())
-    silos = build_silos(study_point(study).data, 3)
-    public = {
-        "protocol": 1,
-        "study": study_point(study).key(),
-        "silos": [s.name for s in silos],
-        "sizes": [s.declared_size for s in silos],
-        "shape": [silos[0].x.shape[1]],
-        "classes": 2,
-        "instance": "0123456789abcdef",
-        "round": 3,
-        "exchange": 0,
-        "cohort": [s.name for s in silos],
-        "params": b"",
-    }
-    message = Message(
-        RecordDict({"dpfl": ConfigRecord(public)}), dst_node_id=2, message_type="train"
-    )
+    fields = public_fields(study)
+    message = server_message("train", {**fields, "round": 3, "cohort": fields["silos"]})
     (reply,) = grid.pull_messages(grid.push_messages([message]))
     assert reply.content.config_records["dpfl"]["refused"] == (
         "round 3 is not one of the study's 3 rounds"

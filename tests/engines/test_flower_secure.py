@@ -14,15 +14,15 @@ import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message
 
 from dpfl.engines.flower import serve
 from dpfl.engines.flower_he import KeyHolderSide, make_key_files
 from dpfl.engines.roster import Roster, public_text
-from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import deployment_of, study_point
 from dpfl.secure.he import HomomorphicError, KeyFile
 
+from .conftest import public_fields, server_message
 from .test_flower import STUDY, InProcessGrid, entries, hospitals, simulated, study
 
 __all__ = ["study"]  # the fixture, used by name
@@ -82,24 +82,8 @@ def test_a_hospital_never_sends_a_masked_studys_reply_without_a_session(
     study.write_text(DOPAMINE, encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     grid = InProcessGrid(nodes.values())
-    config = study_point(study)
-    silos = build_silos(config.data, config.seed)
-    public = {
-        "protocol": 1,
-        "study": config.key(),
-        "silos": [s.name for s in silos],
-        "sizes": [s.declared_size for s in silos],
-        "shape": [silos[0].x.shape[1]],
-        "classes": 2,
-        "instance": "0123456789abcdef",
-        "round": 0,
-        "exchange": 0,
-        "cohort": [s.name for s in silos],
-        "params": b"",
-    }
-    message = Message(
-        RecordDict({"dpfl": ConfigRecord(public)}), dst_node_id=2, message_type="train"
-    )
+    fields = public_fields(study)
+    message = server_message("train", {**fields, "cohort": fields["silos"]})
     (reply,) = grid.pull_messages(grid.push_messages([message]))
     refused = reply.content.config_records["dpfl"]["refused"]
     assert "no secure-aggregation session under way" in str(refused)

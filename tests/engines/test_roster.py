@@ -31,6 +31,7 @@ from dpfl.federation.messages import Encoding, encode
 from dpfl.secure.he import HomomorphicError, KeyHolder
 from dpfl.secure.masking import SecureAggregationError
 
+from .conftest import public_fields, server_message
 from .test_flower import STUDY, InProcessGrid, entries, hospitals, study
 from .test_flower_secure import DOPAMINE
 
@@ -41,30 +42,10 @@ INVENTED = [f"invented-{k}" for k in range(12)]
 
 def asked(grid: InProcessGrid, node: int, kind: str, fields: dict[str, Any]) -> dict[str, Any]:
     """One message from a (malicious) server to `node`, and its reply's fields or error."""
-    message = Message(
-        RecordDict({"dpfl": ConfigRecord({"protocol": 1, **fields})}),
-        dst_node_id=node,
-        message_type=kind,
-    )
-    (reply,) = grid.pull_messages(grid.push_messages([message]))
+    (reply,) = grid.pull_messages(grid.push_messages([server_message(kind, fields, node)]))
     if reply.has_error():
         return {"error": reply.error.reason}
     return dict(reply.content.config_records["dpfl"])
-
-
-def public_fields(study: Path, names: list[str], sizes: list[int]) -> dict[str, Any]:
-    config = study_point(study)
-    return {
-        "study": config.key(),
-        "instance": "0123456789abcdef",
-        "silos": names,
-        "sizes": sizes,
-        "shape": [30],
-        "classes": 2,
-        "round": 0,
-        "exchange": 0,
-        "params": b"",
-    }
 
 
 def test_a_padded_dopamine_cohort_is_refused_and_charges_nothing(
