@@ -53,8 +53,8 @@ Who holds what (trust model):
 Messages cross as bytes: a reply is its header, its ciphertexts (`BFVVector.serialize()`),
 a random 96-bit nonce and a GMAC tag (AES-GCM with no plaintext and everything before it
 as associated data, as TLS 1.3 authenticates its records); the sum is the same for the
-server's summed ciphertexts. (HMAC-SHA256 served before: 16 ms over a 32 MB reply at
-each end, where GHASH takes 1 ms.) TenSEAL itself detects a flipped byte in a
+server's summed ciphertexts (GHASH, not HMAC-SHA256: a small fraction of the cost over a
+reply of tens of MB). TenSEAL itself detects a flipped byte in a
 ciphertext's header and a truncated ciphertext, but not a flipped byte inside the
 coefficient data, nor a ciphertext under another key (both decrypt silently to garbage).
 So every message is authenticated with an AES key (`mac_key`, 32 bytes) shared by the
@@ -74,26 +74,12 @@ of m noise shares passes `at_least=m`, and the key holder refuses to decrypt a s
 claims fewer replies (against an honest-but-curious server; a malicious one could lie
 about who is in the sum, as above).
 
-Cost (`.venv/bin/python benchmarks/bench_secure.py`, one thread, 2 CPUs shared with other
-work, load ≈ 3, medians of 3). Per ciphertext at the default N = 8192: encrypt 2.2 to
-2.7 ms, serialise 0.23 ms, deserialise 0.06 ms, `add_` 0.03 ms, decrypt 0.6 ms; 262,283
-bytes for 8,192 values, an expansion of 8.0× over float32 (2 polynomials × 2 data primes
-× 8 bytes a coefficient; SEAL's compression gains nothing on 60-bit coefficients).
-`compact()` (N = 4096): encrypt 1.05 ms, `add_` 0.016 ms, decrypt 0.30 ms, 88,573 bytes
-for 4,096 values (5.4×, its 36-bit coefficients compress). The public context is 393 kB,
-sent once per study. A round at 10 hospitals × 1,000,001 parameters (123 ciphertexts a
-reply, 32.3 MB), in CPU seconds (wall time on the busy machine was up to 2.5× more): a
-hospital encrypts in 0.36 s, the server checks and adds the 10 replies in 0.22 s, the key
-holder decrypts in 0.14 s; the critical path, 0.72 s (1.8 s wall), is 66× dpfl's
-plaintext sum and 160× a one-pass sum, and Dopamine's full round (one DP-SGD step, then
-the sum) 20× and 24×. At 4,926,201 parameters a reply is 158 MB and the critical path
-3.2 s (client 1.6, server 1.0, key holder 0.6). Passing the
-int64 slices to TenSEAL instead of lists saves 10% of encryption, and reading messages
-through memoryviews with GMAC instead of HMAC-SHA256 cut the server's work on a 1M reply
-from 100 to 35 ms. TenSEAL's own figures (its CI's `test_perf_bfv[8192-bfv_test-add]`,
-108 µs for `left + right` at its default 218-bit modulus; its Tutorial 3's BFV
-ciphertext sizes) are compared in the benchmark's docstring: that add takes 70 µs here,
-and its [40, 20, 40] ciphertext is 155 kB here against 158 kB published.
+Size. A ciphertext at the default N = 8192 holds 8,192 values in 2 polynomials × 2 data
+primes × 8 bytes a coefficient, 8× float32 (SEAL's compression gains nothing on 60-bit
+coefficients); `compact()` (N = 4096) compresses its 36-bit coefficients to about 5×.
+The public context is sent once per study. Replies are passed to TenSEAL as int64 slices
+and read through memoryviews, without copies. The times (each operation, a round against
+the plaintext sum, TenSEAL's published figures) are in benchmarks/README.md.
 """
 
 from __future__ import annotations

@@ -35,8 +35,8 @@ AES-256-GCM with no plaintext and the framed message as associated data, a fresh
 96-bit nonce sent with the 128-bit tag, which is how TLS 1.3's AES-GCM records are
 authenticated (the channel a deployment gets from TLS). A tampered masked vector or a
 message replayed from another session or round is refused; a second message from one
-client in a round is refused as a replay. (HMAC-SHA256 served before; it hashed a 4 MB
-masked vector in 2 ms, GHASH takes 0.15 ms.) The server is honest-but-curious and the
+client in a round is refused as a replay. GHASH, not HMAC-SHA256: it authenticates a
+long masked vector at a small fraction of the cost. The server is honest-but-curious and the
 graph is complete (SecAgg, not SecAgg+'s sparse graph: hospitals are few).
 
 Primitives. X25519, Ed25519, HKDF-SHA256, AES-GCM and ChaCha20 from `cryptography`.
@@ -46,11 +46,11 @@ words of Z_{2^k}: a cryptographic PRG, so masked words are uniform to any effici
 observer; numpy's Philox is fast too but is not a cryptographic PRG and takes a 128-bit
 key. The masks are generated 64 Ki words at a time into one reusable buffer
 (`update_into`) and added in place to that block of the vector, which stays in cache
-while all K are added (AES-256-CTR would be ~15% faster on this CPU, 0.45 against
-0.53 ms per 4 MB: not worth a second primitive). Shamir: pycryptodome's
+while all K are added (AES-256-CTR is only slightly faster where the CPU has AES
+instructions: not worth a second primitive). Shamir: pycryptodome's
 `Crypto.Protocol.SecretSharing.Shamir` over GF(2^128), the scheme Flower's SecAgg+ uses,
-on each 16-byte half of a 32-byte secret (Flower's own wrapper starts a thread pool at
-every call, 4-5 ms a split or reconstruction; direct calls take 0.5 and 3 ms). Flower's
+on each 16-byte half of a 32-byte secret, called directly (Flower's own wrapper starts a
+thread pool at every call, which costs more than the split). Flower's
 Fernet encryption has no associated data and its mask PRG is `np.random.RandomState`
 seeded with 32 bits: neither is used.
 
@@ -91,20 +91,9 @@ its own announcement. A caller's `at_least` m
 unmask a sum of fewer than max(t, m) inputs, so a DP algorithm whose hospitals charged
 the event of m noise shares never sees a sum with fewer.
 
-Cost (`.venv/bin/python benchmarks/bench_secure.py --quick`, one thread, 2 CPUs shared
-with other work at load ≈ 3.4; figures move by tens of percent between runs). At 10
-clients × 1,000,001 parameters the deployment's critical path (a client's keys, shares,
-encoding, 10 masks and tags, then the server's checks, sum, 10 Shamir reconstructions,
-10 self masks and decoding) is 53 ms against 33 ms for dpfl's plaintext sum
-(`plain_sum`, which stacks the replies) and 5 ms for a one-pass sum. Dopamine's full
-round (one DP-SGD step of the 1M-parameter MLP at each hospital, then the sum) takes 76
-ms against 57 and 28 ms: 1.35× and 2.7×, within issue 13's 3×. In one process every
-party's work adds up to 147 ms (4.1× `plain_sum`): each client draws K words of
-keystream a parameter and the server K more, where the plaintext sum reads each reply
-once. The masked vector is the float32 size plus a 28-byte tag (expansion 1.001 with the
-key messages: about 2 kB a client at K = 10). Before the keystream was generated in
-blocks into one buffer (mask arrays allocated per stream, float64 encoding,
-HMAC-SHA256, Flower's Shamir wrapper) `PairwiseMasking()` took 446 ms of CPU at 10 × 1M.
+Cost. Each client draws K words of keystream a parameter and the server K more, where
+the plaintext sum reads each reply once; the masked vector is the float32 size plus a
+28-byte tag. The times, against the plaintext sum, are in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -282,7 +271,7 @@ def _idx(i: int) -> bytes:
 
 _BLOCK_WORDS = 1 << 16
 """Words masked at a time: a block of the vector and of each keystream stays in cache while
-every mask is added to it (a 20 MB vector masked 10 times mask by mask took 3× longer)."""
+every mask is added to it, instead of a pass over the whole vector a mask."""
 
 
 def _add_masks(
