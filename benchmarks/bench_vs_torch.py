@@ -166,7 +166,7 @@ def union_accuracy(params: Params, silos: list[Any]) -> float:
 
 def _streams(site: int, round_: int) -> tuple[np.random.Generator, torch.Generator]:
     """The batch and noise streams of (trial 0, site, round), derived as dpfl's simulator
-    derives them (`engines.simulation.Streams`: key [seed, trial, site + 1, round, call])."""
+    derives them (`engines.streams.Streams`: key [seed, trial, site + 1, round, call])."""
     key = [RUN_SEED, 0, site + 1, round_, 0]
     batches = np.random.default_rng([*key, 0])
     noise_seed = int(np.random.SeedSequence([*key, 1]).generate_state(1)[0])

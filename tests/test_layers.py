@@ -22,6 +22,7 @@ LAYER = {
     "data": 1,
     "privacy": 0,
     "sqlite_file": -1,
+    "files": -1,
     "allocator": -1,
     "__init__": -1,
 }

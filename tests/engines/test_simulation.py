@@ -13,7 +13,7 @@ import torch
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.data import partition
-from dpfl.engines import simulation
+from dpfl.engines import simulation, streams
 from dpfl.engines.accounts import note_release
 from dpfl.engines.simulation import SimulationResult, account, simulate
 from dpfl.federation.algorithms import Cyclic, FedAvg, Instruction, Local, State
@@ -113,32 +113,32 @@ def test_random_streams_are_keyed_repeatable_and_independent() -> None:
     """The n-th call of a (trial, silo) pair gets the n-th stream of that pair, whatever
     the other pairs draw; keys that differ anywhere give uncorrelated uniform streams;
     research noise is seeded by the key, and without it the noise is the CSPRNG's."""
-    rng = simulation.Streams(3, 2, simulation.stream_rng)
+    rng = streams.Streams(3, 2, streams.stream_rng)
     first = [rng(0, 0).random(4) for _ in range(2)]
-    again = simulation.Streams(3, 2, simulation.stream_rng)
+    again = streams.Streams(3, 2, streams.stream_rng)
     again(1, 0)  # another member and the server draw first: nothing moves
     again(0, -1)
     assert all(np.array_equal(a, again(0, 0).random(4)) for a in first)
     keys = [(3, 0, 1, 2, 0), (3, 0, 1, 2, 1), (3, 1, 1, 2, 0), (3, 0, 2, 2, 0), (3, 0, 1, 3, 0)]
     keys += [(4, 0, 1, 2, 0), (30, 1, 2, 0, 0), (3, 0, 12, 0, 0), (3, 1, 20, 0, 0)]
-    draws = np.stack([simulation.stream_rng(key).random(20_000) for key in keys])
+    draws = np.stack([streams.stream_rng(key).random(20_000) for key in keys])
     assert np.abs(draws.mean(1) - 0.5).max() < 0.01  # uniform: std of a mean 0.002
     correlations = np.corrcoef(draws)[np.triu_indices(len(keys), 1)]
     assert np.abs(correlations).max() < 0.04  # independent: std 0.007
-    seeded = [simulation.stream_noise(True, key) for key in keys]
+    seeded = [streams.stream_noise(True, key) for key in keys]
     assert isinstance(seeded[0], SeededNoise) and len({n.seed for n in seeded}) == len(keys)
-    assert simulation.stream_noise(True, keys[0]).seed == seeded[0].seed
-    assert isinstance(simulation.stream_noise(False, keys[0]), SecureNoise)
+    assert streams.stream_noise(True, keys[0]).seed == seeded[0].seed
+    assert isinstance(streams.stream_noise(False, keys[0]), SecureNoise)
 
 
 def test_without_research_noise_a_silos_batches_cannot_be_replayed_from_the_seed() -> None:
     """Only the server's stream (its public cohorts) stays seeded; a silo's draws (its
     Poisson batches) come from the OS, as in a deployment."""
     member, server = (3, 0, 1, 2, 0), (3, 0, 0, 2, 0)
-    draw = simulation.member_rng
+    draw = streams.member_rng
     assert np.array_equal(draw(True, member).random(8), draw(True, member).random(8))
     assert not np.array_equal(draw(False, member).random(8), draw(False, member).random(8))
-    assert np.array_equal(draw(False, server).random(8), simulation.stream_rng(server).random(8))
+    assert np.array_equal(draw(False, server).random(8), streams.stream_rng(server).random(8))
     # through a run without noise: the same seed, the same cohorts, other batches (the
     # only randomness left, so other models)
     silos = _silos()

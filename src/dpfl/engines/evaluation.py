@@ -42,8 +42,8 @@ def scores(model: nn.Module, params: Params, x: Tensor) -> np.ndarray:
 
 def outputs(model: nn.Module, params: Params, x: Tensor) -> Tensor:
     """The model's outputs on `x`, a sparse input meeting its first weight held
-    column-major as in training (`column_major_weights`): the same bits, 7× faster for
-    Kerkouche's weight (its balanced threshold scores 1.22M training records)."""
+    column-major as in training (`column_major_weights`): the same bits, and much faster
+    for a large sparse weight (benchmarks/README.md)."""
     held = {k: column_major_copy(params[k]) for k in column_major_weights(model, x)}
     result: Tensor = functional_call(model, {**params, **held}, (x,))
     return result

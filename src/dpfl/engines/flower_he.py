@@ -25,8 +25,9 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,9 +35,11 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dpfl.engines.flower_masking import Ask
+from dpfl.engines.flower_protocol import Ask, DeploymentError, Exchange
 from dpfl.engines.roster import Roster
+from dpfl.federation.algorithms.base import Reply
 from dpfl.federation.messages import Summed
+from dpfl.files import replacing
 from dpfl.secure.he import Aggregator, HomomorphicError, KeyFile, KeyHolder
 
 _TRAILER = 12 + 16
@@ -95,9 +98,8 @@ class KeyHolderSide:
             message, round_, at_least=fewest, among=self.roster.names
         )
         answer = {"total": total.numpy().astype("<f8").tobytes(), "included": list(included)}
-        partial = self._memory.with_suffix(".partial")
-        torch.save({"round": round_, "digest": digest, **answer}, partial)
-        os.replace(partial, self._memory)  # durable before the sum leaves
+        with replacing(self._memory) as partial:  # durable before the sum leaves
+            torch.save({"round": round_, "digest": digest, **answer}, partial)
         return answer
 
 
@@ -118,14 +120,36 @@ class EncryptedSum:
     counter: int
     ciphertexts: dict[str, bytes] = field(default_factory=dict)
 
+    @classmethod
+    def opener(
+        cls, hellos: Mapping[str, Mapping[str, Any]], keys: Path | None
+    ) -> Callable[[Exchange], EncryptedSum]:
+        """How the server opens each exchange's sum: with the public key file `keys` and
+        the one key holder among the hospitals' `hellos` (by name)."""
+        holders = [name for name, hello in hellos.items() if hello["key-holder"]]
+        if len(holders) != 1 or keys is None:
+            raise DeploymentError(
+                f"an encrypted study needs the server's public key file and one key holder "
+                f"among the hospitals, not {holders}"
+            )
+        return partial(cls.open, holder=holders[0], aggregator=read_key_file(keys).aggregator())
+
+    @classmethod
+    def open(cls, exchange: Exchange, *, holder: str, aggregator: Aggregator) -> EncryptedSum:
+        return cls(exchange.ask_all, holder, aggregator, exchange.counter)
+
     @property
     def reveals_inputs(self) -> bool:
         return False
 
-    def received(self, name: str, fields: Mapping[str, Any]) -> Tensor:
+    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Every hospital instructed; a train message adds nothing."""
+        return {name: {} for name in names}
+
+    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
         """Keep `name`'s encrypted reply; its bytes, all the server has of it."""
         self.ciphertexts[name] = bytes(fields["ciphertext"])
-        return torch.frombuffer(bytearray(self.ciphertexts[name]), dtype=torch.uint8)
+        return Reply(torch.frombuffer(bytearray(self.ciphertexts[name]), dtype=torch.uint8))
 
     def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed:
         self.aggregator.open_round(self.counter)

@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import numpy as np
@@ -44,7 +45,9 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import ConfigRecord, RecordDict
 from torch import Tensor
 
+from dpfl.engines.flower_protocol import Ask, Exchange
 from dpfl.engines.roster import Roster, RosterError
+from dpfl.federation.algorithms.base import Reply
 from dpfl.federation.messages import Summed
 from dpfl.secure.masking import (
     AdvertiseKeys,
@@ -66,9 +69,6 @@ MASKING = PairwiseMasking()
 """The protocol's public parameters (threshold rule, fixed point): the simulator's."""
 STATE = "dpfl.secagg"
 """The hospital's context-state record holding its client between messages."""
-
-Ask = Callable[[str, Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]]
-"""Send each named hospital its fields as a message of a kind; their replies by name."""
 
 
 def session_setup(fields: Mapping[str, Any], roster: Roster, length: int, fewest: int) -> Setup:
@@ -218,17 +218,22 @@ class MaskedSum:
         return False
 
     @classmethod
-    def open(
-        cls, ask: Ask, roster: Roster, names: Sequence[str], length: int, fewest: int
-    ) -> MaskedSum:
-        """Rounds 0 and 1 with the cohort `names` (in order), keys from the roster."""
-        key = X25519PrivateKey.generate()
+    def opener(
+        cls, hellos: Mapping[str, Mapping[str, Any]], keys: Path | None
+    ) -> Callable[[Exchange], MaskedSum]:
+        """How the server opens each exchange's session: no key of its own."""
+        return cls.open
+
+    @classmethod
+    def open(cls, exchange: Exchange) -> MaskedSum:
+        """Rounds 0 and 1 with the exchange's cohort (in order), keys from the roster."""
+        ask, key = exchange.ask, X25519PrivateKey.generate()
         announced = {
             "session": os.urandom(16),
-            "names": list(names),
+            "names": list(exchange.names),
             "server-public": key.public_key().public_bytes_raw(),
         }
-        setup = session_setup(announced, roster, length, fewest)
+        setup = session_setup(announced, exchange.roster, exchange.length, exchange.fewest)
         server = Server(setup, key)
         adverts = ask("query.secagg_keys", {n: announced for n in setup.names})
         keyed = server.collect_keys(
@@ -265,17 +270,20 @@ class MaskedSum:
         )
         return session
 
-    def train_fields(self, name: str) -> dict[str, Any]:
-        """What a train message adds for `name`: the session and its inbox of shares."""
-        inbox = self.inboxes.get(name, [])
+    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """The hospitals that took part in the key rounds, each with what its train
+        message adds: the session and its inbox of shares."""
         return {
-            "session": self.setup.session,
-            "senders": [s.sender for s in inbox],
-            "nonces": [s.nonce for s in inbox],
-            "ciphertexts": [s.ciphertext for s in inbox],
+            name: {
+                "session": self.setup.session,
+                "senders": [s.sender for s in inbox],
+                "nonces": [s.nonce for s in inbox],
+                "ciphertexts": [s.ciphertext for s in inbox],
+            }
+            for name, inbox in self.inboxes.items()
         }
 
-    def received(self, name: str, fields: Mapping[str, Any]) -> Tensor:
+    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
         """Keep `name`'s masked input (checked when the sum is asked for); its words, which
         are all the server has of its reply."""
         dtype = self.setup.codec.dtype
@@ -283,7 +291,7 @@ class MaskedSum:
         self.masked_inputs[name] = MaskedInput(
             self.setup.session, name, words, bytes(fields["tag"])
         )
-        return torch.from_numpy(words.view(np.int32 if dtype.itemsize == 4 else np.int64))
+        return Reply(torch.from_numpy(words.view(np.int32 if dtype.itemsize == 4 else np.int64)))
 
     def __call__(self, vectors: Mapping[str, Tensor], *, at_least: int = 1) -> Summed:
         """Round 3: the survivors' sum, if at least `at_least` masked inputs are in it (the

@@ -40,20 +40,17 @@ import dataclasses
 import functools
 import hashlib
 import math
-import os
 import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Literal
 
 import numpy as np
 import torch
-from numpy.random.bit_generator import ISeedSequence
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from torch import nn
 
@@ -73,6 +70,7 @@ from dpfl.engines.accounts import (
     worst_spent,
 )
 from dpfl.engines.evaluation import chosen_thresholds, cross_evaluate, evaluate
+from dpfl.engines.streams import Streams, member_rng, stream_noise, stream_rng
 from dpfl.federation.algorithms.base import (
     Algorithm,
     Charges,
@@ -86,15 +84,16 @@ from dpfl.federation.algorithms.centralized import pool
 from dpfl.federation.messages import Encoding, SecureSum, payload_bytes
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.federation.threshold import FIXED, BalancedThreshold
+from dpfl.files import replacing
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
-from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
+from dpfl.local.noise import NoiseSource
+from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, events
 from dpfl.secure import IdealSecureSum, InTheClear
 
 __all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
 
-_T = TypeVar("_T")
 Init = Literal["per-trial", "shared"]
 Observer = Callable[[int, int, Sequence[State], Sequence[Mapping[str, Reply]], bool], None]
 """Called after each exchange: (round, exchange, states per trial, replies per trial,
@@ -300,30 +299,53 @@ def simulate(
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
-    Budgets: `budgets[name] = (ε, δ)` per silo, else (`epsilon_budget`, `delta`) for all;
-    with no ε given, each account's budget is what the plan spends. `research_noise`
-    uses seeded noise (reproducible, for research); False draws from the CSPRNG. A silo
-    without a declared public size gets a DP count with Gaussian noise of std
-    `size_noise` records (sensitivity 1), charged first (a non-private run uses the true
-    count: it protects no one). `calibrate`: True or "common" gives every silo the σ of
-    the most constrained one; "per-silo" gives each silo the least σ for its own budget
-    (for algorithms whose silos' noise is their own). `secure_sum`: how the server
-    learns the sum of the replies; by default in the clear, or the ideal secure sum for
-    an algorithm that needs one. `init`: "per-trial" starts trial 0 from the model as
-    given and every other trial from a fresh initialisation seeded by (seed, trial);
-    "shared" starts every trial from the model as given (trials then differ only in
-    their batches and noise). `threads`: torch's thread count during the run (restored
-    after; None keeps it): one suits the small models of these studies, which on a
-    loaded 2-core machine ran 20× slower with torch's default. `cross_silo`: also score
-    the final models (the last completed round's) of every silo on every silo's test set
-    (`SimulationResult.cross_silo`); nothing else changes. `observe(round, exchange,
-    states, replies, revealed)`, if given, is called after every exchange with every
-    trial's server state, every trial's replies and whether the server saw them (False: a
-    secure sum gave it their sum only), for audits (`dpfl.audit`); it reads them and
-    copies what it keeps. `threshold`: the decision threshold of binary models, a public
-    number, or a `BalancedThreshold` released at every evaluation from each silo's
-    training records, charged to its accounts and planned with its rounds."""
-    with _torch_threads(threads):
+    Args:
+        algorithm: The federated algorithm (its server and hospital halves).
+        silos: The hospitals' records; names must be unique.
+        rounds: Rounds to run (fewer if the algorithm stops at its budget).
+        trials: Independent repetitions, run stacked together.
+        seed: Keys every random stream (`dpfl.engines.streams`) and the trials' initial
+            models.
+        epsilon_budget: Every silo's ε, unless `budgets` names it; None: each account's
+            budget is what its plan spends.
+        delta: Every silo's δ, unless `budgets` names it.
+        budgets: Per silo name, its (ε, δ).
+        calibrate: True or "common" gives every silo the σ of the most constrained one;
+            "per-silo" gives each silo the least σ for its own budget (for algorithms
+            whose silos' noise is their own). The σ keeps each silo's scheduled rounds
+            within its budget.
+        ledger: The privacy ledger, or its path (None: a new one in a temporary folder).
+        research_noise: Seeded noise (reproducible, for research); False draws a silo's
+            noise and batches from the CSPRNG and the OS.
+        progress: Show a progress bar with the worst ε and the latest accuracy.
+        checkpoint: A file the run is saved to after every round, and resumed from if
+            it holds this run.
+        eval_every: Evaluate every this many rounds (and after the last).
+        size_noise: The std, in records, of the Gaussian noise (sensitivity 1) of the DP
+            count released for a silo that declares no public size, charged first (a
+            non-private run uses the true count: it protects no one).
+        secure_sum: How the server learns the sum of the replies; None: in the clear, or
+            the ideal secure sum for an algorithm that needs one.
+        init: "per-trial" starts trial 0 from the model as given and every other trial
+            from a fresh initialisation seeded by (seed, trial); "shared" starts every
+            trial from the model as given (trials then differ in batches and noise only).
+        threads: torch's thread count during the run, restored after (None keeps it):
+            one suits the small models of these studies.
+        cross_silo: Also score the final models of every silo on every silo's test set
+            (`SimulationResult.cross_silo`); nothing else changes.
+        observe: Called after every exchange as `observe(round, exchange, states,
+            replies, revealed)` with every trial's server state and replies and whether
+            the server saw them (False: a secure sum gave it their sum only), for audits
+            (`dpfl.audit`); it reads them and copies what it keeps.
+        threshold: The decision threshold of binary models: a public number, or a
+            `BalancedThreshold` released at every evaluation from each silo's training
+            records, charged to its accounts and planned with its rounds.
+
+    Returns:
+        The finished run, or the rounds completed before a Ctrl-C (`interrupted`) or
+        before the budget ran out (`stopped_by_budget`).
+    """
+    with torch_threads(threads):
         _check_run(silos, rounds, trials, eval_every)
         _check_threshold(threshold, algorithm, silos)
         summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
@@ -331,248 +353,393 @@ def simulate(
             s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos
         }
         book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+        settings = _Settings(
+            rounds,
+            trials,
+            seed,
+            research_noise,
+            progress,
+            None if checkpoint is None else Path(checkpoint),
+            eval_every,
+            init,
+            cross_silo,
+            observe,
+            threshold,
+        )
+        run = _Simulation.planned(algorithm, silos, settings, book, targets, summing, size_noise)
+        if calibrate:
+            run.calibrate(calibrate)
+        run.resume()
+        run.loop()
+        return run.result()
+
+
+@dataclass(frozen=True)
+class _Settings:
+    """What `simulate` was asked for that stays the same through the run."""
+
+    rounds: int
+    trials: int
+    seed: int
+    research_noise: bool
+    progress: bool
+    checkpoint: Path | None
+    eval_every: int
+    init: Init
+    cross_silo: bool
+    observe: Observer | None
+    threshold: float | BalancedThreshold
+
+
+@dataclass
+class _Simulation:
+    """One call of `simulate`, in phases: `planned` (accounts, public sizes, the schedule),
+    `calibrate`, `resume` (from the checkpoint; the plan checked against the ledger),
+    `loop` (the rounds) and `result`."""
+
+    settings: _Settings
+    algorithm: Algorithm
+    silos: list[Silo]
+    """The run's silos, each with its public size (declared, released or, for a
+    non-private run, true)."""
+    book: Ledger
+    targets: Budgets
+    summing: SecureSum
+    counts: dict[str, events.PrivacyEvent]
+    """Per silo, the release of its record count (silos that declared none)."""
+    schedule: Schedule
+    evaluations: list[int]
+    """The rounds evaluated (thresholds are released at each)."""
+    rounds: int
+    """The rounds to run: fewer than asked when the budget stops the algorithm."""
+    state: _RunState | None = None
+    start: int = 0
+    history: list[dict[str, Any]] = field(default_factory=list)
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    fingerprint: str = ""
+    instance: str = ""
+    run_name: str = ""
+    """The run across its instances: what the ledger notes rounds released under."""
+    paid: Counter[Any] = field(default_factory=Counter)
+    """The resumed round's charges already in the ledger (a resume of this instance)."""
+    begun: set[int] = field(default_factory=set)
+    """Rounds whose charges were recorded: from then on their outputs may be out."""
+    noted: set[int] = field(default_factory=set)
+    """Rounds this process noted released."""
+    current: int = 0
+    completed: int = 0
+    cuts: list[list[float]] | None = None
+    """Each silo's thresholds per trial (None: 0.5, not reported)."""
+    interrupted: bool = False
+    stopped_by_budget: bool = False
+
+    @property
+    def infos(self) -> list[SiloInfo]:
+        return [s.info for s in self.silos]
+
+    @property
+    def label(self) -> str:
+        """The label of this instance's ledger entries."""
+        return f"{self.run_name} instance {self.instance}"
+
+    @classmethod
+    def planned(
+        cls,
+        algorithm: Algorithm,
+        silos: Sequence[Silo],
+        settings: _Settings,
+        book: Ledger,
+        targets: Budgets,
+        summing: SecureSum,
+        size_noise: float,
+    ) -> _Simulation:
+        """Accounts registered and public sizes released (private runs), and every
+        round's cohorts drawn from the seed."""
+        trials, rounds = settings.trials, settings.rounds
         counts: dict[str, events.PrivacyEvent] = {}
         if algorithm.private:
             declared = {s.name: s.public_size for s in silos}
             register_accounts(book, silos, trials, targets)
-            noise_of = functools.partial(_count_noise, research_noise, seed)
+            noise_of = functools.partial(_count_noise, settings.research_noise, settings.seed)
             silos, counts = public_sizes(book, silos, trials, size_noise, noise_of)
             register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
         else:  # nothing is protected, so the true counts may shape the reference run
             silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
         infos = [s.info for s in silos]
-        schedule = drawn_schedule(algorithm, infos, trials, seed, rounds)
-        evaluations = [r for r in range(rounds) if (r + 1) % eval_every == 0 or r == rounds - 1]
+        return cls(
+            settings,
+            algorithm,
+            list(silos),
+            book,
+            targets,
+            summing,
+            counts,
+            drawn_schedule(algorithm, infos, trials, settings.seed, rounds),
+            [r for r in range(rounds) if (r + 1) % settings.eval_every == 0 or r == rounds - 1],
+            rounds,
+        )
 
-        def releases(first: int) -> dict[str, tuple[events.PrivacyEvent, int]]:
-            """Per silo, the threshold releases of the evaluations from round `first` on."""
-            if not (algorithm.private and isinstance(threshold, BalancedThreshold)):
-                return {}
-            count = sum(r >= first for r in evaluations)
-            return {s.name: (threshold.event(s), count) for s in infos}
+    def releases(self, first: int) -> dict[str, tuple[events.PrivacyEvent, int]]:
+        """Per silo, the threshold releases of the evaluations from round `first` on."""
+        threshold = self.settings.threshold
+        if not (self.algorithm.private and isinstance(threshold, BalancedThreshold)):
+            return {}
+        count = sum(r >= first for r in self.evaluations)
+        return {s.name: (threshold.event(s), count) for s in self.infos}
 
-        if calibrate:
-            if calibrate not in (True, "common", "per-silo"):
-                raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
-            if not algorithm.private:
-                raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-            scheduled = participations(schedule, 0, rounds)
-            planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}
-            others = {s.name: [counts[s.name]] if s.name in counts else [] for s in infos}
-            for name, (release, count) in releases(0).items():
-                others[name].append(events.repeat(release, count))
-            sigmas = Calibration(algorithm, infos, planned, targets, book.accountant, others)
-            algorithm = (
-                algorithm.with_silo_noise(sigmas.per_silo())
-                if calibrate == "per-silo"
-                else algorithm.with_noise(sigmas.common())
-            )
-        start, run, history = 0, _initial(algorithm, infos, trials, seed, init), []
-        messages: list[dict[str, Any]] = []
-        fingerprint = _fingerprint(algorithm, silos, trials, seed, research_noise, init, threshold)
-        instance, resumed = uuid.uuid4().hex[:16], False
-        if checkpoint is not None and Path(checkpoint).exists():
-            saved = torch.load(checkpoint, weights_only=False)
-            if saved["fingerprint"] != fingerprint:
-                raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
-            start, run, history, messages = (
-                saved["round"] + 1,
-                saved["state"],
-                saved["history"],
-                saved["messages"],
-            )
-            instance, resumed = saved["instance"], True
-        elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
-            _save(checkpoint, fingerprint, instance, -1, run, history, messages)
-        stopped_by_budget = False
+    def calibrate(self, calibrate: bool | Literal["common", "per-silo"]) -> None:
+        """The algorithm with the least σ that keeps each silo's scheduled rounds (and
+        its other releases) within its budget."""
+        if calibrate not in (True, "common", "per-silo"):
+            raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
+        if not self.algorithm.private:
+            raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
+        infos, trials = self.infos, self.settings.trials
+        scheduled = participations(self.schedule, 0, self.rounds)
+        planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}
+        others = {s.name: [self.counts[s.name]] if s.name in self.counts else [] for s in infos}
+        for name, (release, count) in self.releases(0).items():
+            others[name].append(events.repeat(release, count))
+        sigmas = Calibration(
+            self.algorithm, infos, planned, self.targets, self.book.accountant, others
+        )
+        self.algorithm = (
+            self.algorithm.with_silo_noise(sigmas.per_silo())
+            if calibrate == "per-silo"
+            else self.algorithm.with_noise(sigmas.common())
+        )
+
+    def resume(self) -> None:
+        """The initial states, or the checkpoint's if it holds this run (a new one is
+        saved before round 0: a crash in it resumes this instance); the rounds the budget
+        affords, and the plan left checked against the ledger."""
+        s, algorithm, infos, book = self.settings, self.algorithm, self.infos, self.book
+        self.state = _initial(algorithm, infos, s.trials, s.seed, s.init)
+        self.fingerprint = _fingerprint(
+            algorithm, self.silos, s.trials, s.seed, s.research_noise, s.init, s.threshold
+        )
+        self.instance, resumed = uuid.uuid4().hex[:16], False
+        if s.checkpoint is not None and s.checkpoint.exists():
+            saved = torch.load(s.checkpoint, weights_only=False)
+            if saved["fingerprint"] != self.fingerprint:
+                raise ValueError(f"checkpoint {s.checkpoint} belongs to a different run")
+            self.start, self.state = saved["round"] + 1, saved["state"]
+            self.history, self.messages = saved["history"], saved["messages"]
+            self.instance, resumed = saved["instance"], True
+        elif s.checkpoint is not None:  # before round 0: a crash in it resumes this instance
+            state, history, messages = self.state, self.history, self.messages
+            _save(s.checkpoint, self.fingerprint, self.instance, -1, state, history, messages)
         if algorithm.private and algorithm.stops_at_budget:
-            affordable = start + affordable_rounds(book, algorithm, infos, rounds - start, targets)
-            if affordable <= start:
+            left = self.rounds - self.start
+            affordable = self.start + affordable_rounds(book, algorithm, infos, left, self.targets)
+            if affordable <= self.start:
                 raise ValueError(
                     f"{algorithm.name}: no further round fits every silo's budget; a round "
                     "costs more than what is left (add noise or raise the budget)"
                 )
-            stopped_by_budget, rounds = affordable < rounds, min(rounds, affordable)
-        run_name = f"{algorithm.name} run {fingerprint[:12]}"
-        label = f"{run_name} instance {instance}"
-        paid = (
-            prepaid(book, algorithm, infos, trials, start, label, run_name)
-            if resumed
-            else Counter[Any]()
-        )
+            self.stopped_by_budget = affordable < self.rounds
+            self.rounds = min(self.rounds, affordable)
+        self.run_name = f"{algorithm.name} run {self.fingerprint[:12]}"
+        if resumed:
+            self.paid = prepaid(
+                book, algorithm, infos, s.trials, self.start, self.label, self.run_name
+            )
         if algorithm.private:
-            left = participations(schedule, start, rounds)
-            check_plans(book, algorithm, infos, trials, left, targets, paid, releases(start))
-        covered, begun, noted = bool(paid), set[int](), set[int]()
+            left_plan = participations(self.schedule, self.start, self.rounds)
+            check_plans(
+                book,
+                algorithm,
+                infos,
+                s.trials,
+                left_plan,
+                self.targets,
+                self.paid,
+                self.releases(self.start),
+            )
+        self.current = self.completed = self.start
 
-        def mark_released(round_: int) -> None:
-            """Note the round released in the ledger before anything holding it is written
-            or returned. A round re-run on charges paid for one release, which another
-            process released meanwhile (e.g. from the same checkpoint), is not released."""
-            again = algorithm.private and note_release(book, run_name, round_)
-            if again and covered and round_ == start and round_ not in noted:
-                raise RuntimeError(
-                    f"round {round_} of {run_name} was released meanwhile by another process "
-                    f"while this one resumed it from {checkpoint}; its charges pay for one "
-                    "release, so this one is not released"
-                )
-            noted.add(round_)
+    def record(self, charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+        """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
+        curator, whose every event is charged to every silo)."""
+        silos, current = self.silos, self.current
+        named = [
+            (account(silos[k], trial, view), event)
+            for (trial, index), view, event in charges
+            for k in (range(len(silos)) if index < 0 else [index])
+        ]
+        self.begun.add(current)  # from here on the round's outputs may be in the result
+        if self.paid and current == self.start:  # only the resumed round can have been paid
+            named = unpaid(named, self.paid, current)
+        if named:
+            self.book.record_many(named, label=self.label, round=current)
 
-        def record(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
-            """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
-            curator, whose every event is charged to every silo)."""
-            named = [
-                (account(silos[k], trial, view), event)
-                for (trial, index), view, event in charges
-                for k in (range(len(silos)) if index < 0 else [index])
-            ]
-            begun.add(current)  # from here on the round's outputs may be in the result
-            if paid and current == start:  # only the resumed round can have been paid
-                named = unpaid(named, paid, current)
-            if named:
-                book.record_many(named, label=label, round=current)
+    def mark_released(self, round_: int) -> None:
+        """Note the round released in the ledger before anything holding it is written or
+        returned. A round re-run on charges paid for one release, which another process
+        released meanwhile (e.g. from the same checkpoint), is not released."""
+        again = self.algorithm.private and note_release(self.book, self.run_name, round_)
+        if again and self.paid and round_ == self.start and round_ not in self.noted:
+            raise RuntimeError(
+                f"round {round_} of {self.run_name} was released meanwhile by another "
+                f"process while this one resumed it from {self.settings.checkpoint}; its "
+                "charges pay for one release, so this one is not released"
+            )
+        self.noted.add(round_)
 
-        interrupted, current, completed, next_status = False, start, start, -math.inf
+    def loop(self) -> None:
+        """The rounds from `start`, with a progress bar; Ctrl-C stops after the round
+        under way, noting it released if the result may hold it."""
+        s, algorithm = self.settings, self.algorithm
         bar = Progress(
             TextColumn(f"{algorithm.name}"),
             BarColumn(),
             MofNCompleteColumn(),
             TextColumn("{task.fields[status]}"),
             TimeElapsedColumn(),
-            disable=not progress,
+            disable=not s.progress,
             transient=False,
         )
-        curator = pool(silos) if algorithm.pools_data else None
-        # each silo's thresholds per trial (None: 0.5, not reported); a balanced
-        # threshold's are released at evaluations, 0.5 until the first
-        public = FIXED if isinstance(threshold, BalancedThreshold) else threshold
-        cuts = None if threshold == FIXED else [[public] * trials for _ in silos]
+        curator = pool(self.silos) if algorithm.pools_data else None
+        # a balanced threshold's are released at evaluations, 0.5 until the first
+        public = FIXED if isinstance(s.threshold, BalancedThreshold) else s.threshold
+        if s.threshold != FIXED:
+            self.cuts = [[public] * s.trials for _ in self.silos]
+        next_status = -math.inf
         with bar:
-            task = bar.add_task("rounds", total=rounds, completed=start, status="")
+            task = bar.add_task("rounds", total=self.rounds, completed=self.start, status="")
             try:
-                for current in range(start, rounds):
-                    rng = Streams(seed, current, functools.partial(member_rng, research_noise))
-                    noise = Streams(seed, current, functools.partial(stream_noise, research_noise))
-                    for exchange in range(algorithm.exchanges(infos)):
-                        messages += run.exchange(
-                            algorithm,
-                            silos,
-                            curator,
-                            current,
-                            exchange,
-                            rng,
-                            noise,
-                            record,
-                            summing,
-                            schedule,
-                            observe,
-                        )
-                    if (current + 1) % eval_every == 0 or current == rounds - 1:
-                        models = run.models(algorithm, silos)
-                        if isinstance(threshold, BalancedThreshold):
-                            cuts = _released_thresholds(
-                                threshold, algorithm, models, silos, noise, record
-                            )
-                        history += evaluate(
-                            algorithm.model, models, silos, current, algorithm.loss, cuts
-                        )
-                    if checkpoint is not None:
-                        _save(
-                            checkpoint,
-                            fingerprint,
-                            instance,
-                            current,
-                            run,
-                            history,
-                            messages,
-                            mark_released,
-                        )
-                    if progress and (time.monotonic() >= next_status or current == rounds - 1):
+                for round_ in range(self.start, self.rounds):
+                    self.current = round_
+                    self.round(curator)
+                    if s.progress and (time.monotonic() >= next_status or self.last_round):
                         began = time.monotonic()
-                        bar.update(task, status=_status(book, infos, trials, history, algorithm))
+                        status = _status(self.book, self.infos, s.trials, self.history, algorithm)
+                        bar.update(task, status=status)
                         # every account's ε can be costly (client sampling: many histories):
                         # the status takes at most a tenth of the run, and is shown each second
                         next_status = time.monotonic() + max(1.0, 10 * (time.monotonic() - began))
                     bar.update(task, advance=1)
-                    completed = current + 1
+                    self.completed = round_ + 1
             except KeyboardInterrupt:
-                interrupted = True
-                if checkpoint is not None and current in begun:  # the result may hold it
-                    mark_released(current)
-        shared = [state["global"] for state in run.server]
+                self.interrupted = True
+                if s.checkpoint is not None and self.current in self.begun:  # it may hold it
+                    self.mark_released(self.current)
+
+    @property
+    def last_round(self) -> bool:
+        return self.current == self.rounds - 1
+
+    def round(self, curator: Silo | None) -> None:
+        """Round `current`: its exchanges, its evaluation if due, its checkpoint."""
+        s, algorithm, current, state = self.settings, self.algorithm, self.current, self.state
+        assert state is not None, "resume() makes the initial states"
+        rng = Streams(s.seed, current, functools.partial(member_rng, s.research_noise))
+        noise = Streams(s.seed, current, functools.partial(stream_noise, s.research_noise))
+        for exchange in range(algorithm.exchanges(self.infos)):
+            self.messages += state.exchange(
+                algorithm,
+                self.silos,
+                curator,
+                current,
+                exchange,
+                rng,
+                noise,
+                self.record,
+                self.summing,
+                self.schedule,
+                s.observe,
+            )
+        if (current + 1) % s.eval_every == 0 or self.last_round:
+            models = state.models(algorithm, self.silos)
+            if isinstance(s.threshold, BalancedThreshold):
+                self.cuts = _released_thresholds(
+                    s.threshold, algorithm, models, self.silos, noise, self.record
+                )
+            self.history += evaluate(
+                algorithm.model, models, self.silos, current, algorithm.loss, self.cuts
+            )
+        if s.checkpoint is not None:
+            _save(
+                s.checkpoint,
+                self.fingerprint,
+                self.instance,
+                current,
+                state,
+                self.history,
+                self.messages,
+                self.mark_released,
+            )
+
+    def result(self) -> SimulationResult:
+        """The models, metrics, accounts and traffic of the rounds completed."""
+        s, algorithm, silos, infos, state = (
+            self.settings,
+            self.algorithm,
+            self.silos,
+            self.infos,
+            self.state,
+        )
+        assert state is not None, "resume() makes the initial states"
+        completed = self.completed
+        shared = [server["global"] for server in state.server]
         params = _stacked(shared)
-        models = run.models(algorithm, silos)
-        evaluated = [h for h in history if h["round"] == completed - 1]
+        models = state.models(algorithm, silos)
+        evaluated = [h for h in self.history if h["round"] == completed - 1] or evaluate(
+            algorithm.model, models, silos, completed - 1, algorithm.loss, self.cuts
+        )
         return SimulationResult(
             algorithm=algorithm.name,
             noise_multiplier=algorithm.noise_multiplier,
-            trials=trials,
+            trials=s.trials,
             rounds_completed=completed,
             params=params,
             silo_models={
-                # a silo that uses the shared model gets the very same tensors, not a copy:
-                # 314 copies of a 4.9M-parameter model were 6 GB (Kerkouche's scale)
-                s.name: params
+                # a silo that uses the shared model gets the very same tensors, not a copy
+                # (at Kerkouche's scale, copies would take gigabytes)
+                silo.name: params
                 if all(m is g for m, g in zip(models[k], shared, strict=True))
                 else _stacked(models[k])
-                for k, s in enumerate(silos)
+                for k, silo in enumerate(silos)
             },
-            history=history,
-            silo_metrics=[
-                h["silos"]
-                for h in evaluated
-                or evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss, cuts)
-            ],
+            history=self.history,
+            silo_metrics=[h["silos"] for h in evaluated],
             accounts=[
                 {
-                    s.name: {
-                        None: account(s, r),
-                        **{v: account(s, r, v) for v in algorithm.view_events(s.info, infos)},
+                    silo.name: {
+                        None: account(silo, r),
+                        **{v: account(silo, r, v) for v in algorithm.view_events(silo.info, infos)},
                     }
-                    for s in silos
+                    for silo in silos
                 }
                 if algorithm.private
                 else {}
-                for r in range(trials)
+                for r in range(s.trials)
             ],
-            messages=messages,
+            messages=self.messages,
             cross_silo=(
-                cross_evaluate(algorithm.model, models, silos, completed - 1, algorithm.loss, cuts)
-                if cross_silo
+                cross_evaluate(
+                    algorithm.model, models, silos, completed - 1, algorithm.loss, self.cuts
+                )
+                if s.cross_silo
                 else []
             ),
-            ledger_path=book.path,
-            accountant=book.accountant,
-            interrupted=interrupted,
-            stopped_by_budget=stopped_by_budget,
+            ledger_path=self.book.path,
+            accountant=self.book.accountant,
+            interrupted=self.interrupted,
+            stopped_by_budget=self.stopped_by_budget,
             metadata={
-                "seed": seed,
-                "research_noise": research_noise,
-                "init": init,
-                "rounds": rounds,
-                "fingerprint": fingerprint,
-                "instance": instance,
-                "public_sizes": {s.name: s.public_size for s in silos},
-                "released_sizes": sorted(counts),
-                "secure_sum": type(summing).__name__,
-                "noise_multipliers": {s.name: algorithm.noise_of(s.name) for s in silos},
+                "seed": s.seed,
+                "research_noise": s.research_noise,
+                "init": s.init,
+                "rounds": self.rounds,
+                "fingerprint": self.fingerprint,
+                "instance": self.instance,
+                "public_sizes": {silo.name: silo.public_size for silo in silos},
+                "released_sizes": sorted(self.counts),
+                "secure_sum": type(self.summing).__name__,
+                "noise_multipliers": {silo.name: algorithm.noise_of(silo.name) for silo in silos},
             },
         )
-
-
-@contextmanager
-def _torch_threads(threads: int | None) -> Iterator[None]:
-    if threads is None:
-        yield
-        return
-    if threads < 1:
-        raise ValueError(f"threads must be ≥ 1, got {threads}")
-    before = torch.get_num_threads()
-    torch.set_num_threads(threads)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _check_threshold(
@@ -737,75 +904,6 @@ def participations(schedule: Schedule, first: int, last: int) -> Counter[tuple[s
     )
 
 
-class Streams(Generic[_T]):
-    """Independent random streams for one round: the n-th call for (trial, silo) gets the
-    n-th stream of that pair, so no two draws (batches, noise) of a round ever share
-    randomness, and the same calls in the same order repeat exactly (and on resume).
-    Every engine keys its research streams so, which makes a deployment with research
-    noise repeat the simulator's draws."""
-
-    def __init__(self, seed: int, round_: int, make: Callable[[tuple[int, ...]], _T]) -> None:
-        self._seed, self._round, self._make = seed, round_, make
-        self._calls: dict[tuple[int, int], int] = {}
-
-    def __call__(self, trial: int, silo: int) -> _T:
-        call = self._calls.get((trial, silo), 0)
-        self._calls[trial, silo] = call + 1
-        return self._make((self._seed, trial, silo + 1, self._round, call))
-
-
-class _Key(ISeedSequence):
-    """Seed words already drawn by `_digest`, handed to a bit generator as they are (a
-    `SeedSequence` would hash them again, at several times the cost of the hash)."""
-
-    def __init__(self, digest: bytes) -> None:
-        self._digest = digest
-
-    def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
-        wanted = np.dtype(dtype)
-        if n_words * wanted.itemsize > len(self._digest):
-            raise ValueError(f"a stream key holds {len(self._digest)} bytes, not {n_words} words")
-        # little-endian words: the same streams on every machine
-        return np.frombuffer(self._digest, wanted.newbyteorder("<"), n_words).astype(wanted)
-
-
-def _digest(key: tuple[int, ...], size: int) -> bytes:
-    """`size` bytes from a key of integers: BLAKE2b of the integers in decimal, comma
-    separated (one text per key, whatever its integers' sizes), personalised to dpfl's
-    streams. A cryptographic hash makes the bytes of distinct keys (members, rounds,
-    calls, purposes) look independent and uniform, which is what `SeedSequence` was
-    for, at a tenth of its cost (thousands of streams a run)."""
-    text = ",".join(map(str, key)).encode()
-    return hashlib.blake2b(text, digest_size=size, person=b"dpfl.streams").digest()
-
-
-def stream_rng(key: tuple[int, ...]) -> np.random.Generator:
-    """PCG64 with all 256 bits of its seed (state and stream increment) from the key."""
-    # bit generators take any ISeedSequence (numpy's documented interface); its stubs
-    # name only SeedSequence
-    seeded = np.random.PCG64(_Key(_digest((*key, 0), 32)))  # type: ignore[arg-type]
-    return np.random.Generator(seeded)
-
-
-def member_rng(research: bool, key: tuple[int, ...]) -> np.random.Generator:
-    """The generator for a `Streams` key: seeded (`stream_rng`) with research noise, and
-    always for the server (silo index 0 of the key), whose cohorts are public, drawn into
-    the plan from the seed. A silo's own draws (its batches, its coins) otherwise come
-    from the OS, as in a deployment: Poisson amplification assumes the batches secret,
-    and anyone with the study's seed could replay seeded ones."""
-    if research or key[2] == 0:
-        return stream_rng(key)
-    return np.random.default_rng()
-
-
-def stream_noise(research: bool, key: tuple[int, ...]) -> NoiseSource:
-    """Seeded noise from the key, or with `research` False the CSPRNG (no key at all)."""
-    if not research:
-        return SecureNoise()
-    # torch's CPU generator seeds its Mersenne Twister with 32 bits: give it exactly those
-    return SeededNoise(int.from_bytes(_digest((*key, 1), 4), "little"))
-
-
 def _count_noise(research: bool, seed: int, k: int) -> NoiseSource:
     """The noise of silo k's released record count (drawn once, before round 0)."""
     return stream_noise(research, (seed, 0, k + 1, 0, 0, 2))
@@ -883,19 +981,15 @@ def _save(
     the round's outputs: `release(round_)` notes them released just before the file takes
     its name (a crash between the two makes a resume pay for the round again, never
     release it unpaid)."""
-    target = Path(path)
-    partial = target.with_suffix(target.suffix + ".partial")
-    torch.save(
-        {
-            "fingerprint": fingerprint,
-            "instance": instance,
-            "round": round_,
-            "state": state,
-            "history": history,
-            "messages": messages,
-        },
-        partial,
-    )
-    if release is not None:
-        release(round_)
-    os.replace(partial, target)
+    saved = {
+        "fingerprint": fingerprint,
+        "instance": instance,
+        "round": round_,
+        "state": state,
+        "history": history,
+        "messages": messages,
+    }
+    with replacing(Path(path)) as partial:
+        torch.save(saved, partial)
+        if release is not None:
+            release(round_)

@@ -27,6 +27,7 @@ from typing import Any
 
 from dpfl.experiments.config import StudyConfig
 from dpfl.experiments.queries import RESULTS_FILE, open_results
+from dpfl.files import replacing
 
 IDENTITY = "study.json"
 _SHORT = 12  # hex digits of a hash shown in a message
@@ -119,9 +120,8 @@ def _read(out: Path) -> dict[str, Any]:
 
 def _write(out: Path, record: dict[str, Any]) -> None:
     """Replace the record at once: a reader never sees half of one."""
-    partial = out / f".{IDENTITY}.{os.getpid()}"
-    partial.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
-    os.replace(partial, out / IDENTITY)
+    with replacing(out / IDENTITY, out / f".{IDENTITY}.{os.getpid()}") as partial:
+        partial.write_text(json.dumps(record, indent=1, sort_keys=True), encoding="utf-8")
 
 
 def _changes(before: Fingerprint, now: Fingerprint) -> str:

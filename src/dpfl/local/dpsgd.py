@@ -18,9 +18,8 @@ caller to record in the silo's ledger.
 
 from __future__ import annotations
 
-import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -37,6 +36,7 @@ from dpfl.local.clipping import (
 )
 from dpfl.local.losses import Loss
 from dpfl.local.noise import NoiseSource, SecureNoise
+from dpfl.local.threads import torch_threads
 from dpfl.privacy import events
 
 __all__ = ["DPSGD", "DPSGDConfig", "LocalResult", "StackedResult", "parameters_of", "stack"]
@@ -239,7 +239,7 @@ class DPSGD:
         std = cfg.noise_multiplier * cfg.clip_norm
         member_size = sum(v[0].numel() for v in params.values())
         work = len(samplers) * max(s.expected_batch_size for s in samplers) * member_size
-        with _one_thread_if(work < ONE_THREAD_BELOW):
+        with torch_threads(1 if work < ONE_THREAD_BELOW else None):
             self._steps(params, velocity, datasets, samplers, noises, steps, pool, scales, std)
         for k in transposed:  # handed back row-major, as they came (velocity as it is)
             params[k] = params[k].contiguous()
@@ -391,20 +391,6 @@ def _adam_step(
     denominator = torch.sqrt(s, out=square).div_(math.sqrt(1 - beta2**t)).add_(eps)
     step = torch.div(m, denominator, out=g).mul_(rate / (1 - beta1**t))
     value.sub_(step)
-
-
-@contextlib.contextmanager
-def _one_thread_if(small: bool) -> Iterator[None]:
-    """One intra-op thread inside the block when `small` (see `ONE_THREAD_BELOW`)."""
-    before = torch.get_num_threads()
-    if not small or ONE_THREAD_BELOW <= 0 or before == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(before)
 
 
 def _batch(

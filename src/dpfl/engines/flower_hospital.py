@@ -1,0 +1,531 @@
+"""The hospital half of a Flower deployment: the ClientApp at each hospital, beside its
+records and its own ledger (`client_app`). It runs the algorithm's hospital half
+(`client_update`); nothing here is algorithm logic.
+
+A hospital's node config (never the server) gives its data folder, public size,
+(ε, δ) and ledger. It registers its own account, checks its whole remaining plan before
+round 0 and every event before it trains, and refuses, saying why, when its budget
+would be passed, whatever the server asks; its own sampling code's events are charged
+to its own ledger before the reply leaves. Its local state (momentum, personal models)
+stays in a file beside its ledger between rounds. Noise is the CSPRNG's unless the
+node config sets `research-noise` (tests only: the simulator's seeded streams, so a
+deployment repeats a simulation exactly).
+
+It answers "query.hello" (its public facts), "query.plan" (it checks its plan), "train"
+(one exchange: it replies as its study's `summing` says, `PROTECTIONS`) and "evaluate"
+(its metrics of the final model on its own test set, outside ε as in the simulator);
+in a masked study the session's messages (`flower_masking`), and the key holder of an
+encrypted one "query.he_decrypt" (`flower_he`). Asked again for an exchange it answered,
+it re-sends the same reply (uncharged; a masked one is retrained and paid for).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import numpy as np
+import torch
+from flwr.app import Context, Message, RecordDict
+from flwr.clientapp import ClientApp
+
+from dpfl.engines import flower_he, flower_masking
+from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
+from dpfl.engines.evaluation import evaluate
+from dpfl.engines.flower_protocol import (
+    INSTANCE,
+    PROTOCOL,
+    SURVIVAL,
+    Deployment,
+    DeploymentError,
+    DeploymentOf,
+    fields_of,
+    record,
+    silos_of,
+)
+from dpfl.engines.roster import PREFIX, RosterError, public_text, read_identity
+from dpfl.engines.streams import Streams, member_rng, stream_noise
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    HospitalContext,
+    Instruction,
+    Reply,
+    flat,
+    unflat,
+)
+from dpfl.federation.messages import Encoding, decode, encode
+from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.files import replacing
+from dpfl.local.clipping import Params
+from dpfl.local.dpsgd import parameters_of
+from dpfl.local.threads import torch_threads
+from dpfl.privacy import Ledger, events
+from dpfl.privacy.errors import BudgetExceededError
+from dpfl.secure.he import KeyFile
+from dpfl.secure.masking import SecureAggregationError
+
+
+@dataclass(frozen=True)
+class HospitalConfig:
+    """A hospital's own settings, from its SuperNode's `--node-config`."""
+
+    name: str
+    study: Path
+    data: Path
+    public_size: int
+    epsilon: float
+    delta: float
+    ledger: Path
+    identity: Path
+    """Its identity key file (`dpfl deploy identity`): the key the study's roster lists
+    for it, which signs its keys in every masking session."""
+    research_noise: bool = False
+    he_keys: Path | None = None
+    """Its HE key file (encrypted studies; the key holder's holds the secret key)."""
+
+    KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger", "identity")
+
+    @classmethod
+    def from_node_config(cls, node: Mapping[str, Any]) -> HospitalConfig:
+        missing = [key for key in cls.KEYS if key not in node]
+        if missing:
+            raise ValueError(f"the hospital's node config lacks {', '.join(missing)}")
+        size, eps, delta = int(node["public-size"]), float(node["epsilon"]), float(node["delta"])
+        if size < 1 or not eps > 0 or not 0 < delta < 1:
+            raise ValueError("public-size must be ≥ 1, epsilon > 0 and 0 < delta < 1")
+        return cls(
+            str(node["name"]),
+            Path(str(node["study"])),
+            Path(str(node["data"])),
+            size,
+            eps,
+            delta,
+            Path(str(node["ledger"])),
+            Path(str(node["identity"])),
+            bool(node.get("research-noise", False)),
+            Path(str(node["he-keys"])) if node.get("he-keys") else None,
+        )
+
+    def deployment(self, deployment_of: DeploymentOf) -> Deployment:
+        """Its study's deployment, whose roster must list this hospital with its key."""
+        run = deployment_of(self.study)
+        pinned = run.roster.identities.get(self.name)
+        mine = read_identity(self.identity).public_key().public_bytes_raw()
+        if pinned != mine:
+            raise RosterError(
+                f"the study's roster does not list {self.name} with the identity key in "
+                f"{self.identity}"
+                + ("" if pinned is None else f" (it lists {PREFIX}{pinned.hex()})")
+            )
+        return run
+
+    def silo(self) -> Silo:
+        """The hospital's training records: `train.npz` (x, y) in its data folder."""
+        with np.load(self.data / "train.npz") as arrays:
+            return Silo.from_arrays(
+                self.name, arrays["x"], arrays["y"], public_size=self.public_size
+            )
+
+
+@dataclass
+class _Hospital:
+    """One hospital's half for one message: its config, study, records and ledger."""
+
+    me: HospitalConfig
+    run: Deployment
+    silo: Silo
+    instance: str
+    """The server's run instance: the same across a restart from its checkpoint (a new
+    Flower run), so local state and cached replies carry over."""
+    state: RecordDict
+    """The node's context state: kept by the SuperNode between this run's messages."""
+
+    @classmethod
+    def of(
+        cls, context: Context, deployment_of: DeploymentOf, fields: Mapping[str, Any]
+    ) -> _Hospital:
+        me = HospitalConfig.from_node_config(context.node_config)
+        instance = str(fields.get("instance", ""))
+        if not INSTANCE.fullmatch(instance) and "study" in fields:
+            raise DeploymentError(f"a malformed run instance {instance!r}")
+        return cls(me, me.deployment(deployment_of), me.silo(), instance, context.state)
+
+    @property
+    def account(self) -> str:
+        return account(self.me.name, 0)
+
+    def hello(self) -> dict[str, Any]:
+        classes = SURVIVAL if self.silo.survival else int(self.silo.y.max()) + 1
+        return {
+            "protocol": PROTOCOL,
+            "study": self.run.key,
+            "name": self.me.name,
+            "public-size": self.me.public_size,
+            "shape": list(self.silo.x.shape[1:]),
+            "classes": classes,
+            "identity": public_text(read_identity(self.me.identity)),
+            **self.protection.announced(self),
+        }
+
+    @property
+    def protection(self) -> _Protection:
+        """How this hospital's replies leave it, as its study says."""
+        return PROTECTIONS[self.run.summing]
+
+    def keys(self) -> KeyFile:
+        """This hospital's HE key file (the key holder's holds the secret key)."""
+        if self.me.he_keys is None:
+            raise DeploymentError(
+                f"study {self.run.key} encrypts replies: give this hospital its he-keys file"
+            )
+        return flower_he.read_key_file(self.me.he_keys)
+
+    def masking(self, fields: Mapping[str, Any]) -> flower_masking.HospitalSide:
+        """This hospital's side of the exchange's masking session."""
+        algorithm, silos = self.algorithm(fields)
+        length = flat(parameters_of(algorithm.model)).numel()
+        fewest = algorithm.fewest_replies(len(silos))
+        return flower_masking.HospitalSide(
+            self.state,
+            self.me.name,
+            length,
+            fewest,
+            read_identity(self.me.identity),
+            self.run.roster,
+        )
+
+    def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
+        """The study's algorithm over the run's silos, after checking that they are the
+        roster's hospitals and that the server declares this hospital as it declares
+        itself."""
+        if fields.get("study") != self.run.key:
+            raise DeploymentError("the server runs another study than this hospital's")
+        silos = silos_of(fields)
+        try:
+            self.run.roster.check_all([s.name for s in silos], "the server's list of silos")
+        except RosterError as exc:
+            raise DeploymentError(str(exc)) from None
+        mine = [s for s in silos if s.name == self.me.name]
+        if mine != [SiloInfo(self.me.name, self.me.public_size)]:
+            raise DeploymentError(
+                f"the server declares {self.me.name} as {mine}, not with public size "
+                f"{self.me.public_size}"
+            )
+        return self.run.build(silos, fields["shape"], int(fields["classes"])), silos
+
+    def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
+        """The hospital's ledger with its accounts (its budget binds the server's view;
+        other views are recorded, never binding)."""
+        book = Ledger(self.me.ledger, accountant=self.run.accountant)
+        budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
+        declared = {self.me.name: self.me.public_size}
+        try:  # a budget other than the one registered before is refused
+            register_accounts(book, [self.silo], 1, budgets)
+            register_views(book, algorithm, silos, 1, budgets, declared, [self.silo.info])
+        except BaseException:
+            book.close()
+            raise
+        return book
+
+    def refusal(
+        self,
+        book: Ledger,
+        algorithm: Algorithm,
+        silos: Sequence[SiloInfo],
+        round_: int,
+        exchange: int = 0,
+    ) -> str | None:
+        """Why the rest of the plan from `round_` would pass this hospital's budget (for an
+        algorithm that stops at its budget: the next round), or None if it fits. A round
+        or an exchange outside the study's is refused: the plan this hospital agreed to
+        is the study's. A round already paid for, whose reply is kept to be sent again, is
+        not paid twice."""
+        if not 0 <= round_ < self.run.rounds:
+            return f"round {round_} is not one of the study's {self.run.rounds} rounds"
+        exchanges = algorithm.exchanges(silos)
+        if not 0 <= exchange < exchanges:
+            return f"exchange {exchange} is not one of {algorithm.name}'s {exchanges} a round"
+        event = algorithm.participation_event(self.silo.info, silos)
+        saved = self._load()
+        paid = "reply" in saved and saved["at"][0] == round_
+        left = 1 if algorithm.stops_at_budget else self.run.rounds - round_
+        return None if paid and left == 1 else unaffordable(book, self.account, event, left - paid)
+
+    @property
+    def _state_file(self) -> Path:
+        ledger = self.me.ledger
+        return ledger.with_name(f"{ledger.stem}.{self.me.name}.run-{self.instance}.state.pt")
+
+    def train(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Train for one exchange: refuse what its budget cannot afford, charge its ledger,
+        then reply (masked, if the study masks replies). Asked again for an exchange it
+        answered (a retry, or a server resumed from its checkpoint), it sends the same
+        reply again, which releases nothing new; a masked reply is never re-sent (in a new
+        session beside other inputs it could be told apart), so it trains again from its
+        state before that exchange, and pays again."""
+        algorithm, silos = self.algorithm(fields)
+        round_, exchange = int(fields["round"]), int(fields["exchange"])
+        saved = self._load()
+        again = saved.get("at") == [round_, exchange]
+        if again and "reply" in saved:
+            return dict(saved["reply"])
+        with self.open(algorithm, silos) as book:
+            why = self.refusal(book, algorithm, silos, round_, exchange)
+            try:
+                self.run.roster.check([str(n) for n in fields["cohort"]], "the cohort")
+            except RosterError as exc:
+                why = why or str(exc)
+            if why is None:
+                why = self.protection.refusal(self, fields)
+            if why is not None:
+                return {"refused": why}
+            like = parameters_of(algorithm.model)
+            params = _received(fields, like)
+            names = {s.name: s for s in silos}
+            cohort = tuple(names[str(n)] for n in fields["cohort"])
+            before = (
+                saved["before"]
+                if again
+                else saved.get("local", algorithm.initial_local_state(like))
+            )
+            calls = saved.get("calls", {}) if saved.get("at", [None])[0] == round_ else {}
+            me = (0, [s.name for s in silos].index(self.me.name))  # (trial, silo index)
+            seed, research = self.run.seed, self.me.research_noise
+            rng = Streams(seed, round_, partial(member_rng, research), {me: calls.get("rng", 0)})
+            noise = Streams(
+                seed, round_, partial(stream_noise, research), {me: calls.get("noise", 0)}
+            )
+            label = f"{algorithm.name} deployment of {self.run.key} instance {self.instance}"
+
+            def charge(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+                book.record_many(
+                    [(account(self.me.name, 0, view), event) for _, view, event in charges],
+                    label=label,
+                    round=round_,
+                )
+
+            ctx = HospitalContext(round_, partial(rng, *me), partial(noise, *me), charge)
+            try:
+                with torch_threads(1):  # as the simulator trains: the same float sums
+                    reply, local = algorithm.client_update(
+                        Instruction(params, cohort), self.silo, before, ctx
+                    )
+            except BudgetExceededError as exc:
+                return {"refused": f"{self.account}: {exc}"}
+            out: dict[str, Any] = {"epsilon": book.spent(self.account).epsilon}
+        if reply is not None:
+            at = flower_he.counter(round_, exchange, algorithm.exchanges(silos))
+            out.update(self.protection.protected(self, fields, reply, at))
+        calls = {"rng": rng.calls(*me), "noise": noise.calls(*me)}
+        kept = {"local": local, "before": before, "at": [round_, exchange], "calls": calls}
+        self._save({**kept, **({"reply": out} if self.protection.resent else {})})
+        return out
+
+    def evaluate(self, fields: Mapping[str, Any]) -> dict[str, Any]:
+        """Metrics of the model this hospital uses (its personal one if it keeps one) on its
+        own test set, `test.npz` beside its training records; released outside ε, as the
+        simulator's are. None without a test set."""
+        test = self.me.data / "test.npz"
+        if not test.exists():
+            return {"metrics": False}
+        algorithm, _ = self.algorithm(fields)
+        sent = _received(fields, parameters_of(algorithm.model))
+        if sent is None:
+            raise DeploymentError("an evaluation needs the model")
+        local = self._load().get("local", {})
+        with np.load(test) as arrays:
+            tested = Silo.from_arrays(self.me.name, arrays["x"], arrays["y"])
+        silo = dataclasses.replace(self.silo, x_test=tested.x, y_test=tested.y)
+        with torch_threads(1):  # as the simulator trains: the same float sums
+            model = algorithm.model_of({"global": sent}, local)
+            (row,) = evaluate(
+                algorithm.model, [[model]], [silo], int(fields["round"]), algorithm.loss
+            )
+        metrics: dict[str, float] = row["silos"][self.me.name]
+        return {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
+
+    def _load(self) -> dict[str, Any]:
+        if not self._state_file.exists():
+            return {}
+        saved: dict[str, Any] = torch.load(self._state_file, weights_only=True)
+        return saved
+
+    def _save(self, saved: Mapping[str, Any]) -> None:
+        """Atomically: a crash leaves the previous round's local state."""
+        with replacing(self._state_file) as partial:
+            torch.save(dict(saved), partial)
+
+
+class _Protection(Protocol):
+    """How a hospital's reply leaves it: one per `Deployment.summing`."""
+
+    resent: ClassVar[bool]
+    """The reply is kept and sent again when its exchange is asked again."""
+
+    def announced(self, hospital: _Hospital) -> dict[str, Any]:
+        """What the hospital's hello adds."""
+        ...
+
+    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
+        """Why the train message cannot be answered so protected (None: it can), checked
+        before anything is charged."""
+        ...
+
+    def protected(
+        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
+    ) -> dict[str, Any]:
+        """The reply's fields; `at` numbers the exchange in the run."""
+        ...
+
+
+class _InTheClear:
+    """The reply as it is, in its wire encoding: the server sees it."""
+
+    resent: ClassVar[bool] = True
+
+    def announced(self, hospital: _Hospital) -> dict[str, Any]:
+        return {}
+
+    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
+        return None
+
+    def protected(
+        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
+    ) -> dict[str, Any]:
+        return {
+            "vector": encode(reply.encoding, reply.vector),
+            "encoding": reply.encoding.value,
+            "length": reply.vector.numel(),
+        }
+
+
+class _Masked:
+    """The reply masked in the exchange's session (`flower_masking`). It is never sent
+    again: in a new session beside other inputs it could be told apart, so an exchange
+    asked again is trained again, and paid for."""
+
+    resent: ClassVar[bool] = False
+
+    def announced(self, hospital: _Hospital) -> dict[str, Any]:
+        return {}
+
+    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
+        try:
+            hospital.masking(fields).check_cohort(fields)
+        except SecureAggregationError as exc:
+            return str(exc)
+        return None
+
+    def protected(
+        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
+    ) -> dict[str, Any]:
+        return hospital.masking(fields).masked(fields, reply.vector)
+
+
+class _Encrypted:
+    """The reply encrypted under the run's public key (`flower_he`); the key holder
+    announces itself at hello."""
+
+    resent: ClassVar[bool] = True
+
+    def announced(self, hospital: _Hospital) -> dict[str, Any]:
+        return {"key-holder": hospital.keys().secret}
+
+    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
+        return None
+
+    def protected(
+        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
+    ) -> dict[str, Any]:
+        encrypted = hospital.keys().hospital(hospital.me.name).encrypt(reply.vector, at)
+        return {"ciphertext": encrypted}
+
+
+PROTECTIONS: dict[str, _Protection] = {
+    "none": _InTheClear(),
+    "masking": _Masked(),
+    "he": _Encrypted(),
+}
+"""By `Deployment.summing`: how a hospital protects its replies."""
+
+
+def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
+    """The model the server sent (None: none was)."""
+    sent = bytes(fields["params"])
+    if not sent:
+        return None
+    n = sum(v.numel() for v in like.values())
+    return unflat(decode(Encoding.FLOAT32, sent, n), like)
+
+
+def _handler(
+    work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]], deployment_of: DeploymentOf
+) -> Callable[[Message, Context], Message]:
+    def handle(message: Message, context: Context) -> Message:
+        fields = fields_of(message)
+        if fields.get("protocol") != PROTOCOL:
+            raise DeploymentError(
+                f"protocol {fields.get('protocol')!r}, this hospital speaks {PROTOCOL}"
+            )
+        hospital = _Hospital.of(context, deployment_of, fields)
+        return Message(record(work(hospital, fields)), reply_to=message)
+
+    return handle
+
+
+def _hello(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    return hospital.hello()
+
+
+def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    algorithm, silos = hospital.algorithm(fields)
+    with hospital.open(algorithm, silos) as book:
+        why = hospital.refusal(book, algorithm, silos, int(fields["round"]))
+    return {"accepted": why is None, **({} if why is None else {"refused": why})}
+
+
+def _train(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    return hospital.train(fields)
+
+
+def _secagg(
+    step: Callable[[flower_masking.HospitalSide, Mapping[str, Any]], dict[str, Any]],
+) -> Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]]:
+    def work(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(hospital.protection, _Masked):
+            raise DeploymentError("this study's replies are not masked")
+        return step(hospital.masking(fields), fields)
+
+    return work
+
+
+def _evaluate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    return hospital.evaluate(fields)
+
+
+def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The key holder decrypts one sum of at least what its own algorithm assumes."""
+    if not isinstance(hospital.protection, _Encrypted) or hospital.me.he_keys is None:
+        raise DeploymentError("this hospital holds no key to decrypt with")
+    algorithm, silos = hospital.algorithm(fields)
+    side = flower_he.KeyHolderSide(hospital.me.he_keys, hospital.run.roster)
+    return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
+
+
+def client_app(deployment_of: DeploymentOf) -> ClientApp:
+    """The hospital half: answers hello, plan, train and evaluate messages, for the study
+    file its node config names, read by `deployment_of`."""
+    app = ClientApp()
+    app.query("hello")(_handler(_hello, deployment_of))
+    app.query("plan")(_handler(_plan, deployment_of))
+    app.train()(_handler(_train, deployment_of))
+    app.query("he_decrypt")(_handler(_he_decrypt, deployment_of))
+    for step in ("keys", "shares", "unmask"):
+        work = _secagg(getattr(flower_masking.HospitalSide, step))
+        app.query(f"secagg_{step}")(_handler(work, deployment_of))
+    app.evaluate()(_handler(_evaluate, deployment_of))
+    return app

@@ -1,0 +1,116 @@
+"""What both halves of a Flower deployment agree on: the study's public design
+(`Deployment`), the protocol's version and message record, and its errors.
+
+The hospital half is `dpfl.engines.flower_hospital` (a ClientApp at each hospital), the
+server half `dpfl.engines.flower_server` (the ServerApp); `dpfl.engines.flower` gathers
+what the rest of dpfl uses of them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.common.constant import ErrorCode
+
+from dpfl.engines.roster import Roster
+from dpfl.federation.algorithms.base import Algorithm
+from dpfl.federation.silo import SiloInfo
+
+PROTOCOL = 1
+"""Version of the messages below; a hospital on another version is refused."""
+LOG = logging.getLogger("flwr")
+"""Flower's logger: what the ServerApp logs, `flwr run --stream` shows."""
+INSTANCE = re.compile(r"[0-9a-f]{16}")
+"""A run instance's id (hex): it names files at the hospitals."""
+RECORD = "dpfl"
+"""The one ConfigRecord every message carries."""
+
+SURVIVAL = 0
+"""The "number of classes" a hospital with survival (time, event) labels announces."""
+
+
+class DeploymentError(RuntimeError):
+    """A deployment that cannot go on: a hospital that is not dpfl's, or that disagrees
+    with the study, or no reply in time."""
+
+
+class NodeUnavailable(DeploymentError):
+    """The SuperLink gave up on a hospital's SuperNode: it missed its heartbeats (its
+    machine died, or it is restarting and has not joined again yet)."""
+
+
+@dataclass(frozen=True)
+class Deployment:
+    """The public design of one run, which the server and every hospital build from the
+    same study file (`dpfl.experiments.deploy`): nothing in it is a private fact."""
+
+    key: str
+    """The study's id: a hospital of another study is refused."""
+    rounds: int
+    seed: int
+    accountant: str
+    build: Callable[[Sequence[SiloInfo], Sequence[int], int], Algorithm]
+    """The algorithm from public facts only: each silo's name and public size, the
+    feature shape and the number of classes."""
+    roster: Roster
+    """The federation, pinned in the study file: its silos are exactly these hospitals,
+    and every party of a cohort or a sum is one of them (`dpfl.engines.roster`)."""
+    summing: str = "none"
+    """How the server learns the replies' sum: "none", it sees each; "masking", they
+    leave each hospital masked (`flower_masking`); "he", encrypted (`flower_he`)."""
+
+
+DeploymentOf = Callable[[Path], Deployment]
+"""How a half reads a study file (the hospital's from its node config, the server's
+from its run config) into its `Deployment`; refuses one that cannot be deployed."""
+
+
+def record(fields: Mapping[str, Any]) -> RecordDict:
+    """A message's content: its fields in dpfl's one ConfigRecord."""
+    return RecordDict({RECORD: ConfigRecord(dict(fields))})
+
+
+def fields_of(message: Message) -> dict[str, Any]:
+    """A reply's fields; its error, or a reply that is not dpfl's, raised."""
+    if message.has_error():
+        gone = message.error.code == ErrorCode.NODE_UNAVAILABLE
+        error = NodeUnavailable if gone else DeploymentError
+        raise error(f"error {message.error.code}: {message.error.reason}")
+    records = message.content.config_records
+    if RECORD not in records:
+        raise DeploymentError("the reply is not dpfl's (no dpfl record)")
+    return dict(records[RECORD])
+
+
+def silos_of(fields: Mapping[str, Any]) -> list[SiloInfo]:
+    """The run's silos as the server declares them (names and public sizes)."""
+    return [SiloInfo(str(n), int(s)) for n, s in zip(fields["silos"], fields["sizes"], strict=True)]
+
+
+@dataclass(frozen=True)
+class Exchange:
+    """What the server opens one exchange's sum with."""
+
+    ask: Ask
+    """Ask the cohort; with `missing="continue"`, hospitals that fail are left out."""
+    ask_all: Ask
+    """Ask hospitals that must all answer."""
+    roster: Roster
+    names: list[str]
+    """The hospitals instructed, in order."""
+    length: int
+    """The length of a reply's vector."""
+    fewest: int
+    """The fewest replies the algorithm's charged events assume in a sum."""
+    counter: int
+    """The exchange's number in the run (each exchange is one sum)."""
+
+
+Ask = Callable[[str, Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]]
+"""Send each named hospital its fields as a message of a kind; their replies by name."""

@@ -1,0 +1,540 @@
+"""The server half of a Flower deployment: the ServerApp's rounds (`serve`). It runs
+the algorithm's server half (`configure`, `aggregate`) and carries its instructions to
+the hospitals (`dpfl.engines.flower_hospital`) and their replies back; nothing here is
+algorithm logic.
+
+The server builds the algorithm from public facts only: each hospital's name and
+declared public size, the feature shape and the number of classes, which the hospitals
+announce in reply to a first "hello"; it never sees a record. Each exchange's replies
+reach the algorithm through a sum of the study's kind (`SUMS`): in the clear
+(`ClearSum`), masked (`flower_masking.MaskedSum`) or encrypted (`flower_he.EncryptedSum`).
+
+A hospital that refuses, fails or is late stops the run, or with `missing="continue"` is
+left out of that round. The server checkpoints every round; restarted, it continues the
+same run instance. TLS and SuperNode authentication are Flower's (`dpfl deploy`,
+docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from dpfl.engines import flower_he, flower_masking
+from dpfl.engines.flower_protocol import (
+    LOG,
+    PROTOCOL,
+    SURVIVAL,
+    Deployment,
+    DeploymentError,
+    Exchange,
+    NodeUnavailable,
+    fields_of,
+    record,
+)
+from dpfl.engines.roster import PREFIX
+from dpfl.engines.streams import Streams, stream_rng
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    Instruction,
+    Reply,
+    State,
+    flat,
+)
+from dpfl.federation.messages import Encoding, SecureSum, decode, encode
+from dpfl.federation.silo import SiloInfo
+from dpfl.files import replacing
+from dpfl.local.dpsgd import parameters_of
+from dpfl.secure import InTheClear
+from dpfl.secure.he import HomomorphicError
+from dpfl.secure.masking import SecureAggregationError
+
+POLL = 0.1
+"""Seconds between the server's pulls of replies."""
+
+
+@dataclass
+class DeploymentResult:
+    """What the server ends with: the model, how far it got, and why it stopped."""
+
+    rounds_completed: int
+    params: dict[str, torch.Tensor]
+    silos: list[SiloInfo]
+    epsilon: dict[str, float]
+    """Each hospital's ε as it reported it from its own ledger."""
+    refused: dict[str, str]
+    """Hospitals that refused, and why (with `missing="stop"`, the run stopped there)."""
+    stopped: str = ""
+    """Why the run stopped before its last round otherwise (a hospital that did not
+    reply in time, or failed); its hospitals keep what they were charged."""
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each hospital's metrics of its final model on its own test set, as it reported
+    them (hospitals without a test set report none)."""
+    absent: list[tuple[int, str, str]] = field(default_factory=list)
+    """With `missing="continue"`: (round, hospital, why) for each hospital left out of a
+    round (it refused, failed or did not reply in time); the run went on without it."""
+    instance: str = ""
+    """The run instance: kept in the checkpoint, the same across a restart."""
+
+    def save(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        saved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        torch.save(
+            {**saved, "silos": [(s.name, s.public_size) for s in self.silos]}, out / "result.pt"
+        )
+
+    @staticmethod
+    def load(out: Path) -> DeploymentResult:
+        saved = torch.load(out / "result.pt", weights_only=True)
+        return DeploymentResult(**{**saved, "silos": [SiloInfo(n, s) for n, s in saved["silos"]]})
+
+
+@dataclass
+class _Server:
+    grid: Grid
+    run: Deployment
+    timeout: float
+    names: dict[int, str] = field(default_factory=dict)
+    """The hospitals' names by node, once they said hello."""
+
+    def ask_named(
+        self,
+        kind: str,
+        by_name: Mapping[str, Mapping[str, Any]],
+        *,
+        common: Mapping[str, Any],
+        absent: list[tuple[str, str]] | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """`ask` by hospital name, each message with the `common` fields too. With an
+        `absent` list, hospitals that fail or do not reply in time are noted there,
+        (name, why), and left out of the answers instead."""
+        node = {name: n for n, name in self.names.items()}
+        answers, failed = self.collect(kind, {node[n]: {**common, **f} for n, f in by_name.items()})
+        if failed and absent is None:
+            raise DeploymentError(_joined(failed.values()))
+        if absent is not None:
+            absent += [(self.names[n], str(why)) for n, why in failed.items()]
+        return {name: answers[node[name]] for name in by_name if node[name] in answers}
+
+    def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Send each node its fields; every node must reply in time."""
+        answers, failed = self.collect(kind, nodes)
+        if failed:
+            raise DeploymentError(_joined(failed.values()))
+        return answers
+
+    def collect(
+        self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
+        """Send each node its fields: the fields of the nodes that replied in time, and
+        why each other did not (no reply, an error, not dpfl's, unavailable)."""
+        messages = [
+            Message(record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
+            for node, fields in nodes.items()
+        ]
+        waiting = dict(zip(self.grid.push_messages(messages), nodes, strict=True))
+        by_node: dict[int, Message] = {}
+        deadline = time.monotonic() + self.timeout
+        while waiting and time.monotonic() < deadline:
+            # every POLL seconds: Grid.send_and_receive waits 3 s between pulls
+            time.sleep(POLL)
+            for reply in self.grid.pull_messages(list(waiting)):
+                by_node[waiting.pop(reply.metadata.reply_to_message_id)] = reply
+        answers, failed = {}, {}
+        for node in nodes:
+            name = self.names.get(node, str(node))
+            if node not in by_node:
+                failed[node] = DeploymentError(f"{name}: no {kind} reply within {self.timeout:g}s")
+                continue
+            try:
+                answers[node] = fields_of(by_node[node])
+            except DeploymentError as exc:
+                failed[node] = type(exc)(f"{name}: {exc}")
+        return answers, failed
+
+    def hellos(self, count: int, wait: float) -> dict[int, dict[str, Any]]:
+        """Each connected SuperNode's hello, once `count` answered (DeploymentError after
+        `wait` seconds). A node the SuperLink gives up on while asked (a hospital that is
+        restarting after a crash: its old SuperNode is held as connected until it misses
+        its heartbeats) is asked again when it has joined again."""
+        deadline = time.monotonic() + wait
+        hellos: dict[int, dict[str, Any]] = {}
+        while True:
+            new: dict[int, dict[str, Any]] = {
+                n: {} for n in self.grid.get_node_ids() if n not in hellos
+            }
+            answers, failed = self.collect("query.hello", new) if new else ({}, {})
+            hellos.update(answers)
+            gone = [why for why in failed.values() if isinstance(why, NodeUnavailable)]
+            if len(gone) < len(failed):
+                raise DeploymentError(_joined(failed.values()))
+            if len(hellos) >= count:
+                return dict(sorted(hellos.items()))
+            if time.monotonic() > deadline:
+                raise DeploymentError(
+                    f"{len(hellos)} of {count} hospitals answered hello in {wait:g}s"
+                    + (f" ({_joined(gone)})" if gone else "")
+                )
+            time.sleep(0.2)
+
+    def hospitals(self, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Wait for the roster's hospitals (`hellos`); each must answer hello as a dpfl
+        hospital of this study, under a name of the roster with the roster's identity key
+        for it, and the name its SuperNode key was registered with, if any. By name:
+        (node id, its hello)."""
+        roster = self.run.roster
+        hellos = self.hellos(len(roster), wait)
+        registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
+        by_name: dict[str, tuple[int, dict[str, Any]]] = {}
+        for node, fields in hellos.items():
+            if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
+                raise DeploymentError(
+                    f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
+                    f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
+                    f"{self.run.key}"
+                )
+            name = str(fields["name"])
+            if registered.get(node) and registered[node] != name:
+                raise DeploymentError(
+                    f"node {node} says it is {name!r}, its key is registered as "
+                    f"{registered[node]!r}"
+                )
+            if name in by_name:
+                raise DeploymentError(f"two hospitals call themselves {name!r}")
+            pinned = roster.identities.get(name)
+            if pinned is None or fields.get("identity") != PREFIX + pinned.hex():
+                raise DeploymentError(
+                    f"node {node} says it is {name!r}, which the study's roster "
+                    + ("does not list" if pinned is None else "lists with another identity key")
+                )
+            by_name[name] = (node, fields)
+            LOG.info(
+                "%s: node %d, public size %s%s",
+                name,
+                node,
+                fields["public-size"],
+                f", its key registered as {name}" if registered.get(node) else "",
+            )
+        return dict(sorted(by_name.items()))
+
+
+def _joined(failures: Iterable[DeploymentError]) -> str:
+    return "; ".join(map(str, failures))
+
+
+class ExchangeSum(SecureSum, Protocol):
+    """One exchange's sum at the server, the `SecureSum` its algorithm's `aggregate`
+    calls: one kind per `Deployment.summing` (`ClearSum`, `flower_masking.MaskedSum`,
+    `flower_he.EncryptedSum`)."""
+
+    carried: ClassVar[str]
+    """The reply field that carries a hospital's reply, protected as the study says."""
+
+    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Of the hospitals instructed (`names`), those the train message goes to, and
+        what it adds for each."""
+        ...
+
+    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
+        """`name`'s reply as the server holds it (in the clear, or its protected bytes)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClearSum(InTheClear):
+    """One exchange's sum when replies travel in the clear: the server reads each reply
+    and adds them up itself."""
+
+    carried: ClassVar[str] = "vector"
+
+    @classmethod
+    def opener(
+        cls, hellos: Mapping[str, Mapping[str, Any]], keys: Path | None
+    ) -> Callable[[Exchange], ClearSum]:
+        """How the server opens each exchange's sum: nothing to set up."""
+        return cls.open
+
+    @classmethod
+    def open(cls, exchange: Exchange) -> ClearSum:
+        return cls()
+
+    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {name: {} for name in names}
+
+    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
+        encoding = Encoding(fields["encoding"])
+        vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
+        return Reply(vector, encoding)
+
+
+Opener = Callable[[Exchange], ExchangeSum]
+SUMS: dict[str, Callable[[Mapping[str, Mapping[str, Any]], Path | None], Opener]] = {
+    "none": ClearSum.opener,
+    "masking": flower_masking.MaskedSum.opener,
+    "he": flower_he.EncryptedSum.opener,
+}
+"""By `Deployment.summing`: how the server opens each exchange's sum, given the
+hospitals' hellos by name and the server's HE key file."""
+CARRIED = {"vector", "words", "ciphertext"}
+"""The fields that carry a reply, however it is protected."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The server's state after a completed round, written atomically to one file; a
+    server restarted on it (a new Flower run) continues as the same run instance."""
+
+    path: Path
+
+    def load(self, run: Deployment, silos: Sequence[SiloInfo]) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        saved: dict[str, Any] = torch.load(self.path, weights_only=True)
+        if saved["study"] != run.key or saved["silos"] != [[s.name, s.public_size] for s in silos]:
+            raise DeploymentError(
+                f"checkpoint {self.path} is of another study or other hospitals: "
+                f"{saved['study']} over {saved['silos']}"
+            )
+        return saved
+
+    def save(self, run: Deployment, result: DeploymentResult, state: Mapping[str, Any]) -> None:
+        saved = {
+            "study": run.key,
+            "silos": [[s.name, s.public_size] for s in result.silos],
+            "instance": result.instance,
+            "round": result.rounds_completed,
+            "state": dict(state),
+            "epsilon": result.epsilon,
+            "absent": result.absent,
+        }
+        with replacing(self.path) as partial:
+            torch.save(saved, partial)
+
+
+def serve(
+    grid: Grid,
+    run: Deployment,
+    *,
+    wait: float = 60.0,
+    timeout: float = 600.0,
+    missing: str = "stop",
+    checkpoint: Path | None = None,
+    he_keys: Path | None = None,
+) -> DeploymentResult:
+    """Run the study's rounds over the hospitals of its roster, connected to the grid: the
+    algorithm's server half, each exchange's instructions sent as messages, its replies
+    summed as the study says (in the clear, masked or encrypted).
+
+    Args:
+        grid: Flower's grid of the ServerApp, which reaches the hospitals' SuperNodes.
+        run: The study's public design.
+        wait: Seconds to wait for every hospital of the roster to answer hello.
+        timeout: Seconds each hospital has to answer each message.
+        missing: What a hospital that refuses, fails or does not reply in time does to
+            the run: "stop" it after the rounds done, or "continue" without that
+            hospital's reply in that round (it is asked again the next; a masked round
+            still needs the sum's quorum, else the run stops).
+        checkpoint: A file the server's state is written to after each round, and
+            resumed from if it exists.
+        he_keys: The public key file of an encrypted study.
+
+    Returns:
+        The model and how far the run got: the hospitals' ε, and who refused or why the
+        run stopped early; each hospital's metrics of the final model, if it completed.
+    """
+    if missing not in ("stop", "continue"):
+        raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
+    serving = _Serving.met(_Server(grid, run, timeout), wait, he_keys, missing == "continue")
+    serving.resume(checkpoint)
+    if serving.plans_accepted() and serving.trained(checkpoint):
+        serving.evaluate()
+    return serving.result
+
+
+@dataclass
+class _Serving:
+    """One call of `serve`, in phases: `met` (the roster's hospitals said hello),
+    `resume` (the algorithm's state, from the checkpoint if there is one),
+    `plans_accepted` (each hospital checked its plan), `trained` (the rounds) and
+    `evaluate` (the final model at each hospital)."""
+
+    server: _Server
+    silos: list[SiloInfo]
+    node: dict[str, int]
+    """Each hospital's node, by name."""
+    shape: list[int]
+    classes: int
+    open_sum: Opener
+    go_on: bool
+    """`missing="continue"`: a hospital that fails is left out of its round."""
+    algorithm: Algorithm
+    result: DeploymentResult
+    state: State = field(default_factory=dict)
+    public: dict[str, Any] = field(default_factory=dict)
+    """The run's public facts, which every message carries."""
+
+    @property
+    def run(self) -> Deployment:
+        return self.server.run
+
+    @classmethod
+    def met(cls, server: _Server, wait: float, he_keys: Path | None, go_on: bool) -> _Serving:
+        """The roster's hospitals, once each said hello, and the public facts they
+        announced: one feature shape, one kind of labels."""
+        known = server.hospitals(wait)
+        shapes = {tuple(hello["shape"]) for _, hello in known.values()}
+        if len(shapes) != 1:
+            raise DeploymentError(f"the hospitals' records have different shapes: {sorted(shapes)}")
+        tasks = {int(hello["classes"]) == SURVIVAL for _, hello in known.values()}
+        if len(tasks) != 1:
+            raise DeploymentError("some hospitals hold survival labels and others classes")
+        classes = max(int(hello["classes"]) for _, hello in known.values())
+        silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
+        node = {name: n for name, (n, _) in known.items()}
+        server.names = {n: name for name, n in node.items()}
+        hellos = {name: hello for name, (_, hello) in known.items()}
+        open_sum = SUMS[server.run.summing](hellos, he_keys)
+        shape = list(shapes.pop())
+        algorithm = server.run.build(silos, shape, classes)
+        result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
+        return cls(server, silos, node, shape, classes, open_sum, go_on, algorithm, result)
+
+    def resume(self, checkpoint: Path | None) -> None:
+        """The algorithm's initial state and a new run instance, or the checkpoint's."""
+        result = self.result
+        self.state = self.algorithm.initial_state(self.silos)
+        result.instance = uuid.uuid4().hex[:16]
+        saved = None if checkpoint is None else Checkpoint(checkpoint).load(self.run, self.silos)
+        if saved is not None:
+            result.instance, result.rounds_completed = saved["instance"], saved["round"]
+            self.state, result.params = saved["state"], saved["state"]["global"]
+            result.epsilon, result.absent = saved["epsilon"], saved["absent"]
+            LOG.info(
+                "resuming instance %s after round %d", result.instance, result.rounds_completed
+            )
+        self.public = {
+            "study": self.run.key,
+            "instance": result.instance,
+            "silos": [s.name for s in self.silos],
+            "sizes": [s.public_size for s in self.silos],
+            "shape": self.shape,
+            "classes": self.classes,
+        }
+
+    def plans_accepted(self) -> bool:
+        """Each hospital checks the rounds left against its budget. With
+        `missing="stop"`, a refusal ends the run before it trains (False)."""
+        start, result = self.result.rounds_completed, self.result
+        if start < self.run.rounds:
+            asked = {n: {**self.public, "round": start} for n in self.node.values()}
+            for n, plan in self.server.ask("query.plan", asked).items():
+                if not plan["accepted"] and not self.go_on:
+                    result.refused[self.server.names[n]] = str(plan["refused"])
+        return not result.refused
+
+    def trained(self, checkpoint: Path | None) -> bool:
+        """The rounds left, the state checkpointed after each; False if a hospital
+        refused, failed or was late and stopped the run (`result.refused`,
+        `result.stopped`)."""
+        algorithm, result = self.algorithm, self.result
+        for round_ in range(result.rounds_completed, self.run.rounds):
+            rng = Streams(self.run.seed, round_, stream_rng)
+            absent: list[tuple[str, str]] | None = [] if self.go_on else None
+            for exchange in range(algorithm.exchanges(self.silos)):
+                cohort = partial(rng, 0, -1)
+                orders = algorithm.configure(self.state, round_, self.silos, cohort, exchange)
+                common = {**self.public, "round": round_, "exchange": exchange}
+                try:  # a hospital gone, failing or refusing: keep what is done
+                    summing, replies = self.exchange(orders, common, absent)
+                    if result.refused:  # nothing of this round is aggregated
+                        return False
+                    if replies:
+                        self.state = algorithm.aggregate(self.state, replies, summing)
+                except (DeploymentError, SecureAggregationError, HomomorphicError) as exc:
+                    result.stopped = f"round {round_}: {exc}"
+                    return False
+            for name, why in absent or []:
+                LOG.warning("round %d goes on without %s", round_, why)
+                result.absent.append((round_, name, why))
+            result.rounds_completed, result.params = round_ + 1, self.state["global"]
+            if checkpoint is not None:
+                Checkpoint(checkpoint).save(self.run, result, self.state)
+        return True
+
+    def exchange(
+        self,
+        orders: Mapping[str, Instruction],
+        common: Mapping[str, Any],
+        absent: list[tuple[str, str]] | None,
+    ) -> tuple[ExchangeSum, dict[str, Reply]]:
+        """One exchange: its sum opened, its instructions sent, the replies received
+        (protected as the study says), each hospital's ε noted in `result`; the sum the
+        algorithm will learn the replies' total from. A refusal goes to
+        `result.refused`, or with an `absent` list there, as a failure does."""
+        algorithm, result = self.algorithm, self.result
+        ask = partial(self.server.ask_named, common=common, absent=absent)
+        exchanges = algorithm.exchanges(result.silos)
+        summing = self.open_sum(
+            Exchange(
+                ask,
+                partial(self.server.ask_named, common=common),
+                self.run.roster,
+                list(orders),
+                flat(result.params).numel(),
+                algorithm.fewest_replies(len(result.silos)),
+                flower_he.counter(common["round"], common["exchange"], exchanges),
+            )
+        )
+        extra = summing.instructed(list(orders))
+        asked = {
+            name: {
+                "cohort": [s.name for s in order.cohort],
+                "params": b""
+                if order.params is None
+                else encode(Encoding.FLOAT32, flat(order.params)),
+                **extra[name],
+            }
+            for name, order in orders.items()
+            if name in extra
+        }
+        replies: dict[str, Reply] = {}
+        for name, fields in ask("train", asked).items():
+            if "refused" in fields:
+                if absent is None:
+                    result.refused[name] = str(fields["refused"])
+                else:
+                    absent.append((name, f"refused: {fields['refused']}"))
+                continue
+            result.epsilon[name] = float(fields["epsilon"])
+            if summing.carried in fields:
+                replies[name] = summing.received(name, fields)
+            elif CARRIED & fields.keys():
+                raise DeploymentError(
+                    f"{name}'s reply is not summed as the study says ({self.run.summing})"
+                )
+        return summing, replies
+
+    def evaluate(self) -> None:
+        """Each hospital's metrics of the final model on its own test set."""
+        final = encode(Encoding.FLOAT32, flat(self.result.params))
+        scored = self.server.ask_named(
+            "evaluate",
+            {name: {"params": final} for name in self.node},
+            common={**self.public, "round": self.run.rounds - 1},
+            absent=[] if self.go_on else None,
+        )
+        self.result.metrics = {
+            name: dict(zip(fields["names"], fields["values"], strict=True))
+            for name, fields in scored.items()
+            if fields["metrics"]
+        }
