@@ -143,8 +143,7 @@ class ClippedGradientSum:
         overhead that one call for all members shares. Not for convolutions: vmapped over
         members they become grouped ones, and a stack must pad every batch to a fixed width
         (and twin a lone member, see `dpsgd._with_twin`) for a member's bits not to depend
-        on its stack; the small CNN's step took 3.2× as long stacked for a lone member, 2.4×
-        for six (issue 18)."""
+        on its stack, which costs more than the shared overhead saves."""
         if x.is_sparse:
             return False
         return not any(isinstance(m, _CONVOLUTIONS) for m in self.model.modules())
@@ -367,10 +366,8 @@ def column_major_weights(model: nn.Module, x: Tensor) -> list[str]:
     """The weights best held column-major (`Tensor.t()` contiguous) for inputs like `x`:
     a first `nn.Linear` fed a sparse input. Its forward product and its clipped sum
     (`_sparse_input_sum`, which comes out column-major) then run on contiguous rows, and
-    the update adds tensors of one layout. For Kerkouche's 24,428 × 200 weight and
-    batches of 300 (issue 18): the forward product 0.7 ms instead of 9.6 ms, and no
-    strided add, divide and subtract (16 ms a step); scoring 20,000 records 0.45 s
-    instead of 3.3 s. The same bits either way."""
+    the update adds tensors of one layout, with no strided add, divide or subtract: much
+    faster for a wide sparse input, and the same bits either way."""
     layers = _layers(model)
     if not x.is_sparse or layers is None:
         return []
@@ -385,8 +382,8 @@ _COPY_ROWS = 256
 
 def column_major_copy(value: Tensor) -> Tensor:
     """A copy of `value` held column-major in its last two axes, copied `_COPY_ROWS` rows
-    at a time: a whole-matrix copy into the other layout misses the cache on every write
-    (Kerkouche's 24,428 × 200 weight: 28 ms, by blocks 11 ms)."""
+    at a time: a whole-matrix copy into the other layout misses the cache on every
+    write."""
     out = torch.empty(*value.shape[:-2], value.shape[-1], value.shape[-2], dtype=value.dtype)
     out = out.transpose(-1, -2)
     for start in range(0, value.shape[-2], _COPY_ROWS):
@@ -444,9 +441,8 @@ def _layer_gradients(module: nn.Module, own: Params, a: Tensor, delta: Tensor) -
 def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor) -> Tensor:
     """Per-example Conv2d weight gradients [B, *weight.shape] from inputs a and output
     gradients δ: the weight gradient of one convolution whose groups are the examples
-    (a_i meets only δ_i), in one call of torch's backward kernel. For the small CNN's
-    batches of 64 (issue 18): 4.7 ms a step instead of 12 ms for a batched product per
-    kernel offset, and any stride, dilation or grouping."""
+    (a_i meets only δ_i), in one call of torch's backward kernel: faster than a batched
+    product per kernel offset, and for any stride, dilation or grouping."""
     batch, (out_channels, *per_group) = a.shape[0], module.weight.shape
     grads: Tensor = conv2d_weight(  # type: ignore[no-untyped-call]
         a.reshape(1, -1, *a.shape[2:]),
@@ -464,7 +460,7 @@ def _sparse_input_sum(a: Tensor, scaled: Tensor) -> Tensor:
     """(c ⊙ Δ)ᵀ A for a sparse COO input A: each stored a_ij adds a_ij·(c ⊙ Δ)_i to row j
     of a zero [features, outputs] matrix, returned transposed (so column-major; see
     `clipping.column_major_weights`). The same sums as `torch.sparse.mm(Aᵀ, c ⊙ Δ)`,
-    about 2.5× faster for Kerkouche's batches (its transposed COO is re-sorted first)."""
+    without re-sorting the transposed COO first as it does."""
     rows, features = a._indices()
     terms = scaled.index_select(0, rows).mul_(a._values().unsqueeze(1))
     total = scaled.new_zeros(a.shape[1], scaled.shape[1]).index_add_(0, features, terms)

@@ -14,16 +14,12 @@ Two sources, and the run records which one it used (`metadata()`):
   and stacked trials can be compared with single ones. Not private against anyone who
   knows or guesses the seed.
 
-Cost (issue 18). A secure value takes 16 keystream bytes (four uniforms from 32-bit
-words; 32 bytes in float64) and four Box–Muller normals, so it cannot cost less than the
-keystream plus four times the log, sqrt, cos and sin of a seeded draw. Measured on one
-core of a busy 2-CPU machine (`benchmarks/bench_local.py --sections noise`, 4.9M float32
-values): AES-256-CTR 6.4 GB/s with the CPU's AES instructions, so 0.012 s of keystream
-(ChaCha20, used before, 3.0 GB/s: 0.026 s), under half the whole seeded draw (0.028 s);
-the math 0.06 s; `SecureNoise` 0.09-0.11 s (0.11-0.12 s with ChaCha20, side by side;
-0.21-0.26 s before issue 18). It runs both block by block over buffers made once and
-small enough to stay in cache, in place (`BoxMuller4`), and straight into the caller's
-tensor (`normal_into`), so no draw allocates more than its result.
+Cost. A secure value takes 16 keystream bytes (four uniforms from 32-bit words; 32 bytes
+in float64) and four Box–Muller normals, so it cannot cost less than the keystream plus
+four times the log, sqrt, cos and sin of a seeded draw (the times: benchmarks/README.md).
+It runs both block by block over buffers made once and small enough to stay in cache, in
+place (`BoxMuller4`), and straight into the caller's tensor (`normal_into`), so no draw
+allocates more than its result.
 """
 
 from __future__ import annotations
@@ -40,9 +36,9 @@ from torch import Tensor
 __all__ = ["BLOCK_BYTES", "BoxMuller4", "NoiseSource", "SecureNoise", "SeededNoise", "keystream"]
 
 # Keystream bytes per block of `SecureNoise`: a block's words, uniforms and sines stay in
-# cache between its ~20 vector ops, whose Python overhead (~0.1 ms a block) stays small
-# next to their work. Measured: 256 KiB blocks 15% slower, 0.5 to 4 MiB alike; 1 MiB keeps
-# the buffers of many sources (stacked trials) small.
+# cache between its ~20 vector ops, whose Python overhead stays small next to their work;
+# 1 MiB is as fast as larger blocks and keeps the buffers of many sources (stacked
+# trials) small.
 BLOCK_BYTES = 1 << 20
 
 # The word and the significand bits m of each working dtype: uniforms carry the working
@@ -186,8 +182,7 @@ class SecureNoise(NoiseSource):
     def _tail(self, full: BoxMuller4, count: int, dtype: torch.dtype) -> BoxMuller4:
         """The transform of a last block of `count` values over `full`'s buffers, kept for
         the next draw of that length: a model of odd size draws one every step, and
-        making its views again took a third of a 241-value draw (113-132 µs with the
-        transform kept, 157-257 µs without, side by side on one thread)."""
+        making its views again costs as much as a small draw."""
         held = self._tails.get(dtype)
         if held is None or held.count != count or held.words.data_ptr() != full.words.data_ptr():
             held = self._tails[dtype] = BoxMuller4(full.words, count, dtype, full.sines.view(-1))
