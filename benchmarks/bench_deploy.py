@@ -85,7 +85,7 @@ from dpfl.engines.flower import DeploymentResult
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import study_point
-from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.factory import build_algorithm
 from dpfl.privacy import Ledger
 
 log = logging.getLogger("bench_deploy")

@@ -27,7 +27,7 @@ from dpfl.engines.flower import DeploymentError, DeploymentResult, serve
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import client_app, deployment_of, study_point
-from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.factory import build_algorithm
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger
 

@@ -16,8 +16,9 @@ from dpfl.data.dataset import survival_labels
 from dpfl.experiments import best
 from dpfl.experiments.config import ConfigError, DataConfig, Study
 from dpfl.experiments.datasets import build_silos
+from dpfl.experiments.factory import build_algorithm
 from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE, build_algorithm, run_study
+from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import ResultsStore
 from dpfl.federation.silo import Silo
 

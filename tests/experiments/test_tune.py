@@ -18,7 +18,7 @@ from dpfl.engines.simulation import account, simulate
 from dpfl.experiments import tune as tune_module
 from dpfl.experiments.config import ConfigError, Study, load
 from dpfl.experiments.datasets import build_silos, load_dataset
-from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.factory import build_algorithm
 from dpfl.experiments.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Accountant, Ledger, events

@@ -13,7 +13,8 @@ import pytest
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler
 from dpfl.engines.simulation import account
 from dpfl.experiments.config import ConfigError, Study
-from dpfl.experiments.runner import STORE, build_algorithm, run_study
+from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import ResultsStore
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger, epsilon, events

@@ -18,7 +18,7 @@ from torch import Tensor
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.config import StudyConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.factory import build_algorithm
 from dpfl.federation.algorithms import FedSGDSecure, HospitalContext, Member
 from dpfl.federation.algorithms.base import Instruction
 from dpfl.federation.messages import SecureSum, Summed

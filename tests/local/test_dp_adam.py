@@ -14,7 +14,8 @@ from torch import Tensor, nn
 from dpfl.data.sampling import PoissonSampler
 from dpfl.experiments.config import ConfigError, Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.runner import build_algorithm, run_study
+from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.runner import run_study
 from dpfl.federation.algorithms import DPSGDAlgorithm
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import bce

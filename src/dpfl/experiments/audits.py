@@ -24,7 +24,7 @@ from dpfl.audit.one_run import OneRunAudit, one_run_audit
 from dpfl.audit.two_worlds import TwoWorldAudit, two_world_audit
 from dpfl.experiments.config import StudyConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.runner import build_algorithm
+from dpfl.experiments.factory import build_algorithm
 from dpfl.experiments.store import RunRow
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo

@@ -22,7 +22,8 @@ from dpfl.engines import flower
 from dpfl.engines.roster import Roster
 from dpfl.experiments.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
-from dpfl.experiments.runner import STORE, build_algorithm, owning
+from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.runner import STORE, owning
 from dpfl.experiments.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
 from dpfl.federation.algorithms import BY_NAME
 from dpfl.federation.algorithms.base import Algorithm

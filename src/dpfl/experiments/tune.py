@@ -48,7 +48,7 @@ from dpfl.experiments import datasheet
 from dpfl.experiments.best import LOWER_IS_BETTER
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.runner import build_algorithm, decision_threshold
+from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
 from dpfl.privacy import Accountant, Budget, Ledger, events, selection

@@ -16,9 +16,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 from torch import nn
 
 from dpfl.federation.algorithms.base import (
@@ -33,6 +34,7 @@ from dpfl.federation.algorithms.base import (
     record_level,
     unflat,
 )
+from dpfl.federation.algorithms.settings import DPSGDSettings, Parts
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -123,3 +125,32 @@ class AOP(Algorithm):
         total = secure_sum({name: r.vector for name, r in replies.items()}).total
         glob: Params = state["global"]
         return {**state, "global": unflat(total / len(replies), glob)}
+
+
+class AOPSettings(DPSGDSettings):
+    """AOP reads the shared settings' loss (and positive_weight) only: it runs no SGD
+    steps."""
+
+    algorithm: ClassVar[type[Algorithm]] = AOP
+    refuses_adam: ClassVar[str] = "it runs no SGD steps"
+
+    name: Literal["aop"]
+    regularization: float = Field(0.01, gt=0)
+    """Λ."""
+    gradient_tolerance: float = Field(1e-4, gt=0)
+    """γ, the bound on the minimiser's gradient norm."""
+    feature_norm_bound: float = Field(1.0, gt=0)
+    """R, every record's feature norm (rows are clipped to it)."""
+
+    def build(self, parts: Parts) -> AOP:
+        if not isinstance(parts.model, nn.Linear):
+            raise ValueError("aop needs model.kind = 'logistic_regression'")
+        assert parts.epsilon is not None  # checked by the study
+        config = AOPConfig(
+            parts.epsilon,
+            parts.delta,
+            self.regularization,
+            self.gradient_tolerance,
+            self.feature_norm_bound,
+        )
+        return AOP(model=parts.model, loss=parts.loss, config=config, epochs=parts.rounds)

@@ -16,12 +16,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     DPSGDAlgorithm,
     Instruction,
     Job,
@@ -34,6 +36,7 @@ from dpfl.federation.algorithms.base import (
     received,
     unflat,
 )
+from dpfl.federation.algorithms.settings import DPSGDSettings, Parts
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
@@ -107,3 +110,14 @@ class Centralized(DPSGDAlgorithm):
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         glob: Params = state["global"]
         return {**state, "global": unflat(replies[POOL].vector, glob)}
+
+
+class CentralizedSettings(DPSGDSettings):
+    algorithm: ClassVar[type[Algorithm]] = Centralized
+
+    name: Literal["centralized"]
+    epochs_per_round: float = Field(1.0, gt=0)
+    """Epochs over the pooled data per round."""
+
+    def build(self, parts: Parts) -> Centralized:
+        return Centralized(**self.common(parts), epochs_per_round=self.epochs_per_round)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     DPSGDAlgorithm,
     Instruction,
     Job,
@@ -28,6 +30,7 @@ from dpfl.federation.algorithms.base import (
     received,
     unflat,
 )
+from dpfl.federation.algorithms.settings import DPSGDSettings, Parts
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -78,3 +81,14 @@ class Cyclic(DPSGDAlgorithm):
         glob: Params = state["global"]
         model = secure_sum({name: r.vector for name, r in replies.items()}).total
         return {**state, "global": unflat(model, glob)}
+
+
+class CyclicSettings(DPSGDSettings):
+    algorithm: ClassVar[type[Algorithm]] = Cyclic
+
+    name: Literal["cyclic"]
+    steps_per_visit: int = Field(10, ge=1)
+    """DP-SGD steps at each silo per visit (Owkin's E)."""
+
+    def build(self, parts: Parts) -> Cyclic:
+        return Cyclic(**self.common(parts), steps_per_visit=self.steps_per_visit)

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     Job,
     LocalEpochs,
     LocalState,
@@ -29,7 +30,8 @@ from dpfl.federation.algorithms.base import (
 )
 from dpfl.federation.algorithms.fedavg import apply_sum, update_replies
 from dpfl.federation.algorithms.local import personal
-from dpfl.federation.algorithms.mrmtl import train_personal
+from dpfl.federation.algorithms.mrmtl import PersonalisedSettings, train_personal
+from dpfl.federation.algorithms.settings import Parts
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -72,3 +74,12 @@ class Ditto(LocalEpochs):
 
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         return apply_sum(state, replies, secure_sum)
+
+
+class DittoSettings(PersonalisedSettings):
+    algorithm: ClassVar[type[Algorithm]] = Ditto
+
+    name: Literal["ditto"]
+
+    def build(self, parts: Parts) -> Ditto:
+        return Ditto(**self.personalised(parts))

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     Instruction,
     Job,
     LocalEpochs,
@@ -35,6 +37,7 @@ from dpfl.federation.algorithms.base import (
     size_weights,
     unflat,
 )
+from dpfl.federation.algorithms.settings import LocalTrainingSettings, Parts, Weighting, weighted
 from dpfl.federation.client_sampling import ClientSampler
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
@@ -158,3 +161,30 @@ class FedAvg(SampledClients):
         glob: Params = state["global"]
         step = self.robust(torch.stack([r.vector for r in replies.values()]))
         return {**state, "global": unflat(flat(glob) + step, glob)}
+
+
+class SampledSettings(LocalTrainingSettings):
+    """Settings of local training with client sampling (at most one of the two)."""
+
+    client_rate: float | None = Field(None, gt=0, le=1)
+    """Each silo takes part in a round with this probability."""
+    clients_per_round: int | None = Field(None, ge=1)
+    """Exactly this many silos, drawn at random, take part in each round."""
+
+    def sampled(self) -> dict[str, Any]:
+        return {"client_rate": self.client_rate, "clients_per_round": self.clients_per_round}
+
+
+class FedAvgSettings(SampledSettings):
+    algorithm: ClassVar[type[Algorithm]] = FedAvg
+
+    name: Literal["fedavg"]
+    weighting: Weighting = None
+
+    def build(self, parts: Parts) -> FedAvg:
+        return FedAvg(
+            **self.common(parts),
+            local_epochs=self.local_epochs,
+            **self.sampled(),
+            **weighted(self.weighting),
+        )

@@ -43,12 +43,14 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import torch
+from pydantic import Field
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     DPSGDAlgorithm,
     Job,
     Member,
@@ -61,6 +63,7 @@ from dpfl.federation.algorithms.base import (
     record_level,
     unflat,
 )
+from dpfl.federation.algorithms.settings import DPSGDSettings, Parts
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -215,3 +218,21 @@ class FedSGDSecure(DPSGDAlgorithm):
         moved = mean.sub(velocity, alpha=rate * momentum)
         velocity = (flat(glob) - mean).div_(rate).add_(velocity, alpha=momentum)
         return {**state, "global": unflat(moved, glob), "velocity": velocity}
+
+
+class FedSGDSecureSettings(DPSGDSettings):
+    algorithm: ClassVar[type[Algorithm]] = FedSGDSecure
+    exclusive: ClassVar[frozenset[str]] = frozenset({"tolerated_dropouts"})
+    refuses_adam: ClassVar[str] = "its hospitals reply one plain noisy step for the secure sum"
+
+    name: Literal["fedsgd_secure"]
+    tolerated_dropouts: int = Field(0, ge=0)
+    """d, the hospitals whose replies a round's sum may lack; every hospital is charged the
+    noise of K − d shares, σ√((K − d)/K)."""
+
+    def build(self, parts: Parts) -> FedSGDSecure:
+        return FedSGDSecure(  # K from its silos, never a cohort
+            **self.common(parts),
+            tolerated_dropouts=self.tolerated_dropouts,
+            roster=tuple(s.name for s in parts.silos),
+        )

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 import numpy as np
+from pydantic import Field
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     Instruction,
     Job,
     LocalEpochs,
@@ -29,6 +31,7 @@ from dpfl.federation.algorithms.base import (
 )
 from dpfl.federation.algorithms.fedavg import apply_sum, update_replies
 from dpfl.federation.algorithms.local import train_alone
+from dpfl.federation.algorithms.settings import LocalTrainingSettings, Parts, Weighting, weighted
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 
@@ -71,3 +74,20 @@ class Finetune(LocalEpochs):
 
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         return apply_sum(state, replies, secure_sum)
+
+
+class FinetuneSettings(LocalTrainingSettings):
+    algorithm: ClassVar[type[Algorithm]] = Finetune
+
+    name: Literal["finetune"]
+    weighting: Weighting = None
+    federated_rounds: int = Field(1, ge=1)
+    """Rounds of FedAvg before local fine-tuning."""
+
+    def build(self, parts: Parts) -> Finetune:
+        return Finetune(
+            **self.common(parts),
+            local_epochs=self.local_epochs,
+            **weighted(self.weighting),
+            federated_rounds=self.federated_rounds,
+        )

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import ClassVar, Literal
 
 import numpy as np
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     DPSGDAlgorithm,
     Instruction,
     Job,
@@ -27,6 +28,7 @@ from dpfl.federation.algorithms.base import (
     Reply,
     State,
 )
+from dpfl.federation.algorithms.settings import LocalTrainingSettings, Parts
 from dpfl.federation.messages import SecureSum
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
@@ -78,3 +80,12 @@ class Local(LocalEpochs):
 
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         return state
+
+
+class LocalSettings(LocalTrainingSettings):
+    algorithm: ClassVar[type[Algorithm]] = Local
+
+    name: Literal["local"]
+
+    def build(self, parts: Parts) -> Local:
+        return Local(**self.common(parts), local_epochs=self.local_epochs)

@@ -12,9 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
+
+from pydantic import Field
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     DPSGDAlgorithm,
     Job,
     LocalEpochs,
@@ -30,6 +33,7 @@ from dpfl.federation.algorithms.base import (
     unflat,
 )
 from dpfl.federation.algorithms.local import personal
+from dpfl.federation.algorithms.settings import LocalTrainingSettings, Parts, Weighting, weighted
 from dpfl.federation.messages import SecureSum
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import LocalResult
@@ -79,3 +83,30 @@ class MRMTL(LocalEpochs):
         total = secure_sum({name: r.vector for name, r in replies.items()}).total
         glob: Params = state["global"]
         return {**state, "global": unflat(total, glob)}
+
+
+class PersonalisedSettings(LocalTrainingSettings):
+    """Settings of personal models pulled towards the global one."""
+
+    refuses_adam: ClassVar[str] = "its pull towards the global model joins SGD's velocity"
+
+    weighting: Weighting = None
+    strength: float = Field(1.0, ge=0)
+    """The pull λ towards the global model."""
+
+    def personalised(self, parts: Parts) -> dict[str, Any]:
+        return {
+            **self.common(parts),
+            "local_epochs": self.local_epochs,
+            **weighted(self.weighting),
+            "strength": self.strength,
+        }
+
+
+class MRMTLSettings(PersonalisedSettings):
+    algorithm: ClassVar[type[Algorithm]] = MRMTL
+
+    name: Literal["mrmtl"]
+
+    def build(self, parts: Parts) -> MRMTL:
+        return MRMTL(**self.personalised(parts))

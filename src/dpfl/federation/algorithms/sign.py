@@ -25,9 +25,11 @@ from typing import ClassVar, Literal
 
 import numpy as np
 import torch
+from pydantic import Field, field_validator
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
+    Algorithm,
     Job,
     Member,
     Outcome,
@@ -37,7 +39,8 @@ from dpfl.federation.algorithms.base import (
     received,
     unflat,
 )
-from dpfl.federation.algorithms.fedavg import SampledClients
+from dpfl.federation.algorithms.fedavg import SampledClients, SampledSettings
+from dpfl.federation.algorithms.settings import Parts, Weighting
 from dpfl.federation.messages import Encoding, SecureSum
 from dpfl.local.clipping import Params
 
@@ -93,3 +96,34 @@ class Sign(SampledClients):
         glob: Params = state["global"]
         step = self.server_learning_rate * torch.sign(votes)
         return {**state, "global": unflat(flat(glob) + step, glob)}
+
+
+class SignSettings(SampledSettings):
+    algorithm: ClassVar[type[Algorithm]] = Sign
+    exclusive: ClassVar[frozenset[str]] = frozenset({"votes"})
+    refuses_adam: ClassVar[str] = "it sends the signs of one gradient"
+
+    name: Literal["sign"]
+    server_learning_rate: float = Field(0.005, gt=0)
+    """The server's step γ."""
+    votes: Literal["binary", "ternary"] = "binary"
+    """"binary", a coin where the update is exactly 0 (§3.1); "ternary", a 0 there (1.6
+    bits a parameter), so that weights no batch touched stay put."""
+    weighting: Weighting = None
+    """The votes are always uniform: "uniform" says so, "size" is refused."""
+
+    @field_validator("weighting")
+    @classmethod
+    def _uniform(cls, weighting: str | None) -> str | None:
+        if weighting == "size":
+            raise ValueError("sign's votes are not weighted by silo size (Kerkouche §3.1)")
+        return weighting
+
+    def build(self, parts: Parts) -> Sign:
+        return Sign(
+            **self.common(parts),
+            local_epochs=self.local_epochs,
+            **self.sampled(),
+            server_learning_rate=self.server_learning_rate,
+            votes=self.votes,
+        )
