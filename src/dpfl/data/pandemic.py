@@ -244,9 +244,8 @@ def pandemic_population(
     smallest's; `heterogeneity` the spread (log-normal σ) of a factor per region and
     contact kind on the hazard of a contact with a resident of that region (0: one
     infection model everywhere; 1: in one region schools may spread 5x what shops do,
-    in another the reverse), what personalised models can learn. 1M people (7.2M
-    contacts) take about 7 s and at most 0.65 GB (numpy, traced) on a busy 2-core
-    machine; 10k people 0.1 s.
+    in another the reverse), what personalised models can learn. Its time and memory at
+    1M people are in benchmarks/README.md.
     """
     _require_int("people", people, 1)
     _require_int("regions", regions, 1)
@@ -394,9 +393,8 @@ def pandemic_dataset(
     day and over it (`EXPOSURE_FEATURES`): 33 features whatever S, and a better linear
     signal (the same rows, so the same appearances).
 
-    S defaults to 10 rather than the seed's 20: ε grows with S, and memory too. At 1M
-    people, S = 10 gives 183 features and takes about 14 s and 1.9 GB at peak (numpy,
-    traced, the population included); S = 20 gives 373 features, 22 s and 3.6 GB.
+    S defaults to 10 rather than the seed's 20: ε grows with S, and memory too (S = 10
+    gives 183 features, S = 20 373; time and memory: benchmarks/README.md).
     """
     _require_int("max_appearances", max_appearances, 1)
     _require_int("window", window, 1)

@@ -45,9 +45,8 @@ ONE_THREAD_BELOW = 1 << 16
 """Steps whose work (members × expected batch × parameters per member) is below this run
 on one intra-op thread, whatever torch's setting, which is restored afterwards. Their
 tensors are far too small for threads to help, and each operation that enters a parallel
-region waits at its barrier for the other threads: milliseconds each on a loaded machine
-(issue 12: a heart-disease FedAvg took 25 s with torch's default threads, 1.1 s with one;
-benchmarks/bench_vs_torch.py --threads 2). 0 leaves torch's setting alone."""
+region waits at its barrier for the other threads, which on a loaded machine costs more
+than the work (benchmarks/README.md). 0 leaves torch's setting alone."""
 
 
 @dataclass(frozen=True)

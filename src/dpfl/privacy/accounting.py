@@ -18,8 +18,8 @@ Five things are ours on top of `dp_accounting`:
   the default accountant answers with RDP instead (its cost does not depend on the
   number of steps) and says so; an explicit request for PLD is refused.
 * The step DP-SGD repeats, a Poisson-sampled Gaussian, is analysed by
-  `sampled_gaussian`: `dp_accounting`'s formulas evaluated on arrays, 10-25× faster and
-  equal to the bit.
+  `sampled_gaussian`: `dp_accounting`'s formulas evaluated on arrays, many times faster
+  and equal to the bit.
 """
 
 from __future__ import annotations
@@ -69,9 +69,8 @@ and rounding, added up over the steps, would show in ε."""
 
 PLD_MAX_SAMPLED_STEP_POINTS = 2**18
 """Most grid points of one Poisson-sampled step's PLD, whose construction is the slowest
-part of PLD accounting: about 1 µs a point (`sampled_gaussian.Loss`), 10 µs under
-replace-one, which `dp_accounting` builds point by point in Python. It bounds a step's
-construction to seconds."""
+part of PLD accounting, point by point (`sampled_gaussian.Loss`; under replace-one
+`dp_accounting` builds it in Python). It bounds a step's construction to seconds."""
 
 _CACHED_STEP_POINTS = 2**18
 """One-step PLDs up to this size are cached (`_StepCache`, 1 GiB of them at most)."""
@@ -401,11 +400,11 @@ def _gaussian_pld(
 class _StepCache:
     """The least recently used one-step PLDs, up to `limit` bytes of grid in all.
 
-    Building a step's PLD is the costly part of PLD accounting (0.1-3 s for q of 1-40 %),
-    and PLDs are immutable, so one per (σ, q) is kept. A count bound does not fit
-    Kerkouche's 314 hospitals, each with its own q: with 32 kept, every ledger charge
-    and plan check rebuilt its hospital's step (314 builds before round 0, 3 a round);
-    by bytes, all of them stay (about 2 MB each at σ ≈ 1)."""
+    Building a step's PLD is the costly part of PLD accounting, and PLDs are immutable, so one
+    per (σ, q) is kept. A count bound does not fit Kerkouche's 314 hospitals, each with its
+    own q: with 32 kept, every ledger charge and plan check rebuilt its hospital's step
+    (314 builds before round 0, 3 a round); by bytes, all of them stay (about 2 MB each at
+    σ ≈ 1)."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit

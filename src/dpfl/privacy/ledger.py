@@ -506,7 +506,7 @@ def plan_epsilon(
 ) -> EpsilonReport:
     """ε of `event` as a ledger computes it for an account whose history is `event`, and
     from the same cache: a plan checked during calibration costs nothing when a ledger
-    checks it again before round 0 (each of Kerkouche's 314 hospitals: about 0.5 s)."""
+    checks it again before round 0 (for each of Kerkouche's 314 hospitals)."""
     return _composed_epsilon(_key(_leaves(event)), event.neighbouring, delta, accountant)
 
 

@@ -1,11 +1,11 @@
 """One Poisson-sampled Gaussian step, analysed as `dp_accounting` does, on arrays.
 
-`dp_accounting` evaluates this step, the one DP-SGD repeats, point by point in Python:
-its PLD inverts the privacy loss at each of ~10⁵ grid points (1.3 s at σ = 1.1,
-q = 8 %), its RDP sums a series per Rényi order (0.6 s for dpfl's 421 orders).
-Kerkouche's 314 hospitals each have their own q, and calibration probes many σ. Here
-are the same formulas in the same order of operations, evaluated on arrays: the tests
-compare every value with `dp_accounting`'s, bit for bit.
+`dp_accounting` evaluates this step, the one DP-SGD repeats, point by point in Python: its
+PLD inverts the privacy loss at each of ~10⁵ grid points, its RDP sums a series per Rényi
+order (dpfl uses 421), which takes seconds a step (benchmarks/README.md). Kerkouche's 314
+hospitals each have their own q, and calibration probes many σ. Here are the same formulas
+in the same order of operations, evaluated on arrays: the tests compare every value with
+`dp_accounting`'s, bit for bit.
 """
 
 from __future__ import annotations
