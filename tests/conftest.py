@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -67,3 +69,33 @@ def independent_epsilon() -> Callable[..., float]:
         return float(pld.self_compose(steps).get_epsilon_for_delta(delta))
 
     return epsilon
+
+
+@pytest.fixture(scope="session")
+def study_text() -> Callable[[Mapping[str, Any]], str]:
+    """A study file's text (TOML) for a study given as the dict `Study` takes: the commands'
+    tests read the very study the API's tests build, instead of a copy written by hand."""
+
+    def text(study: Mapping[str, Any]) -> str:
+        keys = [f"{k} = {_toml(v)}" for k, v in study.items() if not isinstance(v, Mapping)]
+        tables = [
+            "\n".join([f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items())])
+            for name, table in study.items()
+            if isinstance(table, Mapping)
+        ]
+        return "\n".join([*keys, *tables]) + "\n"
+
+    return text
+
+
+def _toml(value: Any) -> str:
+    """A TOML value: dicts within a table are written inline."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return json.dumps(value)  # a JSON string is a TOML basic string
+    if isinstance(value, Mapping):
+        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(_toml(v) for v in value) + "]"
+    return repr(value)

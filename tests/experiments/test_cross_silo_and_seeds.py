@@ -10,7 +10,9 @@ import json
 import sqlite3
 import statistics
 from collections import defaultdict
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -183,7 +185,9 @@ def test_best_pools_seeds_and_qualifies_only_if_every_seed_does(study: Path) -> 
     assert chosen["spread"] == "2 trials × 2 seeds" and len(chosen["runs"]) == 2
 
 
-def test_the_report_and_the_sweep_table_show_the_matrix_and_the_pooled_rows(study: Path) -> None:
+def test_the_report_and_the_sweep_table_show_the_matrix_and_the_pooled_rows(
+    study: Path, study_text: Callable[[dict[str, Any]], str]
+) -> None:
     text = write_report(study, metric="accuracy").read_text(encoding="utf-8")
     assert "<h2 id='cross-silo'>Cross-silo scores</h2>" in text
     assert "<h2 id='pooled'>Pooled over seeds</h2>" in text
@@ -197,13 +201,7 @@ def test_the_report_and_the_sweep_table_show_the_matrix_and_the_pooled_rows(stud
         ]
     spread = group.cross_silo["hospital-0"]["hospital-1"]["accuracy"]
     assert f"{spread.mean:.3f}\u00a0±\u00a0{spread.std:.3f}" in text
-    toml = (
-        'name = "cross"\nrounds = 2\ntrials = 2\nseed = [0, 1]\ncross_silo = true\n'
-        '[data]\ndataset = "breast_cancer"\npartition = { kind = "iid", silos = 3 }\n'
-        '[algorithm]\nname = ["mrmtl", "fedavg"]\nlearning_rate = 1.0\nstrength = 0.1\n'
-        "[privacy]\nnoise_multiplier = 1.0\ndelta = 1e-5\n"
-    )
-    (study / "study.toml").write_text(toml, encoding="utf-8")
+    (study / "study.toml").write_text(study_text(STUDY), encoding="utf-8")
     result = CliRunner().invoke(app, ["sweep", str(study / "study.toml"), "-o", str(study)])
     assert result.exit_code == 0, result.output
     assert "4 of 4 points done" in result.output  # the same points: nothing ran again

@@ -418,7 +418,9 @@ def test_read_commands_work_in_a_read_only_study_and_write_nothing(finished: Pat
             subprocess.run(["chmod", "-R", "u+w", str(out)], check=True)
 
 
-def test_the_bar_shows_points_and_each_running_points_rounds(tmp_path: Path) -> None:
+def test_the_bar_shows_points_and_each_running_points_rounds(
+    tmp_path: Path, study_text: Callable[[dict[str, Any]], str]
+) -> None:
     screen = io.StringIO()
     lines: list[str] = []
     screen_console = Console(file=screen, force_terminal=True, color_system=None, width=100)
@@ -429,22 +431,11 @@ def test_the_bar_shows_points_and_each_running_points_rounds(tmp_path: Path) -> 
     assert re.search(r"tiny .* 1/1 points", shown)
     assert re.search(r"[0-9a-f]{8} .* \d+/12 rounds", shown)  # the point, mid-run
     assert lines[0] == "tiny: 0 of 1 points done" and "finished in" in lines[1]
-    result = CliRunner().invoke(
-        app, ["sweep", str(_toml(tmp_path)), "--out", str(tmp_path / "s"), "-j", "1"]
-    )
+    tiny = tmp_path / "tiny.toml"
+    tiny.write_text(study_text(TINY), encoding="utf-8")
+    result = CliRunner().invoke(app, ["sweep", str(tiny), "--out", str(tmp_path / "s"), "-j", "1"])
     assert result.exit_code == 0, result.output
     assert re.search(r"tiny .* 2/2 points", result.stderr)
-
-
-def _toml(tmp_path: Path) -> Path:
-    path = tmp_path / "tiny.toml"
-    path.write_text(
-        'name = "tiny"\nrounds = 2\ntrials = 1\n[data]\ndataset = "breast_cancer"\n'
-        'partition = { kind = "iid", silos = 3 }\n[algorithm]\nname = "fedavg"\n'
-        "learning_rate = 1.0\n[privacy]\nnoise_multiplier = [1.0, 3.0]\ndelta = 1e-5\n",
-        encoding="utf-8",
-    )
-    return path
 
 
 HEART = """
