@@ -401,7 +401,6 @@ def _run(
     ray: str | None = None,
     add: bool = False,
 ) -> None:
-    from dpfl.experiments.config import study_terms
     from dpfl.experiments.runner import run_study
     from dpfl.experiments.summary import run_summaries
 
@@ -412,9 +411,7 @@ def _run(
         ray=ray,
         progress=progress,
         add=add,
-        report=(lambda line: None)
-        if json
-        else lambda line: errors.print(escape(study_terms(line))),
+        report=(lambda line: None) if json else lambda line: errors.print(escape(line)),
     )
     failed = [run for run in runs if run.status == "failed"]
     by_id = {s["id"]: s for s in run_summaries(out)}
@@ -435,7 +432,7 @@ def _run(
             if s["cross_silo"]:
                 console.print(cross_silo_table(s, metrics[0]))
     for run in failed:
-        error = escape(study_terms(run.error or ""))
+        error = escape(run.error or "")
         errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
     if failed:
         raise typer.Exit(1)

@@ -298,9 +298,18 @@ def check_plans(
                 extra = [events.repeat(release[0], count)] if count > 0 else []
             why = unaffordable(book, name, event, left, extra)
             if why is not None:
-                raise ValueError(
-                    f"{why}; add noise, run fewer rounds, or calibrate the noise to the budget"
-                )
+                raise UnaffordablePlan(why)
+
+
+class UnaffordablePlan(ValueError):
+    """A plan that would pass a budget, refused before round 0; `why` says whose and by how
+    much, and the message adds the Python API's remedies (a study file words its own)."""
+
+    def __init__(self, why: str) -> None:
+        super().__init__(
+            f"{why}; add noise, run fewer rounds, or calibrate the noise to the budget"
+        )
+        self.why = why
 
 
 def unaffordable(

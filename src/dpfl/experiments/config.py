@@ -493,21 +493,6 @@ def _beside(study_file: Path, folder: Any) -> Any:
     return str((study_file.parent / Path(folder).expanduser()).resolve())
 
 
-API_TERMS = {
-    "add noise, run fewer rounds, or calibrate the noise to the budget": "raise "
-    "privacy.noise_multiplier, lower rounds, or leave privacy.noise_multiplier out of the "
-    "study file (σ is then calibrated to privacy.epsilon)",
-}
-"""Advice the Python API gives, as a study file's user takes it."""
-
-
-def study_terms(message: str) -> str:
-    """`message`, raised by the Python API under a study, in the study file's terms."""
-    for api, study in API_TERMS.items():
-        message = message.replace(api, study)
-    return message
-
-
 def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, list[Any]]]:
     """(dotted key, values) of every grid axis: lists where one value is expected."""
     for key, value in raw.items():

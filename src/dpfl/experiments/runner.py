@@ -45,6 +45,7 @@ from rich.progress import Progress as Bar
 from dpfl import secure
 from dpfl.allocator import keep_freed_memory
 from dpfl.data.dataset import DataFormatError
+from dpfl.engines.accounts import UnaffordablePlan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.config import Study, StudyConfig, grid_pairs
 from dpfl.experiments.datasets import build_silos
@@ -423,7 +424,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             "accounted by RDP only: set privacy.accountant = 'rdp'"
         )
     fixed_noise = privacy.noise_multiplier is not None or algorithm.sets_own_noise
-    with Ledger(ledger, accountant=privacy.accountant) as book:
+    with Ledger(ledger, accountant=privacy.accountant) as book, _in_study_terms():
         book.claim(key)  # readers refuse this ledger for any other run
         return simulate(
             algorithm,
@@ -446,6 +447,19 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             secure_sum=secure.by_name(config.summing),
             threshold=decision_threshold(config.threshold),
         )
+
+
+@contextmanager
+def _in_study_terms() -> Iterator[None]:
+    """A plan the budget refuses, with the remedies a study file's user has."""
+    try:
+        yield
+    except UnaffordablePlan as exc:
+        raise ValueError(
+            f"{exc.why}; raise privacy.noise_multiplier, lower rounds, or leave "
+            "privacy.noise_multiplier out of the study file (σ is then calibrated to "
+            "privacy.epsilon)"
+        ) from None
 
 
 def _results(

@@ -13,7 +13,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from dpfl.experiments.config import grid_pairs, study_terms
+from dpfl.experiments.config import grid_pairs
 from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
 from dpfl.experiments.queries import (
     RESULTS_FILE,
@@ -546,7 +546,7 @@ def _failed_runs(runs: list[RunRow], reported: dict[str, SiloEpsilons]) -> str:
             r.id[:8],
             r.algorithm,
             point(r) or "—",
-            _Html(f"<pre>{_e(study_terms(r.error or ''))}</pre>"),
+            _Html(f"<pre>{_e(r.error or '')}</pre>"),
             *([_stopped_epsilon(reported.get(r.id))] if reported else []),
         ]
         for r in runs
