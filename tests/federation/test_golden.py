@@ -109,3 +109,10 @@ def test_algorithms_give_the_golden_models_and_epsilons(
     assert len(outcome["epsilon"]) == len(expected["epsilon"])
     for got, want in zip(outcome["epsilon"], expected["epsilon"], strict=True):
         assert got == pytest.approx(want, rel=1e-9)
+
+
+def test_every_registered_algorithm_has_a_golden_run() -> None:
+    """A new algorithm in the registry needs its golden run here too."""
+    from dpfl.federation.algorithms import BY_NAME
+
+    assert set(BY_NAME) <= set(ALGORITHMS)
