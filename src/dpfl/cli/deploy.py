@@ -212,6 +212,37 @@ def server(
         raise typer.Exit(1)
 
 
+@app.command("certs")
+def certs_command(
+    folder: Annotated[Path, typer.Argument(help="Where to write the certificates and keys.")],
+    host: Annotated[
+        list[str],
+        typer.Option(
+            help="The SuperLink's host name or IP address, as hospitals dial it "
+            "(repeat for several)."
+        ),
+    ],
+    hospital: Annotated[
+        list[str] | None,
+        typer.Option(help="Also make this hospital's SuperNode key pair (repeat for several)."),
+    ] = None,
+    days: Annotated[float, typer.Option(help="How long the certificates are valid.")] = 30.0,
+) -> None:
+    """For tests and trials: a new CA (ca.crt), the SuperLink's certificate (server.pem,
+    server.key) for each --host, and with --hospital, that hospital's SuperNode key pair
+    (NAME.key, NAME.key.pub). In production, take the certificate from your CA and let each
+    hospital make its own key (docs/deployment.md)."""
+    from dpfl.engines.certificates import certificates, keys
+
+    with reported_errors():
+        tls = certificates(folder, host, days=days)
+        pairs = keys(folder, hospital or [])
+    typer.echo(f"CA certificate (give it to every hospital): {tls.ca}")
+    typer.echo(f"SuperLink certificate and key: {tls.certificate} {tls.key}")
+    for name, key in pairs.items():
+        typer.echo(f"{name}'s SuperNode key (give it to {name} only): {key}, public: {key}.pub")
+
+
 @app.command("he-keys")
 def he_keys_command(
     folder: Annotated[Path, typer.Argument(help="Where to write the run's two key files.")],

@@ -4,14 +4,13 @@ registered: for trying a deployment before the real machines, its tests and its 
 
 Every process is Flower's or dpfl's own command, run from the binaries beside this
 Python (`BIN`), as docs/deployment.md runs them on real machines; only the addresses
-(127.0.0.1) and the certificates and keys (made here, valid for an hour) differ. The
+(127.0.0.1) and the certificates and keys (made on the spot by
+`dpfl.engines.certificates`, valid for an hour) differ. The
 SuperNodes may be pointed at another address than the SuperLink's (`fleet`), e.g. a
 relay that counts the bytes between them; TLS stays end to end through it."""
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
 import os
 import signal
 import socket
@@ -27,18 +26,14 @@ from pathlib import Path
 from typing import Any, NamedTuple, TypedDict, Unpack
 
 import numpy as np
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
+from dpfl.engines.certificates import certificates, keys
 from dpfl.engines.roster import make_identity, public_text, read_identity, roster_table
 from dpfl.federation.silo import Silo
 
 BIN = Path(sys.executable).parent
 """Where Flower's commands and `dpfl` are: beside the Python that runs dpfl (its venv)."""
 BINARIES = ("flower-superlink", "flower-supernode", "flwr", "dpfl")
-CA_NAME = "dpfl loopback CA"
 
 
 class LoopbackError(RuntimeError):
@@ -195,7 +190,7 @@ def cluster(
     cli, intruder = layout.get("cli", False), layout.get("intruder", False)
     port = layout.get("port") or free_port()
     fleet = layout.get("fleet", f"127.0.0.1:{port}")
-    ca, cert, key = certificates(root / "tls")
+    ca, cert, key = certificates(root / "tls", ["127.0.0.1"])
     auth = keys(root / "keys", [*nodes, "intruder"])
     env = {
         **os.environ,
@@ -238,7 +233,7 @@ def cluster(
             running.start(name)
             if name == "superlink":
                 wait_for(port, ca, time.monotonic() + 20)
-                register(port, ca, {n: auth[n].with_suffix(".pub") for n in nodes}, env)
+                register(port, ca, {n: auth[n].with_name(f"{n}.key.pub") for n in nodes}, env)
         yield running
     finally:
         stop([p for started in running.processes.values() for p in started])
@@ -272,28 +267,6 @@ def deploy(
                 f"the deployment took over {deadline:g}s\n{running.tails()}"
             ) from exc
     return Deployed(done.stdout + done.stderr, out, running.logs)
-
-
-def keys(folder: Path, names: list[str]) -> dict[str, Path]:
-    """Each SuperNode's private key (OpenSSH, P-384), its public key beside it (.pub)."""
-    folder.mkdir()
-    paths = {}
-    for name in names:
-        key = ec.generate_private_key(ec.SECP384R1())
-        paths[name] = folder / f"{name}.key"
-        paths[name].write_bytes(
-            key.private_bytes(
-                serialization.Encoding.PEM,
-                serialization.PrivateFormat.OpenSSH,
-                serialization.NoEncryption(),
-            )
-        )
-        paths[name].with_suffix(".pub").write_bytes(
-            key.public_key().public_bytes(
-                serialization.Encoding.OpenSSH, serialization.PublicFormat.OpenSSH
-            )
-        )
-    return paths
 
 
 def register(port: int, ca: Path, public_keys: Mapping[str, Path], env: dict[str, str]) -> None:
@@ -372,40 +345,3 @@ def wait_for(port: int, ca: Path, until: float) -> None:
         if time.monotonic() > until:
             raise LoopbackError(f"no SuperLink on port {port}")
         time.sleep(0.2)
-
-
-def certificates(folder: Path) -> tuple[Path, Path, Path]:
-    """A CA made on the spot (valid for an hour) and the SuperLink's certificate (for
-    127.0.0.1) and key: paths of ca.crt, server.pem and server.key in `folder`."""
-    folder.mkdir()
-    now = datetime.datetime.now(datetime.UTC)
-
-    def signed(name: str, key: ec.EllipticCurvePrivateKey, ca: bool) -> x509.CertificateBuilder:
-        return (
-            x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, name)]))
-            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, CA_NAME)]))
-            .public_key(key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(minutes=5))
-            .not_valid_after(now + datetime.timedelta(hours=1))
-            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
-        )
-
-    ca_key, key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
-    ca = signed(CA_NAME, ca_key, True).sign(ca_key, hashes.SHA256())
-    address = x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))])
-    cert = signed("127.0.0.1", key, False).add_extension(address, critical=False)
-    paths = folder / "ca.crt", folder / "server.pem", folder / "server.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(
-        cert.sign(ca_key, hashes.SHA256()).public_bytes(serialization.Encoding.PEM)
-    )
-    paths[2].write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    return paths
