@@ -47,12 +47,14 @@ def account(silo: Silo | SiloInfo | str, trial: int, view: str | None = None) ->
 def register_accounts(book: Ledger, silos: Sequence[Silo], trials: int, budgets: Budgets) -> None:
     """Open every (silo, trial) account with the silo's budget and declared size. A silo
     without an ε budget gets an account that records without limit (a research run at a
-    fixed σ, its ε read off afterwards)."""
+    fixed σ, its ε read off afterwards). Where the ledger caps a dataset of the silo's
+    name (a hospital's ledger shared by its studies), the accounts spend from it too."""
     opened = {}
     for silo in silos:
         eps, delta = budgets[silo.name]
+        dataset = silo.name if book.cap(silo.name) is not None else None
         budget = Budget(
-            math.inf if eps is None else eps, delta, silo.neighbouring, silo.public_size
+            math.inf if eps is None else eps, delta, silo.neighbouring, silo.public_size, dataset
         )
         opened.update({account(silo, trial): budget for trial in range(trials)})
     book.register_silos(opened)
@@ -286,6 +288,7 @@ def check_plans(
     or release, already paid for, see `prepaid`, is not planned twice)."""
     accounts_paid = {name for name, _, _ in paid}
     events_paid = {(name, text) for name, _, text in paid}
+    plans = []
     for silo in silos:
         event = algorithm.participation_event(silo, silos)
         release = (releases or {}).get(silo.name)
@@ -299,6 +302,10 @@ def check_plans(
             why = unaffordable(book, name, event, left, extra)
             if why is not None:
                 raise UnaffordablePlan(why)
+            plans.append((name, events.compose([events.repeat(event, left), *extra])))
+    why = book.refusal(plans)  # together: every trial's account over one capped dataset
+    if why is not None:
+        raise UnaffordablePlan(why)
 
 
 class UnaffordablePlan(ValueError):
@@ -324,9 +331,12 @@ def unaffordable(
     plan = events.repeat(event, rounds)
     if extra:
         plan = events.compose([plan, *extra])
-    if book.can_afford(name, plan):
+    why = book.refusal([(name, plan)])
+    if why is None:
         return None
     budget = book.budget(name)
+    if book.projected(name, plan).epsilon <= budget.epsilon:  # its dataset's cap refuses
+        return why
     besides = "".join(f" and {e.describe()}" for e in extra)
     return (
         f"{name}: {rounds} more rounds of {event.describe()}{besides} would exceed "

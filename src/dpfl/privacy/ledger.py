@@ -2,14 +2,22 @@
 
 Each silo has its own budget (ε_k, δ_k) and neighbouring relation. Only a silo's own
 events are composed in its account: what other silos do with data it never sees is
-post-processing for it and costs nothing. The ledger is a SQLite file (one per study):
+post-processing for it and costs nothing. The ledger is a SQLite file, one per study or
+one per hospital shared by its studies (`Ledger(path, study=...)`: each study's accounts
+under its own name):
 
-* `record` checks the budget and inserts the event in one write transaction
-  (`BEGIN IMMEDIATE`, so two processes cannot both spend the last of a budget) and
-  returns only after the commit is durable (WAL, `synchronous=FULL`). Callers release
-  the model update an event paid for only after `record` returns, so a crash or
-  `kill -9` can lose an update but never spent budget.
-* An event that would take the silo past its budget is refused and nothing is written.
+* A dataset may be capped (`cap_dataset`): the accounts that spend from it (every study's
+  over the same records) are then also held, together, to the cap, by the accountant's
+  composition of the union of their events (never a sum of ε's).
+* `record` computes ε outside the write lock, then, in one write transaction
+  (`BEGIN IMMEDIATE`), checks that the ledger is still what it computed from (or that
+  what changed is still within what was shown affordable) before it inserts; otherwise
+  it computes again. Two processes cannot both spend the last of a budget, and none
+  holds the lock while it computes. It returns only after the commit is durable (WAL,
+  `synchronous=FULL`). Callers release the model update an event paid for only after
+  `record` returns, so a crash or `kill -9` can lose an update but never spent budget.
+* An event that would take an account or a dataset past its budget is refused and
+  nothing is written.
 * Reopening the file continues from what was spent.
 * Readers open it read-only (`create=False`) and create nothing beside it. A damaged
   file is refused by name when opened (`DamagedLedgerError`), before any budget is read
@@ -24,7 +32,8 @@ import math
 import sqlite3
 import time
 from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
@@ -44,7 +53,7 @@ from dpfl.sqlite_file import (
 )
 
 _APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
-_SCHEMA_VERSION = 2
+_SCHEMA_VERSION = 3
 _FACTS = """
 CREATE TABLE facts (
     key TEXT PRIMARY KEY,
@@ -52,7 +61,26 @@ CREATE TABLE facts (
     recorded_at REAL NOT NULL
 );
 """
-_MIGRATIONS = {1: _FACTS}  # schema 1 had no facts: no owner, no released values
+_DATASETS = """
+CREATE TABLE IF NOT EXISTS datasets (
+    dataset TEXT PRIMARY KEY,
+    epsilon REAL NOT NULL CHECK (epsilon > 0),
+    delta REAL NOT NULL CHECK (delta > 0 AND delta < 1),
+    neighbouring TEXT NOT NULL,
+    created_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS memberships (
+    silo TEXT PRIMARY KEY REFERENCES silos(silo),
+    study TEXT,
+    dataset TEXT REFERENCES datasets(dataset)
+);
+CREATE INDEX IF NOT EXISTS memberships_by_dataset ON memberships(dataset);
+"""
+# schema 1 had no facts (no owner, no released values); schema 2 no dataset caps, no studies
+_MIGRATIONS = {1: _FACTS, 2: _DATASETS}
+_PATIENCE = 600.0
+"""Seconds `record` keeps trying to take the write lock (each try waits up to 30 s):
+writers hold it only to insert, so only a stuck process holds it that long."""
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _SCHEMA = (
@@ -76,6 +104,7 @@ CREATE TABLE events (
 );
 CREATE INDEX events_by_silo ON events(silo, id);
 """
+    + _DATASETS
 )
 
 
@@ -87,12 +116,24 @@ class DamagedLedgerError(LedgerError, DamagedFileError):
 
 @dataclass(frozen=True)
 class Budget:
-    """A silo's target: no more than ε at δ, for neighbouring datasets as stated."""
+    """A silo's target: no more than ε at δ, for neighbouring datasets as stated; with
+    `dataset`, its events also count against that dataset's cap (`Ledger.cap_dataset`)."""
 
     epsilon: float
     delta: float
     neighbouring: Neighbouring
     size: int | None
+    dataset: str | None = None
+
+
+@dataclass(frozen=True)
+class Cap:
+    """A dataset's cap: every account over it (all studies) together within ε at δ."""
+
+    dataset: str
+    epsilon: float
+    delta: float
+    neighbouring: Neighbouring
 
 
 @dataclass(frozen=True)
@@ -115,10 +156,42 @@ class SiloAccount:
     budget: Budget
     events: int
     spent: EpsilonReport
+    study: str | None = None
+    rounds: int = 0
+    """How many distinct rounds it was charged for."""
 
     @property
     def remaining(self) -> float:
         return max(self.budget.epsilon - self.spent.epsilon, 0.0)
+
+
+@dataclass(frozen=True)
+class DatasetAccount:
+    """What every study together has spent of a dataset's cap, and per study."""
+
+    cap: Cap
+    spent: EpsilonReport
+    studies: dict[str, EpsilonReport]
+    """Per study (an account without one: its own name), its events' ε at the cap's δ."""
+
+    @property
+    def remaining(self) -> float:
+        return max(self.cap.epsilon - self.spent.epsilon, 0.0)
+
+
+@dataclass(frozen=True)
+class _Limit:
+    """One bound a charge is held to: an account's budget or a dataset's cap, with the
+    histories before and after the charges (multisets of leaf events)."""
+
+    key: str
+    """`silo NAME` or `dataset NAME`: what the limit is, and its key in the caches."""
+    epsilon: float
+    delta: float
+    neighbouring: Neighbouring
+    before: Counter[str]
+    after: Counter[str]
+    charged: list[PrivacyEvent]
 
 
 def _guarded(
@@ -145,9 +218,15 @@ class Ledger:
     self-composition. Multisets already shown to be within budget are remembered: ε
     never falls when events are added, so recording anything still inside such a
     multiset (a round of a plan checked with `can_afford`) needs no new accounting.
+    `record` also checks a little ahead (the same charge again, an eighth as many times
+    as the history holds it), so that many writers charging one budget compute ε once
+    every few charges, not at every one.
 
-    `create=False` opens an existing ledger read-only, for readers: nothing is ever
-    written to it (not even an empty or older file is initialised or upgraded).
+    `study` names this book's accounts within a ledger that several studies share (a
+    hospital's): every name it is given or shows is the study's own; stored, each is
+    `study:name`, with the study beside it. `create=False` opens an existing ledger
+    read-only, for readers: nothing is ever written to it (not even an empty or older
+    file is initialised or upgraded).
     """
 
     def __init__(
@@ -156,12 +235,72 @@ class Ledger:
         *,
         accountant: Accountant | str | None = None,
         create: bool = True,
+        study: str | None = None,
     ) -> None:
+        if study is not None and (not study or ":" in study):
+            raise PrivacyParameterError(f"a study's name must be non-empty, without ':': {study!r}")
         self.path = Path(path)
         self.accountant = None if accountant is None else Accountant(accountant)
+        self.study = study
         self._db = _open(self.path, read_only=not create)
+        self._caps = schema_of(self._db) >= 3  # a reader of an older file: no caps
         self._within_budget: dict[str, list[Counter[str]]] = {}
+        self._over_budget: dict[str, list[Counter[str]]] = {}
         self._budgets: dict[str, Budget] = {}
+
+    # -- datasets -------------------------------------------------------------------
+
+    @_guarded
+    def cap_dataset(
+        self,
+        dataset: str,
+        *,
+        epsilon: float,
+        delta: float,
+        neighbouring: Neighbouring = Neighbouring.ADD_REMOVE,
+    ) -> Cap:
+        """Cap what every account over `dataset` may spend together (a data steward's
+        limit across studies). The same cap again is a no-op; another is refused: caps,
+        like budgets, are fixed."""
+        wanted = _checked_cap(Cap(dataset, epsilon, delta, neighbouring))
+        with write_transaction(self._db) as db:
+            existing = _cap_or_none(db, dataset)
+            if existing is None:
+                db.execute(
+                    "INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
+                    (dataset, wanted.epsilon, wanted.delta, wanted.neighbouring.value, time.time()),
+                )
+            elif existing != wanted:
+                raise LedgerError(
+                    f"dataset {dataset!r} is already capped at {_show_limit(existing)}; "
+                    f"refusing to change it to {_show_limit(wanted)}"
+                )
+        return wanted
+
+    @_guarded
+    def cap(self, dataset: str) -> Cap | None:
+        """`dataset`'s cap, if it has one."""
+        return _cap_or_none(self._db, dataset) if self._caps else None
+
+    @_guarded
+    def datasets(self, *, accountant: Accountant | str | None = None) -> list[DatasetAccount]:
+        """Every capped dataset: ε spent over all its accounts, and per study."""
+        if not self._caps:
+            return []
+        out = []
+        for (name,) in self._db.execute("SELECT dataset FROM datasets ORDER BY rowid").fetchall():
+            cap = _cap_or_none(self._db, name)
+            assert cap is not None
+            chosen = accountant or self.accountant
+            by_study = {
+                study: _composed_epsilon(_key(history), cap.neighbouring, cap.delta, chosen)
+                for study, history in _dataset_histories(self._db, name).items()
+            }
+            spent = _composed_epsilon(
+                _key(_dataset_history(self._db, name)), cap.neighbouring, cap.delta, chosen
+            )
+            out.append(DatasetAccount(cap, spent, by_study))
+        return out
 
     # -- silos ----------------------------------------------------------------------
 
@@ -173,12 +312,15 @@ class Ledger:
         delta: float,
         size: int | None = None,
         neighbouring: Neighbouring = Neighbouring.ADD_REMOVE,
+        dataset: str | None = None,
     ) -> Budget:
         """Open an account for `silo`. Registering it again with the same budget is a
         no-op (a restarted run); a different budget is refused: budgets are fixed. An ε of
         `math.inf` opens an account that records and reports but never refuses (a
-        research run at a fixed σ, whose ε is read off afterwards)."""
-        return self.register_silos({silo: Budget(epsilon, delta, neighbouring, size)})[silo]
+        research run at a fixed σ, whose ε is read off afterwards). With `dataset` (capped
+        first), its events also count against that dataset's cap."""
+        budget = Budget(epsilon, delta, neighbouring, size, dataset)
+        return self.register_silos({silo: budget})[silo]
 
     @_guarded
     def register_silos(self, budgets: Mapping[str, Budget]) -> dict[str, Budget]:
@@ -189,9 +331,10 @@ class Ledger:
         with write_transaction(self._db) as db:
             new = []
             for silo, budget in wanted.items():
-                existing = _budget_or_none(db, silo)
+                existing = _budget_or_none(db, self._stored(silo))
                 if existing is None:
                     new.append(silo)
+                    self._check_dataset(db, silo, budget)
                 elif existing != budget:
                     raise LedgerError(
                         f"silo {silo!r} is already registered with {_show_budget(existing)}; "
@@ -202,7 +345,7 @@ class Ledger:
                 "INSERT INTO silos VALUES (?, ?, ?, ?, ?, ?)",
                 [
                     (
-                        silo,
+                        self._stored(silo),
                         wanted[silo].epsilon,
                         wanted[silo].delta,
                         wanted[silo].size,
@@ -212,22 +355,35 @@ class Ledger:
                     for silo in new
                 ],
             )
-        self._budgets.update(wanted)  # committed, and budgets never change
+            db.executemany(
+                "INSERT INTO memberships VALUES (?, ?, ?)",
+                [
+                    (self._stored(silo), self.study, wanted[silo].dataset)
+                    for silo in new
+                    if self.study is not None or wanted[silo].dataset is not None
+                ],
+            )
+        self._budgets.update({self._stored(s): b for s, b in wanted.items()})  # never change
         return wanted
 
     @_guarded
     def silos(self) -> list[str]:
-        return [row[0] for row in self._db.execute("SELECT silo FROM silos ORDER BY rowid")]
+        """The accounts' names (a study's book: its own)."""
+        names = [row[0] for row in self._db.execute("SELECT silo FROM silos ORDER BY rowid")]
+        if self.study is None:
+            return names
+        return [name[len(self.study) + 1 :] for name in names if self._mine(name)]
 
     @_guarded
     def budget(self, silo: str) -> Budget:
-        if silo in self._budgets:  # budgets never change once registered
-            return self._budgets[silo]
-        found = _budget_or_none(self._db, silo)
+        stored = self._stored(silo)
+        if stored in self._budgets:  # budgets never change once registered
+            return self._budgets[stored]
+        found = _budget_or_none(self._db, stored)
         if found is None:
             known = ", ".join(self.silos()) or "none"
             raise LedgerError(f"no silo {silo!r} in ledger {self.path} (silos: {known})")
-        self._budgets[silo] = found
+        self._budgets[stored] = found
         return found
 
     # -- spending -------------------------------------------------------------------
@@ -245,7 +401,7 @@ class Ledger:
         only what events labelled with rounds up to that one cost (ε over a run)."""
         budget = self.budget(silo)
         return _composed_epsilon(
-            _key(_history(self._db, silo, through_round)),
+            _key(_history(self._db, self._stored(silo), through_round)),
             budget.neighbouring,
             budget.delta if delta is None else delta,
             accountant or self.accountant,
@@ -255,36 +411,55 @@ class Ledger:
     def projected(self, silo: str, event: PrivacyEvent) -> EpsilonReport:
         """ε the silo would have spent, at its δ, if `event` were recorded now."""
         budget = self._budget_for(silo, event)
-        after = _history(self._db, silo) + _leaves(event)
-        report = self._epsilon(after, budget)
+        stored = self._stored(silo)
+        after = _history(self._db, stored) + _leaves(event)
+        report = self._epsilon(after, budget.neighbouring, budget.delta)
         if report.epsilon <= budget.epsilon:
-            self._remember_within(silo, after)
+            self._remember(self._within_budget, f"silo {stored}", after)
         return report
 
-    @_guarded
     def can_afford(self, silo: str, event: PrivacyEvent) -> bool:
-        """Whether `event` (e.g. every round still planned) fits in what is left."""
-        budget = self._budget_for(silo, event)
-        if budget.epsilon == math.inf:  # never refuses: no history to read
-            return True
-        after = _history(self._db, silo) + _leaves(event)
-        return self._known_within(silo, after) or (
-            self.projected(silo, event).epsilon <= budget.epsilon
-        )
+        """Whether `event` (e.g. every round still planned) fits in what is left, of the
+        silo's budget and of its dataset's cap."""
+        return self.refusal([(silo, event)]) is None
+
+    @_guarded
+    def refusal(self, charges: Sequence[tuple[str, PrivacyEvent]]) -> str | None:
+        """Why recording `charges` together (e.g. every account's plan) would be refused,
+        or None if they fit."""
+        try:
+            self._check(self._limits(self._db, charges), ahead=False)
+        except BudgetExceededError as exc:
+            return str(exc).removesuffix("; nothing was recorded")
+        return None
 
     @_guarded
     def affordable_repeats(self, silo: str, event: PrivacyEvent) -> int:
-        """How many more times `event` fits in the silo's budget (e.g. DP-SGD steps left)."""
+        """How many more times `event` fits in the silo's budget and its dataset's cap
+        (e.g. DP-SGD steps left)."""
         budget = self._budget_for(silo, event)
-        spent = [
-            events.repeat(PrivacyEvent.from_json(leaf), n)
-            for leaf, n in _history(self._db, silo).items()
+        limits: list[tuple[float, float, Counter[str]]] = [
+            (budget.epsilon, budget.delta, _history(self._db, self._stored(silo)))
         ]
-        return calibration.max_steps(
-            budget.epsilon,
-            budget.delta,
-            lambda count: events.compose([*spent, events.repeat(event, count)]),
-            accountant=self.accountant,
+        cap = None if budget.dataset is None else _cap_or_none(self._db, budget.dataset)
+        if cap is not None:
+            limits.append((cap.epsilon, cap.delta, _dataset_history(self._db, cap.dataset)))
+        return min(
+            calibration.max_steps(
+                eps,
+                delta,
+                lambda count, history=history: events.compose(  # type: ignore[misc]
+                    [
+                        *(
+                            events.repeat(PrivacyEvent.from_json(leaf), n)
+                            for leaf, n in history.items()
+                        ),
+                        events.repeat(event, count),
+                    ]
+                ),
+                accountant=self.accountant,
+            )
+            for eps, delta, history in limits
         )
 
     def record(
@@ -305,63 +480,28 @@ class Ledger:
         round: int | None = None,
     ) -> list[Entry]:
         """Charge several (silo, event) pairs in ONE durable transaction: all are recorded
-        or, if any silo would pass its budget, none is. One commit for a round's silos
-        instead of one each; release their outputs only after this returns."""
-        with write_transaction(self._db) as db:  # the checks and inserts: one transaction
-            return self._insert(db, charges, label, round)
+        or, if any would pass a silo's budget or a dataset's cap, none is. One commit for a
+        round's silos instead of one each; release their outputs only after this returns.
 
-    def _insert(
-        self,
-        db: sqlite3.Connection,
-        charges: Sequence[tuple[str, PrivacyEvent]],
-        label: str,
-        round: int | None,
-    ) -> list[Entry]:
-        """Check every charge against its silo's budget, then insert them all (inside
-        the caller's write transaction)."""
-        budgets = [self._budget_for(silo, event) for silo, event in charges]
-        bound = [
-            silo for (silo, _), b in zip(charges, budgets, strict=True) if b.epsilon != math.inf
-        ]
-        pending = _histories(db, bound) if bound else {}  # unbounded accounts never refuse
-        for (silo, event), budget in zip(charges, budgets, strict=True):
-            if budget.epsilon != math.inf:
-                before = pending[silo]
-                after = pending[silo] = before + _leaves(event)
-                self._check_within(silo, event, before, after, budget)
-        if not charges:
-            return []
-        recorded_at = time.time()
-        db.executemany(
-            "INSERT INTO events (silo, round, label, event, recorded_at) VALUES (?, ?, ?, ?, ?)",
-            [(silo, round, label, event.to_json(), recorded_at) for silo, event in charges],
-        )
-        # one writer holds the transaction: the rows got consecutive ids ending at the last
-        (last,) = db.execute("SELECT last_insert_rowid()").fetchone()
-        first = int(last) - len(charges) + 1
-        return [
-            Entry(first + i, silo, event, label, round, recorded_at)
-            for i, (silo, event) in enumerate(charges)
-        ]
+        ε is computed outside the write lock, from one read of the ledger; inside it, the
+        charges are inserted only if no event was recorded since that read, or if every
+        history they touch is still within what was shown affordable. Otherwise the lock
+        is let go and all is computed again from a new read."""
+        deadline = time.monotonic() + _PATIENCE
+        while True:
+            with _read_transaction(self._db) as db:
+                seen = _version(db)
+                limits = self._limits(db, charges)
+            self._check(limits, ahead=True)  # the lock is not held meanwhile
+            try:
+                with write_transaction(self._db) as db:
+                    if _version(db) == seen or self._covered(self._limits(db, charges)):
+                        return self._insert(db, charges, label, round)
+            except sqlite3.OperationalError as exc:  # waited 30 s: nothing was written
+                if exc.sqlite_errorname != "SQLITE_BUSY" or time.monotonic() > deadline:
+                    raise
 
-    def _check_within(
-        self,
-        silo: str,
-        event: PrivacyEvent,
-        before: Counter[str],
-        after: Counter[str],
-        budget: Budget,
-    ) -> None:
-        if self._known_within(silo, after):
-            return
-        report = self._epsilon(after, budget)
-        if report.epsilon > budget.epsilon:
-            raise BudgetExceededError(
-                f"silo {silo!r}: {event.describe()} would bring ε to {report.epsilon:.4g} > "
-                f"budget {budget.epsilon:g} at δ={budget.delta:g} (spent so far "
-                f"{self._epsilon(before, budget).epsilon:.4g}); nothing was recorded"
-            )
-        self._remember_within(silo, after)
+    # -- facts ----------------------------------------------------------------------
 
     @_guarded
     def release(
@@ -378,7 +518,7 @@ class Ledger:
         label = f"release {name}"
         with write_transaction(self._db) as db:
             kept = _fact(db, label)
-            accounts = sorted({silo for silo, _ in charges})
+            accounts = sorted({self._stored(silo) for silo, _ in charges})
             paid = {
                 silo
                 for (silo,) in db.execute(  # per account: the (silo, id) index answers
@@ -387,7 +527,8 @@ class Ledger:
                     [*accounts, label],
                 )
             }
-            due = [(silo, event) for silo, event in charges if silo not in paid]
+            due = [(silo, event) for silo, event in charges if self._stored(silo) not in paid]
+            self._check(self._limits(db, due), ahead=False)  # a rare write: in the lock
             self._insert(db, due, label, None)
             if kept is not None:
                 return float(json.loads(kept))
@@ -445,25 +586,35 @@ class Ledger:
     def entries(self, silo: str) -> list[Entry]:
         self.budget(silo)
         rows = self._db.execute(
-            "SELECT id, silo, event, label, round, recorded_at FROM events WHERE silo = ? "
-            "ORDER BY id",
-            (silo,),
+            "SELECT id, event, label, round, recorded_at FROM events WHERE silo = ? ORDER BY id",
+            (self._stored(silo),),
         )
         return [
-            Entry(row[0], row[1], _parse_event(row[2], row[0]), row[3], row[4], row[5])
+            Entry(row[0], silo, _parse_event(row[1], row[0]), row[2], row[3], row[4])
             for row in rows
         ]
 
     @_guarded
     def accounts(self, *, accountant: Accountant | str | None = None) -> list[SiloAccount]:
-        """Every silo's budget, number of recorded events and ε spent at its own δ."""
-        counts = dict(self._db.execute("SELECT silo, COUNT(*) FROM events GROUP BY silo"))
+        """Every silo's budget, number of recorded events and of rounds charged, and ε
+        spent at its own δ."""
+        counts = {
+            silo: (n, rounds)
+            for silo, n, rounds in self._db.execute(
+                "SELECT silo, COUNT(*), COUNT(DISTINCT round) FROM events GROUP BY silo"
+            )
+        }
+        studies = (
+            dict(self._db.execute("SELECT silo, study FROM memberships")) if self._caps else {}
+        )
         return [
             SiloAccount(
                 silo,
                 self.budget(silo),
-                counts.get(silo, 0),
+                counts.get(self._stored(silo), (0, 0))[0],
                 self.spent(silo, accountant=accountant),
+                studies.get(self._stored(silo)),
+                counts.get(self._stored(silo), (0, 0))[1],
             )
             for silo in self.silos()
         ]
@@ -479,6 +630,29 @@ class Ledger:
 
     # -- internals ------------------------------------------------------------------
 
+    def _stored(self, silo: str) -> str:
+        """An account's name as stored: in a study's book, prefixed with the study."""
+        return silo if self.study is None else f"{self.study}:{silo}"
+
+    def _mine(self, stored: str) -> bool:
+        return self.study is None or stored.startswith(f"{self.study}:")
+
+    def _check_dataset(self, db: sqlite3.Connection, silo: str, budget: Budget) -> None:
+        """A new account may spend only from a capped dataset, under the cap's relation."""
+        if budget.dataset is None:
+            return
+        cap = _cap_or_none(db, budget.dataset)
+        if cap is None:
+            raise LedgerError(
+                f"silo {silo!r}: dataset {budget.dataset!r} has no cap in ledger {self.path}"
+            )
+        if cap.neighbouring is not budget.neighbouring:
+            raise PrivacyParameterError(
+                f"silo {silo!r} is accounted under {budget.neighbouring.description} "
+                f"neighbouring, but dataset {cap.dataset!r} under "
+                f"{cap.neighbouring.description}"
+            )
+
     def _budget_for(self, silo: str, event: PrivacyEvent) -> Budget:
         budget = self.budget(silo)
         if event.neighbouring is not budget.neighbouring:
@@ -489,16 +663,148 @@ class Ledger:
             )
         return budget
 
-    def _remember_within(self, silo: str, history: Counter[str]) -> None:
-        """Keep only maximal multisets: one that a newer one contains adds nothing."""
-        kept = [c for c in self._within_budget.get(silo, []) if not c <= history]
-        self._within_budget[silo] = [*kept, history]
+    def _limits(
+        self, db: sqlite3.Connection, charges: Sequence[tuple[str, PrivacyEvent]]
+    ) -> list[_Limit]:
+        """Every bound `charges` are held to (their accounts' budgets, their datasets'
+        caps), with the histories before and after them, read from `db`."""
+        budgets = {silo: self._budget_for(silo, event) for silo, event in charges}
+        bound = [self._stored(s) for s, b in budgets.items() if b.epsilon != math.inf]
+        befores = _histories(db, bound) if bound else {}  # unbounded accounts never refuse
+        caps = {b.dataset: _cap_or_none(db, b.dataset) for b in budgets.values() if b.dataset}
+        limits = {
+            f"silo {stored}": _Limit(
+                f"silo {stored}",
+                budget.epsilon,
+                budget.delta,
+                budget.neighbouring,
+                befores[stored],
+                Counter(befores[stored]),
+                [],
+            )
+            for stored, budget in ((self._stored(s), b) for s, b in budgets.items())
+            if budget.epsilon != math.inf
+        }
+        for name, cap in caps.items():
+            if cap is not None:
+                history = _dataset_history(db, name)
+                limits[f"dataset {name}"] = _Limit(
+                    f"dataset {name}",
+                    cap.epsilon,
+                    cap.delta,
+                    cap.neighbouring,
+                    history,
+                    Counter(history),
+                    [],
+                )
+        for silo, event in charges:
+            budget, leaves = budgets[silo], _leaves(event)
+            for key in (f"silo {self._stored(silo)}", f"dataset {budget.dataset}"):
+                if key in limits:
+                    limits[key].after.update(leaves)
+                    limits[key].charged.append(event)
+        return list(limits.values())
 
-    def _known_within(self, silo: str, history: Counter[str]) -> bool:
-        return any(history <= checked for checked in self._within_budget.get(silo, []))
+    def _check(self, limits: Sequence[_Limit], *, ahead: bool) -> None:
+        """Refuse (`BudgetExceededError`) if any limit's history after the charges is past
+        it. With `ahead`, try first the charges' events as many more times as an eighth of
+        the history (at least once): if that fits, recording the next ones needs no new
+        accounting, in this process."""
+        for limit in limits:
+            if self._known(self._within_budget, limit.key, limit.after, within=True):
+                continue
+            added = limit.after - limit.before
+            if ahead and added:
+                times = max(1, min(limit.before[leaf] // n for leaf, n in added.items()) // 8)
+                further = limit.after + Counter({leaf: n * times for leaf, n in added.items()})
+                if not self._known(self._over_budget, limit.key, further, within=False):
+                    if (
+                        self._epsilon(further, limit.neighbouring, limit.delta).epsilon
+                        <= limit.epsilon
+                    ):
+                        self._remember(self._within_budget, limit.key, further)
+                        continue
+                    self._remember(self._over_budget, limit.key, further)
+            report = self._epsilon(limit.after, limit.neighbouring, limit.delta)
+            if report.epsilon > limit.epsilon:
+                raise BudgetExceededError(self._refused(limit, report))
+            self._remember(self._within_budget, limit.key, limit.after)
 
-    def _epsilon(self, history: Counter[str], budget: Budget) -> EpsilonReport:
-        return _composed_epsilon(_key(history), budget.neighbouring, budget.delta, self.accountant)
+    def _refused(self, limit: _Limit, report: EpsilonReport) -> str:
+        """Why `limit` refuses the charges: for a dataset's cap, with the studies that
+        spent it."""
+        spent = self._epsilon(limit.before, limit.neighbouring, limit.delta).epsilon
+        kind, name = limit.key.split(" ", 1)
+        what = " and ".join(event.describe() for event in limit.charged)
+        if kind == "silo":
+            shown = name if self.study is None else name[len(self.study) + 1 :]
+            return (
+                f"silo {shown!r}: {what} would bring ε to {report.epsilon:.4g} > budget "
+                f"{limit.epsilon:g} at δ={limit.delta:g} (spent so far {spent:.4g}); nothing "
+                "was recorded"
+            )
+        studies = ", ".join(
+            f"{study} (ε={self._epsilon(history, limit.neighbouring, limit.delta).epsilon:.4g})"
+            for study, history in _dataset_histories(self._db, name).items()
+        )
+        return (
+            f"dataset {name!r}: {what} would bring ε over all its studies to "
+            f"{report.epsilon:.4g} > its cap {limit.epsilon:g} at δ={limit.delta:g} (spent "
+            f"so far {spent:.4g}, by {studies or 'none'}); nothing was recorded"
+        )
+
+    def _covered(self, limits: Sequence[_Limit]) -> bool:
+        """Whether every limit's history after the charges is known to be within it."""
+        return all(
+            self._known(self._within_budget, limit.key, limit.after, within=True)
+            for limit in limits
+        )
+
+    def _insert(
+        self,
+        db: sqlite3.Connection,
+        charges: Sequence[tuple[str, PrivacyEvent]],
+        label: str,
+        round: int | None,
+    ) -> list[Entry]:
+        """Insert checked charges (inside the caller's write transaction)."""
+        if not charges:
+            return []
+        recorded_at = time.time()
+        db.executemany(
+            "INSERT INTO events (silo, round, label, event, recorded_at) VALUES (?, ?, ?, ?, ?)",
+            [
+                (self._stored(silo), round, label, event.to_json(), recorded_at)
+                for silo, event in charges
+            ],
+        )
+        # one writer holds the transaction: the rows got consecutive ids ending at the last
+        (last,) = db.execute("SELECT last_insert_rowid()").fetchone()
+        first = int(last) - len(charges) + 1
+        return [
+            Entry(first + i, silo, event, label, round, recorded_at)
+            for i, (silo, event) in enumerate(charges)
+        ]
+
+    @staticmethod
+    def _remember(known: dict[str, list[Counter[str]]], key: str, history: Counter[str]) -> None:
+        """Keep only maximal multisets within a limit (minimal ones past it): one that
+        another contains adds nothing."""
+        kept = [c for c in known.get(key, []) if not (c <= history or history <= c)]
+        known[key] = [*kept, history]
+
+    @staticmethod
+    def _known(
+        known: dict[str, list[Counter[str]]], key: str, history: Counter[str], *, within: bool
+    ) -> bool:
+        """Whether `history` is inside a multiset known within the limit (`within`), or
+        contains one known past it."""
+        return any((history <= c) if within else (c <= history) for c in known.get(key, []))
+
+    def _epsilon(
+        self, history: Counter[str], neighbouring: Neighbouring, delta: float
+    ) -> EpsilonReport:
+        return _composed_epsilon(_key(history), neighbouring, delta, self.accountant)
 
 
 def plan_epsilon(
@@ -566,22 +872,74 @@ def _histories(
     """Several silos' histories in one query (a round charges many silos at once);
     with `through_round`, only events of rounds ≤ it (events without a round count)."""
     wanted = sorted(set(silos))
-    totals: dict[str, Counter[str]] = {silo: Counter() for silo in wanted}
     marks = ", ".join("?" * len(wanted))
     cutoff = "" if through_round is None else " AND (round IS NULL OR round <= ?)"
     arguments = [*wanted] if through_round is None else [*wanted, through_round]
-    for silo, row_id, text, count in db.execute(
+    return _grouped(
+        db,
         f"SELECT silo, MIN(id), event, COUNT(*) FROM events WHERE silo IN ({marks}){cutoff} "
         "GROUP BY silo, event",
         arguments,
-    ):
+        {silo: Counter() for silo in wanted},
+    )
+
+
+def _dataset_history(db: sqlite3.Connection, dataset: str) -> Counter[str]:
+    """The union of every account's history over `dataset`."""
+    return _grouped(
+        db,
+        "SELECT '', MIN(e.id), e.event, COUNT(*) FROM events e JOIN memberships m "
+        "ON m.silo = e.silo WHERE m.dataset = ? GROUP BY e.event",
+        [dataset],
+        {"": Counter()},
+    )[""]
+
+
+def _dataset_histories(db: sqlite3.Connection, dataset: str) -> dict[str, Counter[str]]:
+    """Per study (an account without one: its own name), its history over `dataset`."""
+    return _grouped(
+        db,
+        "SELECT COALESCE(m.study, e.silo), MIN(e.id), e.event, COUNT(*) FROM events e "
+        "JOIN memberships m ON m.silo = e.silo WHERE m.dataset = ? GROUP BY 1, e.event "
+        "ORDER BY MIN(e.id)",
+        [dataset],
+        {},
+    )
+
+
+def _grouped(
+    db: sqlite3.Connection,
+    query: str,
+    arguments: Sequence[object],
+    totals: dict[str, Counter[str]],
+) -> dict[str, Counter[str]]:
+    """Histories from `query`'s rows (group, first id, event, count), added to `totals`."""
+    for group, row_id, text, count in db.execute(query, arguments):
         try:
             leaves = _leaf_counts(text)
         except PrivacyParameterError as exc:
             raise LedgerError(f"ledger event #{row_id} is corrupt: {exc}") from exc
+        history = totals.setdefault(group, Counter())
         for leaf, times in leaves:
-            totals[silo][leaf] += times * count
+            history[leaf] += times * count
     return totals
+
+
+def _version(db: sqlite3.Connection) -> int:
+    """The last event's id: events are only ever added, with growing ids, so an equal
+    version means that no history changed."""
+    (last,) = db.execute("SELECT COALESCE(MAX(id), 0) FROM events").fetchone()
+    return int(last)
+
+
+@contextmanager
+def _read_transaction(db: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """One snapshot for several reads (WAL: it waits for no writer, and none for it)."""
+    db.execute("BEGIN")
+    try:
+        yield db
+    finally:
+        db.execute("COMMIT")
 
 
 def _checked_budget(silo: str, budget: Budget) -> Budget:
@@ -597,7 +955,30 @@ def _checked_budget(silo: str, budget: Budget) -> Budget:
     if size is not None and not (isinstance(size, int) and size > 0):
         raise PrivacyParameterError(f"silo {silo!r}: size must be a positive integer")
     check_delta(delta, dataset_size=size)
-    return Budget(float(epsilon), float(delta), Neighbouring(budget.neighbouring), size)
+    if budget.dataset is not None and not (isinstance(budget.dataset, str) and budget.dataset):
+        raise PrivacyParameterError(f"silo {silo!r}: a dataset needs a non-empty name")
+    return Budget(
+        float(epsilon), float(delta), Neighbouring(budget.neighbouring), size, budget.dataset
+    )
+
+
+def _checked_cap(cap: Cap) -> Cap:
+    """The cap as stored, or an error saying what is wrong."""
+    if not cap.dataset or not isinstance(cap.dataset, str):
+        raise PrivacyParameterError("a dataset needs a non-empty name")
+    if not (isinstance(cap.epsilon, int | float) and 0 < cap.epsilon < math.inf):
+        raise PrivacyParameterError(
+            f"dataset {cap.dataset!r}: its cap's ε must be > 0 and finite, got {cap.epsilon!r}"
+        )
+    check_delta(cap.delta)
+    return Cap(cap.dataset, float(cap.epsilon), float(cap.delta), Neighbouring(cap.neighbouring))
+
+
+def _cap_or_none(db: sqlite3.Connection, dataset: str) -> Cap | None:
+    row = db.execute(
+        "SELECT epsilon, delta, neighbouring FROM datasets WHERE dataset = ?", (dataset,)
+    ).fetchone()
+    return None if row is None else Cap(dataset, row[0], row[1], Neighbouring(row[2]))
 
 
 def _fact(db: sqlite3.Connection, key: str) -> str | None:
@@ -609,7 +990,15 @@ def _budget_or_none(db: sqlite3.Connection, silo: str) -> Budget | None:
     row = db.execute(
         "SELECT epsilon, delta, neighbouring, size FROM silos WHERE silo = ?", (silo,)
     ).fetchone()
-    return None if row is None else Budget(row[0], row[1], Neighbouring(row[2]), row[3])
+    if row is None:
+        return None
+    member = (
+        db.execute("SELECT dataset FROM memberships WHERE silo = ?", (silo,)).fetchone()
+        if schema_of(db) >= 3
+        else None
+    )
+    dataset = None if member is None else member[0]
+    return Budget(row[0], row[1], Neighbouring(row[2]), row[3], dataset)
 
 
 def _parse_event(text: str, row_id: int) -> PrivacyEvent:
@@ -620,7 +1009,12 @@ def _parse_event(text: str, row_id: int) -> PrivacyEvent:
 
 
 def _show_budget(budget: Budget) -> str:
-    return f"(ε={budget.epsilon:g}, δ={budget.delta:g}, {budget.neighbouring.description})"
+    over = "" if budget.dataset is None else f", over dataset {budget.dataset!r}"
+    return f"(ε={budget.epsilon:g}, δ={budget.delta:g}, {budget.neighbouring.description}{over})"
+
+
+def _show_limit(cap: Cap) -> str:
+    return f"(ε={cap.epsilon:g}, δ={cap.delta:g}, {cap.neighbouring.description})"
 
 
 def _open(path: Path, *, read_only: bool) -> sqlite3.Connection:
