@@ -69,6 +69,8 @@ import logging
 import os
 import socket
 import statistics
+import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -86,6 +88,8 @@ from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import study_point
 from dpfl.experiments.factory import build_algorithm
+from dpfl.federation.algorithms.base import flat
+from dpfl.local.dpsgd import parameters_of
 from dpfl.privacy import Ledger
 
 log = logging.getLogger("bench_deploy")
@@ -111,6 +115,70 @@ HOSPITALS = (3, 10)
 LONG, REPEATS = 20, 5
 """The simulator's rounds take milliseconds: too little to time 3 of on a busy machine, so
 its steady round is timed over LONG more rounds, and every time is the median of REPEATS."""
+
+
+BARE_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "bare-echo"
+version = "1.0.0"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.flwr.app]
+publisher = "bench"
+
+[tool.flwr.app.components]
+serverapp = "bare_echo:server"
+clientapp = "bare_echo:client"
+
+[tool.flwr.app.config]
+rounds = 3
+nodes = 3
+size = 124
+out = ""
+"""
+BARE_MODULE = """\
+\"\"\"A bare Flower app: each round the ServerApp sends every SuperNode `size` bytes and
+waits for all to echo them, pulling every 0.1 s as dpfl's server does; it writes when
+each round ended (wall clock, JSON) to `out`.\"\"\"
+
+import json
+import time
+from pathlib import Path
+
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import ServerApp
+
+client = ClientApp()
+server = ServerApp()
+
+
+@client.train()
+def echo(message, context):
+    return Message(RecordDict({"echo": message.content.config_records["echo"]}), reply_to=message)
+
+
+@server.main()
+def main(grid, context):
+    config = context.run_config
+    while len(nodes := list(grid.get_node_ids())) < int(config["nodes"]):
+        time.sleep(0.1)
+    ended = []
+    for _ in range(int(config["rounds"])):
+        content = {"echo": ConfigRecord({"params": bytes(int(config["size"]))})}
+        sent = [Message(RecordDict(content), dst_node_id=n, message_type="train") for n in nodes]
+        waiting = set(grid.push_messages(sent))
+        while waiting:
+            time.sleep(0.1)
+            waiting -= {r.metadata.reply_to_message_id for r in grid.pull_messages(list(waiting))}
+        ended.append(time.time())
+    Path(str(config["out"])).write_text(json.dumps(ended))
+"""
 
 
 class Relay:
@@ -239,20 +307,28 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
         for silo in build_silos(config.data, config.seed)
     }
     loopback.pin_roster(study, nodes)
-    port = loopback.free_port()
+    size = (
+        4
+        * flat(
+            parameters_of(build_algorithm(config, build_silos(config.data, config.seed)).model)
+        ).numel()
+    )
+    port, out = loopback.free_port(), root / "server-out"
     start = time.perf_counter()
-    with relay(port) as wire:
-        output, out, _ = loopback.deploy(
-            study,
-            nodes,
-            root,
-            port=port,
-            fleet=wire.address,
-            deadline=300 + 120 * silos,
-            wait=60 + 10 * silos,
-            timeout=60 + 20 * silos,
+    with (
+        relay(port) as wire,
+        loopback.cluster(nodes, root, port=port, fleet=wire.address) as running,
+    ):
+        ended = bare(running, root / "bare", silos, rounds, int(size))
+        bare_window = wire.bytes(ended[0], ended[-1])
+        command = running.server(
+            study, out, "--wait", str(60 + 10 * silos), "--timeout", str(60 + 20 * silos)
+        )
+        done = subprocess.run(
+            command, capture_output=True, text=True, env=running.env, timeout=300 + 120 * silos
         )
     total_s = time.perf_counter() - start
+    output = done.stdout + done.stderr
     if not (out / "result.pt").exists():
         raise RuntimeError(f"the deployment of {silos} hospitals wrote no result:\n{output}")
     deployed = DeploymentResult.load(out)
@@ -261,11 +337,13 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
     times = round_times(nodes, rounds)
     window = wire.bytes(times[0], times[-1])
     deploy_s = (times[-1] - times[0]) / (rounds - 1)
+    bare_s = (ended[-1] - ended[0]) / (rounds - 1)
     log.info(
-        "k=%d: deployed %d rounds, %.2f s a round, %.1f s all told",
+        "k=%d: deployed %d rounds, %.2f s a round (bare Flower: %.2f s), %.1f s all told",
         silos,
         rounds,
         deploy_s,
+        bare_s,
         total_s,
     )
 
@@ -275,14 +353,19 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
     wire_bytes = {way: window[way] / (rounds - 1) for way in ("up", "down")}
     return {
         "deploy_s_per_round": deploy_s,
+        "bare_s_per_round": bare_s,
+        "deploy_over_bare": deploy_s / bare_s,
+        "dpfl_s_per_round": deploy_s - bare_s,
         **simulator,
         "deploy_over_simulate": deploy_s / simulator["simulate_s_per_round"],
+        "cold_start_s": cold_start(),
         "deploy_total_s": total_s,
         "wire_up_bytes_per_round": wire_bytes["up"],
         "wire_down_bytes_per_round": wire_bytes["down"],
         "dpfl_up_bytes_per_round": dpfl_bytes["up"],
         "dpfl_down_bytes_per_round": dpfl_bytes["down"],
         "wire_over_dpfl": sum(wire_bytes.values()) / sum(dpfl_bytes.values()),
+        "bare_wire_bytes_per_round": sum(bare_window.values()) / (rounds - 1),
         "wire_total_bytes": sum(wire.bytes().values()),
         "connections": wire.connections,
         "same_model": all(
@@ -291,11 +374,52 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
     }
 
 
+def bare(
+    running: loopback.Cluster, folder: Path, silos: int, rounds: int, size: int
+) -> list[float]:
+    """Run the bare Flower app (`BARE_MODULE`) on the cluster: when each round ended."""
+    app, home, ended = folder / "app", folder / "home", folder / "ended.json"
+    app.mkdir(parents=True)
+    home.mkdir()
+    (app / "pyproject.toml").write_text(BARE_PYPROJECT, encoding="utf-8")
+    (app / "bare_echo.py").write_text(BARE_MODULE, encoding="utf-8")
+    (home / "config.toml").write_text(
+        f'[superlink]\ndefault = "bench"\n\n[superlink.bench]\n'
+        f'address = "127.0.0.1:{running.port}"\nroot-certificates = "{running.ca}"\n',
+        encoding="utf-8",
+    )
+    config = f'rounds={rounds} nodes={silos} size={size} out="{ended}"'
+    done = subprocess.run(
+        [str(loopback.BIN / "flwr"), "run", str(app), "bench", "--stream", "--run-config", config],
+        env={**running.env, "FLWR_HOME": str(home)},
+        capture_output=True,
+        text=True,
+        timeout=120 + 30 * silos * rounds,
+    )
+    if not ended.exists():
+        raise RuntimeError(f"the bare Flower app failed:\n{done.stdout}{done.stderr}")
+    times: list[float] = json.loads(ended.read_text())
+    return times
+
+
+def cold_start() -> float:
+    """Seconds a new ClientApp process spends importing Flower's ClientApp and dpfl's
+    app before it can answer: what Flower's default isolation pays every message."""
+    began = time.perf_counter()
+    imports = "import flwr.clientapp, dpfl.experiments.deploy"
+    subprocess.run([sys.executable, "-c", imports], check=True)
+    return time.perf_counter() - began
+
+
 def _table(figures: dict[str, Any]) -> str:
     """One row per K, the figures side by side."""
     columns = [
         ("K", "{}"),
         ("deploy_s_per_round", "{:.2f}"),
+        ("bare_s_per_round", "{:.2f}"),
+        ("deploy_over_bare", "{:.2f}"),
+        ("dpfl_s_per_round", "{:.2f}"),
+        ("cold_start_s", "{:.1f}"),
         ("simulate_s_per_round", "{:.4f}"),
         ("deploy_over_simulate", "{:.0f}"),
         ("simulate_run_s", "{:.2f}"),
@@ -304,6 +428,7 @@ def _table(figures: dict[str, Any]) -> str:
         ("dpfl_up_bytes_per_round", "{:.0f}"),
         ("dpfl_down_bytes_per_round", "{:.0f}"),
         ("wire_over_dpfl", "{:.0f}"),
+        ("bare_wire_bytes_per_round", "{:.0f}"),
         ("deploy_total_s", "{:.1f}"),
         ("same_model", "{}"),
     ]

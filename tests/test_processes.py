@@ -84,3 +84,16 @@ def test_the_exit_status_of_a_command_that_a_signal_ended_is_128_plus_it() -> No
     killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
     assert processes.run([sys.executable, "-c", killed]) == 128 + signal.SIGKILL
     assert processes.run([sys.executable, "-c", "raise SystemExit(3)"]) == 3
+
+
+def test_a_command_and_the_one_beside_it_end_together(tmp_path: Path) -> None:
+    """A SuperNode whose ClientApp process exits is ended with it (and the reverse):
+    the status is the first one's to exit."""
+    from dpfl.cli import processes
+
+    pid = tmp_path / "pid"
+    leader = f"import os, pathlib, time; pathlib.Path({str(pid)!r}).write_text(str(os.getpid()))"
+    waits = f"import pathlib, time\nwhile not pathlib.Path({str(pid)!r}).exists(): time.sleep(0.05)"
+    beside = [[sys.executable, "-c", f"{waits}\nraise SystemExit(4)"]]
+    assert processes.run([sys.executable, "-c", f"{leader}; time.sleep(600)"], beside=beside) == 4
+    assert not _alive(int(pid.read_text()))

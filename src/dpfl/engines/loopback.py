@@ -7,7 +7,10 @@ Python (`BIN`), as docs/deployment.md runs them on real machines; only the addre
 (127.0.0.1) and the certificates and keys (made on the spot by
 `dpfl.engines.certificates`, valid for an hour) differ. The
 SuperNodes may be pointed at another address than the SuperLink's (`fleet`), e.g. a
-relay that counts the bytes between them; TLS stays end to end through it."""
+relay that counts the bytes between them; TLS stays end to end through it. Each SuperNode
+runs in Flower's `process` isolation mode, served by one warm ClientApp process
+(`dpfl.engines.flower_clientapp`) that `dpfl deploy hospital` starts beside it, or, with
+`flower-supernode` itself, that the cluster starts beside it in its process group."""
 
 from __future__ import annotations
 
@@ -66,11 +69,16 @@ class Cluster:
     """The environment the processes run in (BIN first on the PATH)."""
     commands: dict[str, list[str]]
     """Each process's command, by name ("superlink", then the hospitals')."""
+    beside: dict[str, list[str]] = field(default_factory=dict)
+    """A command started with the named one that ends when it ends (`--parent-pid`), or
+    when it is killed: a SuperNode's ClientApp process."""
     processes: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
     """Each name's processes, the running one last."""
+    companions: dict[str, list[subprocess.Popen[bytes]]] = field(default_factory=dict)
+    """Each name's processes started `beside` it, the running one last."""
 
     def start(self, name: str) -> None:
-        """Start the named process; its log goes on."""
+        """Start the named process (and the one beside it); its log goes on."""
         command = self.commands[name]
         with open(self.logs / f"{name}.log", "ab") as log:
             process = subprocess.Popen(
@@ -80,6 +88,16 @@ class Cluster:
                 env=self.env,
                 start_new_session=True,
             )
+            if name in self.beside:
+                other = self.beside[name]
+                companion = subprocess.Popen(
+                    [str(BIN / other[0]), *other[1:], "--parent-pid", str(process.pid)],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=self.env,
+                    start_new_session=True,
+                )
+                self.companions.setdefault(name, []).append(companion)
         self.processes.setdefault(name, []).append(process)
 
     def kill(self, name: str, command: str | None = None) -> None:
@@ -87,7 +105,8 @@ class Cluster:
         loses power: nothing gets to clean up. With `command`, only the descendants
         running it (e.g. "flwr-serverapp": the ServerApp the SuperLink started)."""
         running = self.processes[name][-1]
-        family = {running.pid} | descendants({running.pid})
+        roots = {running.pid, *(p.pid for p in self.companions.get(name, [])[-1:])}
+        family = roots | descendants(roots)
         if command is not None:
             family = {pid for pid in family if command in _command_line(pid)}
         _signal(family, signal.SIGKILL)
@@ -200,6 +219,8 @@ def cluster(
     }
     logs = root / "logs"
     logs.mkdir()
+    members = {**nodes, **({"intruder": next(iter(nodes.values()))} if intruder else {})}
+    runtime = {name: free_port() for name in members}  # where its ClientApp takes tasks
     commands = {
         "superlink": [
             "flower-superlink", "--ssl-ca-certfile", str(ca), "--ssl-certfile", str(cert),
@@ -213,21 +234,25 @@ def cluster(
                 "--epsilon", str(node["epsilon"]), "--delta", str(node["delta"]),
                 "--ledger", node["ledger"], "--identity", node["identity"],
                 "--superlink", fleet,
-                "--root-certificates", str(ca), "--port", str(free_port()),
+                "--root-certificates", str(ca), "--port", str(runtime[name]),
                 "--auth-key", str(auth[name]),
             ]
             if cli
             else [
                 "flower-supernode", "--root-certificates", str(ca), "--superlink", fleet,
-                "--port", str(free_port()), "--node-config", node_config(node),
+                "--port", str(runtime[name]), "--isolation", "process",
+                "--node-config", node_config(node),
                 "--auth-supernode-private-key", str(auth[name]),
             ]
-            for name, node in {
-                **nodes, **({"intruder": next(iter(nodes.values()))} if intruder else {})
-            }.items()
+            for name, node in members.items()
         },
     }  # fmt: skip
-    running = Cluster(port, ca, logs, env, commands)
+    beside = {
+        name: ["python", "-m", "dpfl.engines.flower_clientapp",
+               "--runtime-api-address", f"127.0.0.1:{runtime[name]}"]
+        for name in ([] if cli else members)
+    }  # fmt: skip
+    running = Cluster(port, ca, logs, env, commands, beside)
     try:
         for name in commands:
             running.start(name)
@@ -236,7 +261,8 @@ def cluster(
                 register(port, ca, {n: auth[n].with_name(f"{n}.key.pub") for n in nodes}, env)
         yield running
     finally:
-        stop([p for started in running.processes.values() for p in started])
+        started = [*running.processes.values(), *running.companions.values()]
+        stop([p for processes in started for p in processes])
 
 
 def deploy(
