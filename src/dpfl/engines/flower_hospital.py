@@ -86,6 +86,9 @@ class HospitalConfig:
     research_noise: bool = False
     he_keys: Path | None = None
     """Its HE key file (encrypted studies; the key holder's holds the secret key)."""
+    dataset_budget: float | None = None
+    """Its data steward's cap on its records across every study (ε at its δ): its ledger
+    then holds each study's accounts under the study's key, all held to the cap."""
 
     KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger", "identity")
 
@@ -108,6 +111,7 @@ class HospitalConfig:
             Path(str(node["identity"])),
             bool(node.get("research-noise", False)),
             Path(str(node["he-keys"])) if node.get("he-keys") else None,
+            float(node["dataset-budget"]) if node.get("dataset-budget") else None,
         )
 
     def deployment(self, deployment_of: DeploymentOf) -> Deployment:
@@ -220,7 +224,7 @@ class _Hospital:
     def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
         """The hospital's ledger with its accounts (its budget binds the server's view;
         other views are recorded, never binding)."""
-        book = Ledger(self.me.ledger, accountant=self.run.accountant)
+        book = _ledger(self.me, self.run)
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         declared = {self.me.name: self.me.public_size}
         try:  # a budget other than the one registered before is refused
@@ -529,3 +533,17 @@ def client_app(deployment_of: DeploymentOf) -> ClientApp:
         app.query(f"secagg_{step}")(_handler(work, deployment_of))
     app.evaluate()(_handler(_evaluate, deployment_of))
     return app
+
+
+def _ledger(me: HospitalConfig, run: Deployment) -> Ledger:
+    """The hospital's ledger; with a dataset budget, the study's book in it (accounts under
+    the study's key) and its records' cap, which every study's accounts spend from."""
+    if me.dataset_budget is None:
+        return Ledger(me.ledger, accountant=run.accountant)
+    book = Ledger(me.ledger, accountant=run.accountant, study=run.key)
+    try:
+        book.cap_dataset(me.name, epsilon=me.dataset_budget, delta=me.delta)
+    except BaseException:
+        book.close()
+        raise
+    return book
