@@ -68,7 +68,8 @@ def test_a_deployed_run_is_stored_with_each_hospitals_reported_epsilon_and_metri
         with pytest.raises(StoreError, match="the server has none"):
             store.ledger_of(run)
         metrics = read_metrics(store, run)
-        assert metrics.final.get(None) is None  # no union of the hospitals' test sets
+        union = {m: (v,) for m, v in result.union.items()}  # of the hospitals' test sets
+        assert {m: s.values for m, s in metrics.final[None].items()} == union
         assert {silo: {m: s.values for m, s in metrics.final[silo].items()} for silo in nodes} == {
             silo: {m: (v,) for m, v in scores.items()} for silo, scores in result.metrics.items()
         }

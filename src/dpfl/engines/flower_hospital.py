@@ -34,10 +34,18 @@ from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
 from dpfl.engines import flower_he, flower_masking
-from dpfl.engines.accounts import account, register_accounts, register_views, unaffordable
-from dpfl.engines.evaluation import evaluate
+from dpfl.engines.accounts import (
+    Calibration,
+    account,
+    public_sizes,
+    register_accounts,
+    register_views,
+    unaffordable,
+)
+from dpfl.engines.evaluation import evaluate, predictions
 from dpfl.engines.flower_protocol import (
     INSTANCE,
+    LOG,
     PROTOCOL,
     SURVIVAL,
     Deployment,
@@ -45,9 +53,11 @@ from dpfl.engines.flower_protocol import (
     DeploymentOf,
     fields_of,
     record,
+    score_counts,
     silos_of,
 )
 from dpfl.engines.roster import PREFIX, RosterError, public_text, read_identity
+from dpfl.engines.simulation import _count_noise
 from dpfl.engines.streams import Streams, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
     Algorithm,
@@ -63,8 +73,8 @@ from dpfl.files import replacing
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.threads import torch_threads
-from dpfl.privacy import Ledger, events
-from dpfl.privacy.errors import BudgetExceededError
+from dpfl.privacy import Accountant, Ledger, events
+from dpfl.privacy.errors import BudgetExceededError, PrivacyError
 from dpfl.secure.he import KeyFile
 from dpfl.secure.masking import SecureAggregationError
 
@@ -76,7 +86,8 @@ class HospitalConfig:
     name: str
     study: Path
     data: Path
-    public_size: int
+    public_size: int | None
+    """The record count it declares; None in a study that releases DP counts."""
     epsilon: float
     delta: float
     ledger: Path
@@ -90,15 +101,16 @@ class HospitalConfig:
     """Its data steward's cap on its records across every study (ε at its δ): its ledger
     then holds each study's accounts under the study's key, all held to the cap."""
 
-    KEYS = ("name", "study", "data", "public-size", "epsilon", "delta", "ledger", "identity")
+    KEYS = ("name", "study", "data", "epsilon", "delta", "ledger", "identity")
 
     @classmethod
     def from_node_config(cls, node: Mapping[str, Any]) -> HospitalConfig:
         missing = [key for key in cls.KEYS if key not in node]
         if missing:
             raise ValueError(f"the hospital's node config lacks {', '.join(missing)}")
-        size, eps, delta = int(node["public-size"]), float(node["epsilon"]), float(node["delta"])
-        if size < 1 or not eps > 0 or not 0 < delta < 1:
+        size = int(node["public-size"]) if node.get("public-size") is not None else None
+        eps, delta = float(node["epsilon"]), float(node["delta"])
+        if (size is not None and size < 1) or not eps > 0 or not 0 < delta < 1:
             raise ValueError("public-size must be ≥ 1, epsilon > 0 and 0 < delta < 1")
         return cls(
             str(node["name"]),
@@ -115,8 +127,19 @@ class HospitalConfig:
         )
 
     def deployment(self, deployment_of: DeploymentOf) -> Deployment:
-        """Its study's deployment, whose roster must list this hospital with its key."""
+        """Its study's deployment, whose roster must list this hospital with its key, and
+        whose public sizes are declared (then this hospital gives its own) or DP counts."""
         run = deployment_of(self.study)
+        if run.size_noise is None and self.public_size is None:
+            raise ValueError(
+                f"study {run.key} has declared public sizes (data.public_sizes = "
+                "'declared'): give this hospital's public-size"
+            )
+        if run.size_noise is not None and self.public_size is not None:
+            raise ValueError(
+                f"study {run.key} releases a DP count of each hospital's records "
+                "(data.public_sizes = 'dp-count'): give no public-size"
+            )
         pinned = run.roster.identities.get(self.name)
         mine = read_identity(self.identity).public_key().public_bytes_raw()
         if pinned != mine:
@@ -128,7 +151,8 @@ class HospitalConfig:
         return run
 
     def silo(self) -> Silo:
-        """The hospital's training records: `train.npz` (x, y) in its data folder."""
+        """The hospital's training records: `train.npz` (x, y) in its data folder, with
+        its declared public size (None where it releases a DP count)."""
         with np.load(self.data / "train.npz") as arrays:
             return Silo.from_arrays(
                 self.name, arrays["x"], arrays["y"], public_size=self.public_size
@@ -156,7 +180,11 @@ class _Hospital:
         instance = str(fields.get("instance", ""))
         if not INSTANCE.fullmatch(instance) and "study" in fields:
             raise DeploymentError(f"a malformed run instance {instance!r}")
-        return cls(me, me.deployment(deployment_of), me.silo(), instance, context.state)
+        run = me.deployment(deployment_of)
+        silo = me.silo()
+        if run.size_noise is not None:
+            silo = _counted(me, run, silo)
+        return cls(me, run, silo, instance, context.state)
 
     @property
     def account(self) -> str:
@@ -168,7 +196,7 @@ class _Hospital:
             "protocol": PROTOCOL,
             "study": self.run.key,
             "name": self.me.name,
-            "public-size": self.me.public_size,
+            "public-size": self.silo.declared_size,
             "shape": list(self.silo.x.shape[1:]),
             "classes": classes,
             "identity": public_text(read_identity(self.me.identity)),
@@ -203,6 +231,23 @@ class _Hospital:
         )
 
     def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
+        """The study's algorithm over the run's silos (`built`), at the σ the server
+        states where the study calibrates it: this hospital's plan check, not the server's
+        word, keeps its budget at that σ."""
+        algorithm, silos = self.built(fields)
+        if self.run.calibration is None:
+            return algorithm, silos
+        noise = [float(v) for v in fields.get("noise", [])]
+        if len(noise) != len(silos) or not all(v > 0 for v in noise):
+            raise DeploymentError(f"the server states no σ > 0 for each silo: {noise}")
+        if self.run.calibration == "per-silo":
+            by_silo = {s.name: v for s, v in zip(silos, noise, strict=True)}
+            return algorithm.with_silo_noise(by_silo), silos
+        if len(set(noise)) != 1:
+            raise DeploymentError(f"a common calibration has one σ, the server states {noise}")
+        return algorithm.with_noise(noise[0]), silos
+
+    def built(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
         """The study's algorithm over the run's silos, after checking that they are the
         roster's hospitals and that the server declares this hospital as it declares
         itself."""
@@ -214,10 +259,10 @@ class _Hospital:
         except RosterError as exc:
             raise DeploymentError(str(exc)) from None
         mine = [s for s in silos if s.name == self.me.name]
-        if mine != [SiloInfo(self.me.name, self.me.public_size)]:
+        if mine != [SiloInfo(self.me.name, self.silo.declared_size)]:
             raise DeploymentError(
                 f"the server declares {self.me.name} as {mine}, not with public size "
-                f"{self.me.public_size}"
+                f"{self.silo.declared_size}"
             )
         return self.run.build(silos, fields["shape"], int(fields["classes"])), silos
 
@@ -228,12 +273,33 @@ class _Hospital:
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         declared = {self.me.name: self.me.public_size}
         try:  # a budget other than the one registered before is refused
-            register_accounts(book, [self.silo], 1, budgets)
+            register_accounts(book, [_declared(self.me, self.silo)], 1, budgets)
             register_views(book, algorithm, silos, 1, budgets, declared, [self.silo.info])
         except BaseException:
             book.close()
             raise
         return book
+
+    def least_noise(self, fields: Mapping[str, Any]) -> float:
+        """The least σ this hospital's budget allows for the study's whole plan (every
+        round, and its DP count where it releases one), by the study's accountant: a
+        function of public facts and its budget, which it publishes (`_calibrate`)."""
+        algorithm, silos = self.built(fields)
+        (me,) = [s for s in silos if s.name == self.me.name]
+        count = [] if self.run.size_noise is None else [events.gaussian(self.run.size_noise)]
+        return Calibration(
+            algorithm,
+            silos,
+            {me.name: self.run.rounds},
+            {me.name: (self.me.epsilon, self.me.delta)},
+            Accountant(self.run.accountant),
+            {me.name: count},
+        ).least(me)
+
+    def refused(self, round_: int, why: str) -> dict[str, Any]:
+        """A refusal, logged at this hospital too."""
+        LOG.warning("%s: round %d: refused: %s", self.me.name, round_, why)
+        return {"refused": why}
 
     def refusal(
         self,
@@ -276,6 +342,12 @@ class _Hospital:
         saved = self._load()
         again = saved.get("at") == [round_, exchange]
         if again and "reply" in saved:
+            LOG.info(
+                "%s: round %d exchange %d asked again: the same reply, nothing charged",
+                self.me.name,
+                round_,
+                exchange,
+            )
             return dict(saved["reply"])
         with self.open(algorithm, silos) as book:
             why = self.refusal(book, algorithm, silos, round_, exchange)
@@ -286,7 +358,7 @@ class _Hospital:
             if why is None:
                 why = self.protection.refusal(self, fields)
             if why is not None:
-                return {"refused": why}
+                return self.refused(round_, why)
             like = parameters_of(algorithm.model)
             params = _received(fields, like)
             names = {s.name: s for s in silos}
@@ -304,8 +376,10 @@ class _Hospital:
                 seed, round_, partial(stream_noise, research), {me: calls.get("noise", 0)}
             )
             label = f"{algorithm.name} deployment of {self.run.key} instance {self.instance}"
+            charged: list[str] = []
 
             def charge(charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
+                charged.extend(event.describe() for _, view, event in charges if view is None)
                 book.record_many(
                     [(account(self.me.name, 0, view), event) for _, view, event in charges],
                     label=label,
@@ -319,8 +393,20 @@ class _Hospital:
                         Instruction(params, cohort), self.silo, before, ctx
                     )
             except BudgetExceededError as exc:
-                return {"refused": f"{self.account}: {exc}"}
-            out: dict[str, Any] = {"epsilon": book.spent(self.account).epsilon}
+                return self.refused(round_, f"{self.account}: {exc}")
+            spent = book.spent(self.account)
+            out: dict[str, Any] = {"epsilon": spent.epsilon}
+        LOG.info(
+            "%s: round %d exchange %d: charged %s; ε %.4g of %g at δ=%g (%s)",
+            self.me.name,
+            round_,
+            exchange,
+            "; ".join(charged) or "nothing",
+            spent.epsilon,
+            self.me.epsilon,
+            self.me.delta,
+            spent.accountant.value.upper(),
+        )
         if reply is not None:
             at = flower_he.counter(round_, exchange, algorithm.exchanges(silos))
             out.update(self.protection.protected(self, fields, reply, at))
@@ -349,8 +435,13 @@ class _Hospital:
             (row,) = evaluate(
                 algorithm.model, [[model]], [silo], int(fields["round"]), algorithm.loss
             )
+            scores = predictions(algorithm.model, model, tested.x, tested.survival)
         metrics: dict[str, float] = row["silos"][self.me.name]
-        return {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
+        out = {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
+        if scores.ndim == 1 and not tested.survival:  # a binary model: its part of the union
+            out |= {"records": len(scores), **score_counts(tested.y.numpy(), scores)}
+        LOG.info("%s: scored the final model on its %d test records", self.me.name, len(scores))
+        return out
 
     def _load(self) -> dict[str, Any]:
         if not self._state_file.exists():
@@ -475,7 +566,13 @@ def _handler(
             raise DeploymentError(
                 f"protocol {fields.get('protocol')!r}, this hospital speaks {PROTOCOL}"
             )
-        hospital = _Hospital.of(context, deployment_of, fields)
+        try:
+            hospital = _Hospital.of(context, deployment_of, fields)
+        except BudgetExceededError as exc:  # its record count, which it cannot afford
+            name = str(context.node_config.get("name"))
+            why = f"{name}: its record count cannot be released: {exc}"
+            LOG.warning("%s", why)
+            return Message(record({"name": name, "refused": why}), reply_to=message)
         return Message(record(work(hospital, fields)), reply_to=message)
 
     return handle
@@ -487,9 +584,35 @@ def _hello(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
 
 def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     algorithm, silos = hospital.algorithm(fields)
+    round_ = int(fields["round"])
     with hospital.open(algorithm, silos) as book:
-        why = hospital.refusal(book, algorithm, silos, int(fields["round"]))
-    return {"accepted": why is None, **({} if why is None else {"refused": why})}
+        why = hospital.refusal(book, algorithm, silos, round_)
+    if why is not None:
+        return {"accepted": False, **hospital.refused(round_, why)}
+    event = algorithm.participation_event(hospital.silo.info, silos)
+    LOG.info(
+        "%s: accepts rounds %d to %d of %s",
+        hospital.me.name,
+        round_,
+        hospital.run.rounds - 1,
+        event.describe(),
+    )
+    return {"accepted": True}
+
+
+def _calibrate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The least σ this hospital's budget allows, published; or why none does."""
+    try:
+        sigma = hospital.least_noise(fields)
+    except (ValueError, PrivacyError) as exc:
+        return {"refused": f"{hospital.account}: no σ fits its budget: {exc}"}
+    LOG.info(
+        "%s: publishes the least σ its budget allows for the study's %d rounds: %.6g",
+        hospital.me.name,
+        hospital.run.rounds,
+        sigma,
+    )
+    return {"noise": sigma}
 
 
 def _train(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
@@ -521,11 +644,13 @@ def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any
 
 
 def client_app(deployment_of: DeploymentOf) -> ClientApp:
-    """The hospital half: answers hello, plan, train and evaluate messages, for the study
+    """The hospital half: answers hello, calibrate, plan, train and evaluate messages (and
+    a secure study's own), for the study
     file its node config names, read by `deployment_of`."""
     app = ClientApp()
     app.query("hello")(_handler(_hello, deployment_of))
     app.query("plan")(_handler(_plan, deployment_of))
+    app.query("calibrate")(_handler(_calibrate, deployment_of))
     app.train()(_handler(_train, deployment_of))
     app.query("he_decrypt")(_handler(_he_decrypt, deployment_of))
     for step in ("keys", "shares", "unmask"):
@@ -547,3 +672,32 @@ def _ledger(me: HospitalConfig, run: Deployment) -> Ledger:
         book.close()
         raise
     return book
+
+
+def _declared(me: HospitalConfig, silo: Silo) -> Silo:
+    """The records with the public size the hospital declared (None: a DP count's), as its
+    account is registered."""
+    return dataclasses.replace(silo, public_size=me.public_size)
+
+
+def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
+    """The records with their public size, a DP count released as the simulator releases
+    it: charged to this hospital's account, then drawn, once; kept in its ledger and
+    re-used by every later message and run over that ledger."""
+    assert run.size_noise is not None
+    k = sorted(run.roster.identities).index(me.name)  # its index among the run's silos
+    with _ledger(me, run) as book:
+        register_accounts(book, [silo], 1, {me.name: (me.epsilon, me.delta)})
+        new = book.released(f"record count of {me.name}") is None
+        (counted,), _ = public_sizes(
+            book, [silo], 1, run.size_noise, lambda _: _count_noise(me.research_noise, run.seed, k)
+        )
+        if new:
+            LOG.info(
+                "%s: released its record count, %d (%s), charged to %s",
+                me.name,
+                counted.declared_size,
+                events.gaussian(run.size_noise).describe(),
+                account(me.name, 0),
+            )
+    return counted

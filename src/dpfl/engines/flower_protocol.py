@@ -15,9 +15,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 
+from dpfl.engines.evaluation import metrics
 from dpfl.engines.roster import Roster
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import SiloInfo
@@ -64,6 +66,13 @@ class Deployment:
     summing: str = "none"
     """How the server learns the replies' sum: "none", it sees each; "masking", they
     leave each hospital masked (`flower_masking`); "he", encrypted (`flower_he`)."""
+    calibration: str | None = None
+    """None: σ is the study's. "common": every hospital publishes the least σ its budget
+    allows for the study's plan, and the run uses the largest; "per-silo": each hospital
+    trains with its own (algorithms whose silos' noise is their own)."""
+    size_noise: float | None = None
+    """None: each hospital declares its public size. Otherwise each releases a DP count
+    of its records, with Gaussian noise of this std, once, charged to its own ledger."""
 
 
 DeploymentOf = Callable[[Path], Deployment]
@@ -114,3 +123,36 @@ class Exchange:
 
 Ask = Callable[[str, Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]]
 """Send each named hospital its fields as a message of a kind; their replies by name."""
+
+
+SCORE_BINS = 10_000
+"""Bins of [0, 1] in which a hospital counts its binary model's test scores, by label,
+for the union of the test sets: 0.5, the decision threshold, is a bin edge."""
+
+
+def score_counts(labels: np.ndarray, scores: np.ndarray) -> dict[str, list[int]]:
+    """A hospital's test scores (binary probabilities) counted by (label, bin), the
+    nonzero cells only: what the server combines into metrics of the union of the test
+    sets (`union_metrics`), instead of the scores themselves. A score's bin keeps its
+    side of the threshold, so the thresholded metrics of the union are exact."""
+    index = np.minimum((scores * SCORE_BINS).astype(np.int64), SCORE_BINS - 1)
+    half = SCORE_BINS // 2
+    index = np.where(scores >= 0.5, np.maximum(index, half), np.minimum(index, half - 1))
+    cells, counts = np.unique(labels.astype(np.int64) * SCORE_BINS + index, return_counts=True)
+    return {"cells": cells.tolist(), "counts": counts.tolist()}
+
+
+def union_metrics(
+    counted: Sequence[Mapping[str, Sequence[int]]], losses: Sequence[tuple[float, int]]
+) -> dict[str, float]:
+    """Metrics of the union of the hospitals' test sets from their `score_counts` and
+    their (mean loss, test records): counts and accuracy-like metrics exactly as the
+    simulator's union, AUROC and AUPRC on the binned scores (ties within a bin of width
+    1/SCORE_BINS), the loss as the records' mean."""
+    cells = np.concatenate([np.asarray(c["cells"], dtype=np.int64) for c in counted])
+    counts = np.concatenate([np.asarray(c["counts"], dtype=np.int64) for c in counted])
+    labels = np.repeat(cells // SCORE_BINS, counts)
+    scores = np.repeat((cells % SCORE_BINS + 0.5) / SCORE_BINS, counts)
+    union = metrics(labels, scores, None)
+    union["loss"] = sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
+    return union

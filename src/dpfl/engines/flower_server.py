@@ -41,6 +41,7 @@ from dpfl.engines.flower_protocol import (
     NodeUnavailable,
     fields_of,
     record,
+    union_metrics,
 )
 from dpfl.engines.roster import PREFIX
 from dpfl.engines.streams import Streams, stream_rng
@@ -85,6 +86,11 @@ class DeploymentResult:
     round (it refused, failed or did not reply in time); the run went on without it."""
     instance: str = ""
     """The run instance: kept in the checkpoint, the same across a restart."""
+    union: dict[str, float] = field(default_factory=dict)
+    """Metrics of the union of the hospitals' test sets, combined from each hospital's
+    counts (`flower_protocol.union_metrics`); empty where some hospital sent none."""
+    noise: dict[str, float] = field(default_factory=dict)
+    """Each hospital's σ, where the study calibrates it to the hospitals' budgets."""
 
     def save(self, out: Path) -> None:
         out.mkdir(parents=True, exist_ok=True)
@@ -197,6 +203,8 @@ class _Server:
         registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
         by_name: dict[str, tuple[int, dict[str, Any]]] = {}
         for node, fields in hellos.items():
+            if "refused" in fields:
+                raise DeploymentError(f"{fields.get('name')} refused: {fields['refused']}")
             if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
                 raise DeploymentError(
                     f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
@@ -354,19 +362,22 @@ def serve(
     """
     if missing not in ("stop", "continue"):
         raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
+    started = time.monotonic()
     serving = _Serving.met(_Server(grid, run, timeout), wait, he_keys, missing == "continue")
     serving.resume(checkpoint)
-    if serving.plans_accepted() and serving.trained(checkpoint):
+    if serving.calibrated() and serving.plans_accepted() and serving.trained(checkpoint):
         serving.evaluate()
+    serving.summary(time.monotonic() - started)
     return serving.result
 
 
 @dataclass
 class _Serving:
     """One call of `serve`, in phases: `met` (the roster's hospitals said hello),
-    `resume` (the algorithm's state, from the checkpoint if there is one),
-    `plans_accepted` (each hospital checked its plan), `trained` (the rounds) and
-    `evaluate` (the final model at each hospital)."""
+    `resume` (the algorithm's state, from the checkpoint if there is one), `calibrated`
+    (σ from the hospitals' budgets, where the study calibrates it), `plans_accepted`
+    (each hospital checked its plan), `trained` (the rounds), `evaluate` (the final model
+    at each hospital) and `summary`."""
 
     server: _Server
     silos: list[SiloInfo]
@@ -382,6 +393,7 @@ class _Serving:
     state: State = field(default_factory=dict)
     public: dict[str, Any] = field(default_factory=dict)
     """The run's public facts, which every message carries."""
+    resumed: bool = False
 
     @property
     def run(self) -> Deployment:
@@ -419,6 +431,7 @@ class _Serving:
             result.instance, result.rounds_completed = saved["instance"], saved["round"]
             self.state, result.params = saved["state"], saved["state"]["global"]
             result.epsilon, result.absent = saved["epsilon"], saved["absent"]
+            self.resumed = True
             LOG.info(
                 "resuming instance %s after round %d", result.instance, result.rounds_completed
             )
@@ -430,6 +443,41 @@ class _Serving:
             "shape": self.shape,
             "classes": self.classes,
         }
+
+    def calibrated(self) -> bool:
+        """Where the study calibrates σ: each hospital publishes the least σ its budget
+        allows for the study's plan; the run uses the largest ("common") or each its own
+        ("per-silo"), stated in every later message. Each hospital then checks its whole
+        plan at that σ (`plans_accepted`). False if a hospital has no σ to give."""
+        calibration, result = self.run.calibration, self.result
+        if calibration is None:
+            return True
+        asked = {n: {**self.public, "round": result.rounds_completed} for n in self.node.values()}
+        least = {}
+        for n, answer in self.server.ask("query.calibrate", asked).items():
+            if "refused" in answer:
+                result.refused[self.server.names[n]] = str(answer["refused"])
+            else:
+                least[self.server.names[n]] = float(answer["noise"])
+        if result.refused:
+            return False
+        common = max(least.values())
+        result.noise = least if calibration == "per-silo" else dict.fromkeys(least, common)
+        self.public["noise"] = [result.noise[s.name] for s in self.silos]
+        self.algorithm = (
+            self.algorithm.with_silo_noise(result.noise)
+            if calibration == "per-silo"
+            else self.algorithm.with_noise(common)
+        )
+        if not self.resumed:  # as the simulator: the initial state of the calibrated one
+            self.state = self.algorithm.initial_state(self.silos)
+        LOG.info(
+            "σ calibrated (%s) to the hospitals' budgets: %s",
+            calibration,
+            ", ".join(f"{name} {least[name]:.6g}" for name in sorted(least))
+            + ("" if calibration == "per-silo" else f"; the run's σ is {common:.6g}"),
+        )
+        return True
 
     def plans_accepted(self) -> bool:
         """Each hospital checks the rounds left against its budget. With
@@ -448,6 +496,7 @@ class _Serving:
         `result.stopped`)."""
         algorithm, result = self.algorithm, self.result
         for round_ in range(result.rounds_completed, self.run.rounds):
+            began, replied = time.monotonic(), set[str]()
             rng = Streams(self.run.seed, round_, stream_rng)
             absent: list[tuple[str, str]] | None = [] if self.go_on else None
             for exchange in range(algorithm.exchanges(self.silos)):
@@ -456,6 +505,7 @@ class _Serving:
                 common = {**self.public, "round": round_, "exchange": exchange}
                 try:  # a hospital gone, failing or refusing: keep what is done
                     summing, replies = self.exchange(orders, common, absent)
+                    replied |= replies.keys()
                     if result.refused:  # nothing of this round is aggregated
                         return False
                     if replies:
@@ -469,7 +519,25 @@ class _Serving:
             result.rounds_completed, result.params = round_ + 1, self.state["global"]
             if checkpoint is not None:
                 Checkpoint(checkpoint).save(self.run, result, self.state)
+            LOG.info(
+                "round %d of %d: %d of %d hospitals replied (%s) in %.1fs; %s",
+                round_,
+                self.run.rounds,
+                len(replied),
+                len(self.node),
+                ", ".join(sorted(replied)),
+                time.monotonic() - began,
+                self.largest_epsilon(),
+            )
         return True
+
+    def largest_epsilon(self) -> str:
+        """The largest ε the hospitals reported so far, and whose."""
+        reported = self.result.epsilon
+        if not reported:
+            return "no ε reported yet"
+        name = max(reported, key=lambda n: reported[n])
+        return f"largest ε so far {reported[name]:.4g} ({name}, reported)"
 
     def exchange(
         self,
@@ -538,3 +606,29 @@ class _Serving:
             for name, fields in scored.items()
             if fields["metrics"]
         }
+        counted = [fields for fields in scored.values() if "cells" in fields]
+        if counted and len(counted) == len(self.node):  # the union of every test set
+            losses = [
+                (self.result.metrics[name]["loss"], int(fields["records"]))
+                for name, fields in scored.items()
+            ]
+            self.result.union = union_metrics(counted, losses)
+
+    def summary(self, seconds: float) -> None:
+        """One line at the end: how far the run got, in how long, ε and the union's
+        metrics, or why it stopped."""
+        result = self.result
+        why = [f"{name} refused: {reason}" for name, reason in result.refused.items()]
+        why += [result.stopped] if result.stopped else []
+        union = ", ".join(f"{k} {v:.4f}" for k, v in result.union.items() if k != "loss")
+        LOG.info(
+            "%s after %d of %d rounds in %.1fs; %s%s",
+            "stopped" if why else "finished",
+            result.rounds_completed,
+            self.run.rounds,
+            seconds,
+            self.largest_epsilon().replace(" so far", ""),
+            f"; {'; '.join(why)}"
+            if why
+            else (f"; union of the test sets: {union}" if union else ""),
+        )

@@ -19,6 +19,7 @@ from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
 from dpfl.engines import flower
+from dpfl.engines.flower_protocol import LOG
 from dpfl.engines.roster import Roster
 from dpfl.experiments.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
@@ -53,11 +54,6 @@ def check_deployable(config: StudyConfig) -> None:
         problems.append("privacy.private must be true (hospitals enforce their budgets)")
     if kind.pools_data:
         problems.append(f"{kind.name} pools every hospital's records: it cannot be deployed")
-    if config.privacy.noise_multiplier is None and not kind.sets_own_noise:
-        problems.append(
-            "give privacy.noise_multiplier: calibrating σ to the hospitals' budgets is not "
-            "deployed yet"
-        )
     if config.summing == "ideal":
         problems.append(
             "secure_aggregation 'ideal': across machines the server sums by pairwise "
@@ -66,8 +62,6 @@ def check_deployable(config: StudyConfig) -> None:
         )
     if config.threshold != ThresholdConfig():
         problems.append("threshold: deployed models predict at 0.5; leave the threshold out")
-    if config.data.public_sizes != "declared":
-        problems.append("data.public_sizes must be 'declared' (each hospital declares its own)")
     if problems:
         raise ValueError(f"study {config.name!r} cannot be deployed: " + "; ".join(problems))
 
@@ -89,6 +83,10 @@ def deployment(config: StudyConfig) -> flower.Deployment:
     """The engine's view of a deployable study point, with its roster (refused without
     one: no hospital takes the server's word for who is in the federation)."""
     check_deployable(config)
+    calibrated = (
+        config.privacy.noise_multiplier is None
+        and not BY_NAME[config.algorithm.name].sets_own_noise
+    )
     return flower.Deployment(
         key=config.key(),
         rounds=config.rounds,
@@ -97,6 +95,8 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         build=partial(algorithm_for, config),
         summing=config.summing,
         roster=Roster.parse(config.roster, f"study {config.name!r}'s [roster]"),
+        calibration=config.privacy.calibration if calibrated else None,
+        size_noise=config.data.size_noise if config.data.public_sizes == "dp-count" else None,
     )
 
 
@@ -121,10 +121,17 @@ def server_app() -> ServerApp:
 
     @app.main()
     def main(grid: Grid, context: Context) -> None:
-        result = serve_study(grid, context.run_config)
+        """A run that stops (a refusal, a hospital gone, one of another study) is logged as
+        one line, no traceback: the results store keeps why, and `dpfl deploy server`
+        reads it there and exits with 1."""
+        try:
+            result = serve_study(grid, context.run_config)
+        except flower.DeploymentError as exc:
+            LOG.error("the deployment failed: %s", exc)
+            return
         why = stop_reason(result)
         if why is not None:
-            raise flower.DeploymentError(why)
+            LOG.error("the deployment %s", why)
 
     return app
 
@@ -208,16 +215,17 @@ def record(
     seconds: float,
 ) -> None:
     """End the started run `key` with a deployment's result, as `dpfl run` ends a
-    simulated one: each hospital's metrics on its own test set as the last round's (the
-    deployment evaluates once, at the end), and ε per hospital as each reported it from
-    its own ledger, by the study's accountant (the server has no ledger). A run stopped
-    by a refusal or a failure is stored failed, with `stop_reason` and the ε reported
-    until then. A hospital that never reported has no ε row: in a finished run it never
-    trained; in a stopped one its ledger may hold a charge it could not report."""
+    simulated one: the metrics of the union of the test sets and each hospital's on its
+    own as the last round's (the deployment evaluates once, at the end), and ε per
+    hospital as each reported it from its own ledger, by the study's accountant (the
+    server has no ledger). A run stopped by a refusal or a failure is stored failed, with
+    `stop_reason` and the ε reported until then. A hospital that never reported has no ε
+    row: in a finished run it never trained; in a stopped one its ledger may hold a
+    charge it could not report."""
     kind = BY_NAME[config.algorithm.name]
     results = RunResults(
         rounds_completed=result.rounds_completed,
-        noise_multiplier=config.privacy.noise_multiplier,
+        noise_multiplier=max(result.noise.values(), default=config.privacy.noise_multiplier),
         stopped_by_budget=False,
         seconds=seconds,
         ledger=None,
@@ -227,20 +235,27 @@ def record(
             "threat_model": kind.threat_model,
             "secure_aggregation": SECURE_AGGREGATION[config.summing],
             "assumptions": ASSUMPTIONS,
-            "noise_multiplier": config.privacy.noise_multiplier,
+            "noise_multiplier": max(result.noise.values(), default=config.privacy.noise_multiplier),
             "clip_norm": None if kind.sets_own_noise else config.algorithm.clip_norm,
             "evaluation": "Each hospital scores the final model it uses on its own held-out "
             "test records, once, after the last round, without noise: outside ε, which "
-            "protects the training records only. The server sees each hospital's scores; "
-            "there is no union of the test sets.",
+            "protects the training records only. The server sees each hospital's metrics "
+            "and, for binary models, its test scores counted by label in 10,000 bins, "
+            "which give the union of the test sets (AUROC and AUPRC on the binned scores).",
             "silos": {
-                s.name: {"public_size": s.public_size, "public_size_source": "declared"}
+                s.name: {
+                    "public_size": s.public_size,
+                    "public_size_source": "declared"
+                    if config.data.public_sizes == "declared"
+                    else "DP count released through the hospital's ledger (charged)",
+                    **({"noise_multiplier": result.noise[s.name]} if result.noise else {}),
+                }
                 for s in result.silos
             },
         },
         metrics=[
             (0, result.rounds_completed - 1, name, metric, value)
-            for name, scores in result.metrics.items()
+            for name, scores in [(None, result.union), *result.metrics.items()]
             for metric, value in scores.items()
         ],
         privacy=(),
