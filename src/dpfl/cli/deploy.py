@@ -58,26 +58,39 @@ REJOIN_SECONDS = 90.0
 heartbeats (60 s in Flower 1.42), and until then its node cannot be activated again."""
 
 
-def _run(command: list[str], env: dict[str, str] | None = None) -> int:
-    """Run one of Flower's commands, shown first; its exit status. SIGTERM or Ctrl-C
-    stops it with every process it started (`processes.run`)."""
-    typer.echo(shlex.join(command), err=True)
-    return processes.run(command, env=env)
+def _run(
+    command: list[str], env: dict[str, str] | None = None, beside: list[list[str]] | None = None
+) -> int:
+    """Run one of Flower's commands (and those `beside` it), shown first; its exit status.
+    SIGTERM or Ctrl-C stops it with every process it started (`processes.run`)."""
+    for shown in [command, *(beside or [])]:
+        typer.echo(shlex.join(shown), err=True)
+    return processes.run(command, env=env, beside=beside or [])
 
 
-def _run_supernode(command: list[str]) -> None:
+def _clientapp(port: int) -> list[str]:
+    """The warm ClientApp process serving the SuperNode whose Runtime API is on `port`
+    (`dpfl.engines.flower_clientapp`): the SuperNode runs in Flower's `process`
+    isolation mode, so no process starts per message."""
+    address = f"127.0.0.1:{port}"
+    worker = [sys.executable, "-m", "dpfl.engines.flower_clientapp"]
+    return [*worker, "--runtime-api-address", address, "--parent-pid", str(os.getpid())]
+
+
+def _run_supernode(command: list[str], beside: list[list[str]] | None = None) -> None:
     """Run the SuperNode; if it fails within REJOIN_SECONDS of the first start, try
     again every 5 s: a restarted hospital's SuperNode is refused while the SuperLink
     still holds its previous one as connected."""
     deadline = time.monotonic() + REJOIN_SECONDS
     while True:
-        code = _run(command)
+        code = _run(command, beside=beside)
         if code == 0 or time.monotonic() > deadline:
             raise typer.Exit(code)
         typer.echo(
-            f"the SuperNode stopped (status {code}; why is above). If the SuperLink refused "
-            "it because it still counts this hospital's previous SuperNode as connected "
-            "(after a crash, for up to 60 s), it lets it go soon: trying again in 5 s",
+            f"the SuperNode or its ClientApp process stopped (status {code}; why is above). "
+            "If the SuperLink refused it because it still counts this hospital's previous "
+            "SuperNode as connected (after a crash, for up to 60 s), it lets it go soon: "
+            "trying again in 5 s",
             err=True,
         )
         time.sleep(5)
@@ -119,6 +132,14 @@ def hospital(
             "declared; with 'dp-count' it releases a DP count instead)."
         ),
     ] = None,
+    dataset_budget: Annotated[
+        float | None,
+        typer.Option(
+            help="The data steward's cap: ε (at --delta) that every study over this "
+            "hospital's records may spend together, in one ledger; a study past it is "
+            "refused before round 0, naming the studies that spent it."
+        ),
+    ] = None,
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords, in a
     federation of the study's [roster] only."""
@@ -137,6 +158,7 @@ def hospital(
             "ledger": str(ledger.resolve()),
             "identity": str(identity.resolve()),
             **({} if he_keys is None else {"he-keys": str(he_keys.resolve())}),
+            **({} if dataset_budget is None else {"dataset-budget": dataset_budget}),
         }
         me = HospitalConfig.from_node_config(node)
         if ledger.is_file() and ledger.stat().st_size:  # a damaged one: refused here, not
@@ -158,9 +180,12 @@ def hospital(
             superlink,
             "--port",
             str(port),
+            "--isolation",
+            "process",
             "--node-config",
             config,
-        ]
+        ],
+        beside=[_clientapp(port)],
     )
 
 
@@ -310,3 +335,79 @@ def _home(superlink: str, transport: list[str]) -> Path:
         encoding="utf-8",
     )
     return home
+
+
+@app.command("status")
+def status(
+    ledger: Annotated[Path, typer.Option(help="A hospital's ledger (SQLite).")],
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
+) -> None:
+    """A hospital's ledger across its studies: each study's accounts (rounds charged, ε
+    spent and left) and each capped dataset (ε spent by all studies together, per study,
+    and left). Read-only: creates nothing beside the file."""
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from dpfl.privacy import Ledger
+
+    with reported_errors(), Ledger(ledger, create=False) as book:
+        accounts = book.accounts()
+        datasets = book.datasets()
+    shown = {
+        "ledger": str(ledger),
+        "accounts": [
+            {
+                "study": a.study,
+                "account": a.silo,
+                "dataset": a.budget.dataset,
+                "rounds": a.rounds,
+                "events": a.events,
+                "epsilon": a.spent.epsilon,
+                "budget": a.budget.epsilon,
+                "left": a.remaining,
+                "delta": a.budget.delta,
+            }
+            for a in accounts
+        ],
+        "datasets": [
+            {
+                "dataset": d.cap.dataset,
+                "cap": d.cap.epsilon,
+                "delta": d.cap.delta,
+                "epsilon": d.spent.epsilon,
+                "left": d.remaining,
+                "studies": {study: r.epsilon for study, r in d.studies.items()},
+            }
+            for d in datasets
+        ],
+    }
+    if as_json:
+        typer.echo(json.dumps(shown, indent=2))
+        return
+    table = Table(title=f"ledger {escape(str(ledger))}")
+    for column in ("study", "account", "dataset", "rounds", "ε spent", "ε budget", "ε left"):
+        table.add_column(column, justify="right" if column.startswith(("ε", "r")) else "left")
+    for a in accounts:
+        table.add_row(
+            escape(a.study or ""),
+            escape(a.silo),
+            escape(a.budget.dataset or ""),
+            str(a.rounds),
+            f"{a.spent.epsilon:.4g}",
+            f"{a.budget.epsilon:g}",
+            f"{a.remaining:.4g}",
+        )
+    console = Console()
+    console.print(table)
+    for d in datasets:
+        caps = Table(
+            title=f"dataset {escape(d.cap.dataset)}: ε {d.spent.epsilon:.4g} of its cap "
+            f"{d.cap.epsilon:g} at δ={d.cap.delta:g}, {d.remaining:.4g} left"
+        )
+        caps.add_column("study")
+        caps.add_column("ε (its events alone)", justify="right")
+        for study, report in d.studies.items():
+            caps.add_row(escape(study), f"{report.epsilon:.4g}")
+        console.print(caps)
