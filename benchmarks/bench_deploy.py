@@ -1,4 +1,4 @@
-"""Seconds per round and bytes on the wire of a study deployed on loopback, vs the simulator.
+"""Seconds a round and bytes on the wire of a study deployed on loopback, vs bare Flower.
 
     .venv/bin/python benchmarks/bench_deploy.py [--json] [--quick] [--rounds N]
 
@@ -11,54 +11,49 @@ hospital with the simulator's seeded noise (research noise), so that the deploye
 must equal the simulator's bit for bit (`same_model`, a check that both ran the same
 study) and with a budget of ε = 100 that no round exceeds.
 
-Deployment: `dpfl.engines.loopback.deploy`, a SuperLink, K SuperNodes and `dpfl deploy
-server` as separate processes on 127.0.0.1, TLS with a CA made on the spot, SuperNode
-keys registered, the SuperExec polling every 0.1 s (`FLWR_SUPEREXEC_TASK_POLL_INTERVAL`;
-1 s by default). The SuperNodes connect to the SuperLink through a relay in this
-process (`Relay`: threads forwarding TCP bytes both ways and logging each chunk's time,
-direction and size); TLS stays end to end through it, so it counts what crosses a
-network: TLS records, HTTP/2 and gRPC framing, Flower's protobufs, heartbeats and polls,
-the app bundle and the messages. `flwr run` and key registration talk to the SuperLink
-directly and are not counted.
+Deployment: `dpfl.engines.loopback.cluster`, a SuperLink and K SuperNodes (Flower's
+`process` isolation mode, each served by one warm ClientApp process,
+`dpfl.engines.flower_clientapp`) as separate processes on 127.0.0.1, TLS with a CA made
+on the spot, SuperNode keys registered, the ClientApp processes asking for tasks every
+0.1 s. The SuperNodes connect to the SuperLink through a relay in this process (`Relay`:
+threads forwarding TCP bytes both ways and logging each chunk's time, direction and
+size); TLS stays end to end through it, so it counts what crosses a network: TLS
+records, HTTP/2 framing, Flower's protobufs, heartbeats and polls, the app bundle and
+the messages. `flwr run` and key registration talk to the SuperLink directly and are
+not counted. On that cluster, first a bare Flower app (`BARE_MODULE`: a ServerApp that
+each round sends every SuperNode as many bytes as dpfl's model message carries and a
+ClientApp that echoes them, pulling every 0.1 s as dpfl's server does), then `dpfl
+deploy server` of the study.
 
-Seconds per round, without start-up: each hospital's ledger records, with the wall
-clock, when it was charged for each round, as it trains. Round r's time is the latest
-charge of round r over the hospitals; `deploy_s_per_round` is (t_last − t_first) /
-(rounds − 1): steady-state rounds, excluding processes starting, hello, the budget check
-and the final evaluation, and including all a round costs on Flower 1.41 (the server's
-aggregation and push, the SuperNodes' polls, a ClientApp process per message that
-imports torch and dpfl, training, the reply). `deploy_total_s`: the whole `deploy`
-call, start-up and shut-down included. `simulate_s_per_round`: `simulate` of the same
-study in this process, evaluation after the last round only as in the deployment,
-(T(21 rounds) − T(1 round)) / 20: its rounds take milliseconds, too few to time over 3
-on a busy machine; every T is the median of 5 runs after an untimed one (which pays the
-ε of a plan of that length; dpfl memoises it). `simulate_run_s`: T(rounds), the study's
-whole simulation with its budget check, ledger and evaluation. `deploy_over_simulate`:
-the two seconds per round's ratio.
+Seconds per round, without start-up. dpfl: each hospital's ledger records, with the
+wall clock, when it was charged for each round, as it trains; round r's time is the
+latest charge of round r over the hospitals, and `deploy_s_per_round` is (t_last −
+t_first) / (rounds − 1): steady-state rounds, without processes starting, hello, the
+budget check and the final evaluation. `bare_s_per_round`: the same of the bare app's
+round ends: Flower's own floor (an idle SuperNode sleeps 3 s between pulls and polls
+for its reply every 0.5 s, hard-coded in Flower 1.42), the wire and the dispatch.
+`deploy_over_bare` their ratio, `dpfl_s_per_round` their difference: dpfl's own part of
+a round (reading the study and records, the budget check, training, the ledger, the
+hospital's state file, the server's aggregation and checkpoint). `cold_start_s`: a new
+Python process importing Flower's ClientApp and dpfl's app, what Flower's default
+isolation pays every message and the warm ClientApp process pays once.
+`deploy_total_s`: the whole cluster, start-up, both apps and shut-down included.
+`simulate_s_per_round`: `simulate` of the same study in this process, evaluation after
+the last round only as in the deployment, (T(21 rounds) − T(1 round)) / 20: its rounds
+take milliseconds, too few to time over 3 on a busy machine; every T is the median of 5
+runs after an untimed one (which pays the ε of a plan of that length; dpfl memoises
+it). `simulate_run_s`: T(rounds), the study's whole simulation with its budget check,
+ledger and evaluation. `deploy_over_simulate`: the two seconds per round's ratio.
 
 Bytes per round: the relay's bytes up (SuperNodes to SuperLink) and down in the same
 window (t_first, t_last], over rounds − 1, against dpfl's own accounting, the
 simulator's message rows (`SimulationResult.messages`: each model sent down and each
 reply up, `messages.payload_bytes` of their encodings; 31 float32 parameters, 124 bytes
-each way per hospital); `wire_over_dpfl` the ratio (up + down). `wire_total_bytes`: the
-relay's bytes over the whole deployment, `connections` how many it relayed.
+each way per hospital); `wire_over_dpfl` the ratio (up + down). `bare_wire_bytes`: the
+bare app's bytes (up + down) per round in its own window: what Flower moves for the
+same 124 bytes each way, the rest of dpfl's figure is dpfl's own fields.
 
-Measured on 2 CPUs shared with other jobs (1-minute load 13 at the start, 18 at the
-end), 2026-11-23, `.venv/bin/python benchmarks/bench_deploy.py` (10.5 minutes):
-
-     K  deploy_s  simulate_s  deploy_over_simulate  simulate_run_s  wire_up_bytes
-     3     14.65      0.0029                  5033            0.05          42873
-    10     47.42      0.0037                 12646            0.10         172475
-
-     K  wire_down_bytes  dpfl_up_bytes  dpfl_down_bytes  wire_over_dpfl  deploy_total_s
-     3            19499            372              372              84           135.1
-    10            92089           1240             1240             107           383.0
-
-`same_model` True for both. A deployed round costs seconds (a ClientApp process per
-message importing torch, polls), a simulated one milliseconds; on the wire a round of
-this 31-parameter model moves about 85–110 times dpfl's count (124 bytes each way a
-hospital): Flower's framing, heartbeats and polls. On an idle machine the simulator
-measured 0.004–0.005 s a round (K = 3 and 10) on a later check.
+Figures and the command: benchmarks/README.md.
 """
 
 from __future__ import annotations
