@@ -1,7 +1,7 @@
 """A study point's model, loss and algorithm, as the simulator, the tuner, the audits and
 a deployment build them: the model's head and the loss from the labels, the model from
-the records' shape and the study's seed, and the algorithm from its own settings
-(`dpfl.federation.algorithms`)."""
+the records' shape, the study's seed and its factory (`dpfl.models.factories`), and the
+algorithm from its own settings (`dpfl.federation.algorithms`)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ from collections.abc import Sequence
 
 import torch
 
-from dpfl import models
 from dpfl.experiments.config import StudyConfig, ThresholdConfig
 from dpfl.federation.algorithms import Algorithm, Parts
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
 from dpfl.local import losses
+from dpfl.models import factories
 
 SURVIVAL_LOSSES = ("logistic_hazard", "cox")
 
@@ -75,13 +75,13 @@ def _head(config: StudyConfig, silos: Sequence[Silo]) -> tuple[int, losses.Loss]
 
 
 def _model(config: StudyConfig, silo: Silo, outputs: int) -> torch.nn.Module:
+    """The study's model for records shaped like the silo's, from its factory (its own,
+    or the one its `kind` names), checked before any record is touched."""
+    spec = config.model
     shape = tuple(silo.x.shape[1:])
-    if config.model.kind == "small_cnn":
-        if len(shape) != 3 or silo.survival:
-            raise ValueError(f"model.kind: small_cnn classifies images, got {shape} records")
-        return models.small_cnn(shape[0], shape[1], n_classes=outputs)
-    if len(shape) != 1:
-        raise ValueError(f"model.kind: {config.model.kind} needs a feature vector, got {shape}")
-    if config.model.kind == "mlp":
-        return models.mlp(shape[0], config.model.hidden, n_outputs=outputs)
-    return torch.nn.Linear(shape[0], outputs)
+    if spec.factory is not None:
+        return factories.build(spec.factory, shape, outputs)
+    if spec.kind == "small_cnn" and silo.survival:
+        raise ValueError(f"model.kind: small_cnn classifies images, got {shape} records")
+    options = {"hidden": spec.hidden} if spec.kind == "mlp" else {}
+    return factories.build(factories.KINDS[spec.kind], shape, outputs, **options)

@@ -53,6 +53,7 @@ from dpfl.experiments.datasheet import datasheet
 from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.experiments.study_dir import claim
+from dpfl.models.factories import ModelError
 from dpfl.privacy import Accountant, Ledger
 from dpfl.privacy.errors import UnsupportedAccountingError
 from dpfl.sqlite_file import DamagedFileError
@@ -286,7 +287,7 @@ def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
         return _results(config, key, result, ledger_file, time.perf_counter() - started)
     except (KeyboardInterrupt, SystemExit, DamagedFileError):
         raise  # left 'running': a restart resumes it from its checkpoint
-    except DataFormatError as exc:  # bad input: the message names file, line and column
+    except (DataFormatError, ModelError) as exc:  # bad input: the message names the file
         return PointFailure(f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         return PointFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc())

@@ -424,9 +424,10 @@ def _layer_gradients(module: nn.Module, own: Params, a: Tensor, delta: Tensor) -
         return grads
     if isinstance(module, nn.GroupNorm) and module.affine:
         normalised = F.group_norm(a, module.num_groups, eps=module.eps)
+        per_channel = (*a.shape[:2], -1)  # (batch, channels, positions): none for features
         return {
-            "weight": (delta * normalised).flatten(2).sum(2),
-            "bias": delta.flatten(2).sum(2),
+            "weight": (delta * normalised).reshape(per_channel).sum(2),
+            "bias": delta.reshape(per_channel).sum(2),
         }
 
     def one(ai: Tensor, di: Tensor) -> Params:

@@ -18,6 +18,7 @@ from torch import nn
 __all__ = [
     "MixesExamplesError",
     "check_per_example",
+    "dropout_off",
     "logistic_regression",
     "mlp",
     "small_cnn",
@@ -123,7 +124,7 @@ def _mixing_seen(model: nn.Module, example_shape: tuple[int, ...]) -> str | None
     # numpy, not torch: torch's random operations are refused inside `vmap`
     draws = np.random.default_rng(0).standard_normal((_PROBE_BATCH, *example_shape))
     x = torch.from_numpy(draws).to(device=device, dtype=dtype)
-    with torch.no_grad(), _dropout_off(model):
+    with torch.no_grad(), dropout_off(model):
         full = model(x)
         if full.shape[:1] != (_PROBE_BATCH,):
             return f"it gave outputs of shape {tuple(full.shape)}, not one row per example"
@@ -140,7 +141,7 @@ def _mixing_seen(model: nn.Module, example_shape: tuple[int, ...]) -> str | None
 
 
 @contextlib.contextmanager
-def _dropout_off(model: nn.Module) -> Iterator[None]:
+def dropout_off(model: nn.Module) -> Iterator[None]:
     """Dropout draws new masks for every batch, which the removal test would mistake for
     mixing; it is switched off for the test (only the dropout modules themselves)."""
     dropping = [
