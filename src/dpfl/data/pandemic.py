@@ -396,6 +396,53 @@ def pandemic_dataset(
     S defaults to 10 rather than the seed's 20: ε grows with S, and memory too (S = 10
     gives 183 features, S = 20 373; time and memory: benchmarks/README.md).
     """
+    _check_dataset_arguments(population, max_appearances, window, horizon, train_days, contacts)
+    n, slots = population.people, max_appearances - 1
+    hood = prune_contacts(population, max_appearances)
+    person, window_end = _window_ends(n, window, horizon, train_days, seed)
+    onset, recovery = population.observed_onset(), population.observed_recovery()
+    labels = ((onset[person] >= window_end) & (onset[person] < window_end + horizon)).astype(
+        np.int64
+    )
+    summary = contacts == "summary"
+    features, members = _neighbourhood_features(
+        population, hood, person, window_end, onset, recovery, window=window, summary=summary
+    )
+    test_positive = float(labels[n:].mean()) if n else 0.0
+    return Dataset(
+        name="pandemic",
+        features=features,
+        labels=labels,
+        feature_names=(*INDIVIDUAL_FEATURES, *_slot_names(summary, max_appearances)),
+        class_names=("not infected", "infected"),
+        site_ids=np.tile(population.region.astype(np.int64), 2),
+        site_names=population.region_names,
+        split=np.repeat(np.array(["train", "test"]), n),
+        extra={"person": person, "window_end": window_end, "members": members},
+        preprocessing=_preprocessing(population, hood, slots),
+        appearances=max_appearances,
+        description=(
+            f"{population.describe()} Tabularised neighbourhoods: per person one train row "
+            f"(random window end t' in [{window}, {train_days - horizon}], seed {seed}) and "
+            f"one test row (t' = {train_days}); features are the person's demographics, "
+            f"activities and {window}-day S/I/R history summary, and up to {slots} kept "
+            f"neighbours with their contact's kind and hours over the same window "
+            f"({'averaged, with exposure hours' if summary else 'one slot each'}); label: "
+            f"first observed infected in [t', t' + {horizon}). Test positive rate "
+            f"{test_positive:.2%}. Each person is in at most {max_appearances} rows of a split."
+        ),
+    )
+
+
+def _check_dataset_arguments(
+    population: Population,
+    max_appearances: int,
+    window: int,
+    horizon: int,
+    train_days: int,
+    contacts: str,
+) -> None:
+    """Refuse `pandemic_dataset`'s arguments before any work: windows must fit the days."""
     _require_int("max_appearances", max_appearances, 1)
     _require_int("window", window, 1)
     _require_int("horizon", horizon, 1)
@@ -411,103 +458,124 @@ def pandemic_dataset(
         )
     if contacts not in ("slots", "summary"):
         raise ValueError(f"contacts must be 'slots' or 'summary', got {contacts!r}")
-    n, slots = population.people, max_appearances - 1
-    hood = prune_contacts(population, max_appearances)
+
+
+def _window_ends(
+    n: int, window: int, horizon: int, train_days: int, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's person and t': n train rows drawn with `seed`, then n test rows at train_days."""
     rng = np.random.default_rng(seed)
     person = np.tile(np.arange(n, dtype=np.int64), 2)
     window_end = np.concatenate(
         [rng.integers(window, train_days - horizon + 1, n), np.full(n, train_days)]
     ).astype(np.int64)
-    onset, recovery = population.observed_onset(), population.observed_recovery()
-    labels = ((onset[person] >= window_end) & (onset[person] < window_end + horizon)).astype(
-        np.int64
-    )
+    return person, window_end
+
+
+def _neighbourhood_features(
+    population: Population,
+    hood: Neighbourhoods,
+    person: np.ndarray,
+    window_end: np.ndarray,
+    onset: np.ndarray,
+    recovery: np.ndarray,
+    *,
+    window: int,
+    summary: bool,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The feature matrix and "members", built in chunks of rows so each chunk stays in cache."""
+    slots = hood.max_appearances - 1
     individual = _individual_table(population)
     onset_padded = np.append(onset, SENTINEL_DAY)  # index -1 (an empty slot): never infected
     recovery_padded = np.append(recovery, SENTINEL_DAY)
     static, own = len(STATIC_FEATURES), len(INDIVIDUAL_FEATURES)
-    kinds_at, hours_at = 1, 1 + len(CONTACT_KINDS)  # offsets in a slot, after "present"
-    neighbour_at = hours_at + 1
     slot_width = len(CONTACT_FEATURES)
-    summary = contacts == "summary"
     width = own + slot_width + len(EXPOSURE_FEATURES) if summary else own + slots * slot_width
-    features = np.empty((2 * n, width), dtype=np.float32)
-    members = np.empty((2 * n, max_appearances), dtype=np.int64)
-    for lo in range(0, 2 * n, _CHUNK_ROWS):
-        rows = slice(lo, min(lo + _CHUNK_ROWS, 2 * n))
+    total = len(person)
+    features = np.empty((total, width), dtype=np.float32)
+    members = np.empty((total, hood.max_appearances), dtype=np.int64)
+    for lo in range(0, total, _CHUNK_ROWS):
+        rows = slice(lo, min(lo + _CHUNK_ROWS, total))
         who, end = person[rows], window_end[rows].astype(np.int32)
         out = features[rows]  # a contiguous view: written in place
         out[:, :static] = np.take(individual, who, axis=0)
         _history(onset[who], recovery[who], end, window, out[:, static:own])
         members[rows, 0] = who
         if slots:
-            nb = np.take(hood.neighbours, who, axis=0)
-            members[rows, 1:] = nb
-            present = nb >= 0
-            block = (
-                np.empty((len(who), slots, slot_width), dtype=np.float32)
-                if summary
-                else out[:, own:].reshape(len(who), slots, slot_width, copy=False)
+            members[rows, 1:] = _neighbour_slots(
+                out, hood, who, end, individual, onset_padded, recovery_padded, window, summary
             )
-            block[:, :, 0] = present
-            kinds = np.take(hood.kinds, who, axis=0)
-            block[:, :, kinds_at:hours_at] = np.take(_KIND_ONE_HOT, kinds, axis=0)
-            block[:, :, hours_at] = np.take(hood.hours, who, axis=0) / 24.0
-            block[:, :, neighbour_at : neighbour_at + static] = np.take(individual, nb, axis=0)
-            history = block[:, :, neighbour_at + static :]
-            neighbour_onset = np.take(onset_padded, nb)
-            neighbour_recovery = np.take(recovery_padded, nb)
-            _history(neighbour_onset, neighbour_recovery, end[:, None], window, history)
-            history[:, :, 0] *= present  # an empty slot's history reads "never infected"
-            if summary:
-                out[:, own : own + slot_width] = block.mean(axis=1)
-                hours = block[:, :, hours_at]
-                for j, state in enumerate(("last_I", "days_I")):
-                    column = neighbour_at + INDIVIDUAL_FEATURES.index(state)
-                    out[:, own + slot_width + j] = (hours * block[:, :, column]).mean(axis=1)
         elif summary:
             out[:, own:] = 0.0
+    return features, members
+
+
+def _neighbour_slots(
+    out: np.ndarray,
+    hood: Neighbourhoods,
+    who: np.ndarray,
+    end: np.ndarray,
+    individual: np.ndarray,
+    onset_padded: np.ndarray,
+    recovery_padded: np.ndarray,
+    window: int,
+    summary: bool,
+) -> np.ndarray:
+    """Write a chunk's neighbour slots (or their mean and exposure hours) into `out`; the
+    neighbours' ids are returned for "members"."""
+    slots = hood.max_appearances - 1
+    static, own = len(STATIC_FEATURES), len(INDIVIDUAL_FEATURES)
+    kinds_at, hours_at = 1, 1 + len(CONTACT_KINDS)  # offsets in a slot, after "present"
+    neighbour_at = hours_at + 1
+    slot_width = len(CONTACT_FEATURES)
+    nb = np.take(hood.neighbours, who, axis=0)
+    present = nb >= 0
+    block = (
+        np.empty((len(who), slots, slot_width), dtype=np.float32)
+        if summary
+        else out[:, own:].reshape(len(who), slots, slot_width, copy=False)
+    )
+    block[:, :, 0] = present
+    kinds = np.take(hood.kinds, who, axis=0)
+    block[:, :, kinds_at:hours_at] = np.take(_KIND_ONE_HOT, kinds, axis=0)
+    block[:, :, hours_at] = np.take(hood.hours, who, axis=0) / 24.0
+    block[:, :, neighbour_at : neighbour_at + static] = np.take(individual, nb, axis=0)
+    history = block[:, :, neighbour_at + static :]
+    neighbour_onset = np.take(onset_padded, nb)
+    neighbour_recovery = np.take(recovery_padded, nb)
+    _history(neighbour_onset, neighbour_recovery, end[:, None], window, history)
+    history[:, :, 0] *= present  # an empty slot's history reads "never infected"
     if summary:
-        slot_names = [f"sum.{name}" for name in CONTACT_FEATURES] + list(EXPOSURE_FEATURES)
-    else:
-        slot_names = [
-            f"n{j}.{name}" for j in range(1, max_appearances) for name in CONTACT_FEATURES
-        ]
+        out[:, own : own + slot_width] = block.mean(axis=1)
+        hours = block[:, :, hours_at]
+        for j, state in enumerate(("last_I", "days_I")):
+            column = neighbour_at + INDIVIDUAL_FEATURES.index(state)
+            out[:, own + slot_width + j] = (hours * block[:, :, column]).mean(axis=1)
+    return nb
+
+
+def _slot_names(summary: bool, max_appearances: int) -> list[str]:
+    """The names of the columns after the person's block: the summary's, or each slot's."""
+    if summary:
+        return [f"sum.{name}" for name in CONTACT_FEATURES] + list(EXPOSURE_FEATURES)
+    return [f"n{j}.{name}" for j in range(1, max_appearances) for name in CONTACT_FEATURES]
+
+
+def _preprocessing(population: Population, hood: Neighbourhoods, slots: int) -> tuple[str, str]:
+    """The dataset's preprocessing notes: the public scalings, and the pruning that reads
+    the private graph (how many within-region contacts it kept)."""
     kept = int((hood.neighbours >= 0).sum()) // 2
     local = int(
         (population.region[population.contact_a] == population.region[population.contact_b]).sum()
     )
-    test_positive = float(labels[n:].mean()) if n else 0.0
-    return Dataset(
-        name="pandemic",
-        features=features,
-        labels=labels,
-        feature_names=(*INDIVIDUAL_FEATURES, *slot_names),
-        class_names=("not infected", "infected"),
-        site_ids=np.tile(population.region.astype(np.int64), 2),
-        site_names=population.region_names,
-        split=np.repeat(np.array(["train", "test"]), n),
-        extra={"person": person, "window_end": window_end, "members": members},
-        preprocessing=(
-            "age / 100 (public range 0-100 years), household size / 6, contact hours / 24; "
-            "window history as fractions of the window length",
-            f"{NONPRIVATE_MARK}: cross-region contacts cut, then each region's contact "
-            f"graph pruned deterministically (a contact is kept iff among the first "
-            f"{slots} of both endpoints in a fixed public hash order): {kept} of {local} "
-            "within-region contacts kept. Node-level DP holds for the pruned graph; the "
-            "pruning reads the private graph and its stability is not analysed",
-        ),
-        appearances=max_appearances,
-        description=(
-            f"{population.describe()} Tabularised neighbourhoods: per person one train row "
-            f"(random window end t' in [{window}, {train_days - horizon}], seed {seed}) and "
-            f"one test row (t' = {train_days}); features are the person's demographics, "
-            f"activities and {window}-day S/I/R history summary, and up to {slots} kept "
-            f"neighbours with their contact's kind and hours over the same window "
-            f"({'averaged, with exposure hours' if summary else 'one slot each'}); label: "
-            f"first observed infected in [t', t' + {horizon}). Test positive rate "
-            f"{test_positive:.2%}. Each person is in at most {max_appearances} rows of a split."
-        ),
+    return (
+        "age / 100 (public range 0-100 years), household size / 6, contact hours / 24; "
+        "window history as fractions of the window length",
+        f"{NONPRIVATE_MARK}: cross-region contacts cut, then each region's contact "
+        f"graph pruned deterministically (a contact is kept iff among the first "
+        f"{slots} of both endpoints in a fixed public hash order): {kept} of {local} "
+        "within-region contacts kept. Node-level DP holds for the pruned graph; the "
+        "pruning reads the private graph and its stability is not analysed",
     )
 
 
