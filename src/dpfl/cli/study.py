@@ -8,7 +8,7 @@ import shlex
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -18,6 +18,9 @@ from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_n
 from dpfl.experiments.store import enforcing_accountant
 
 from .common import console, errors, mean_std, print_json, reported_errors
+
+if TYPE_CHECKING:
+    from dpfl.experiments.best import Candidate
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (results, ledgers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -181,8 +184,7 @@ def best(
 ) -> None:
     """The best finished configuration whose every silo is within (ε, δ), and whether its ε
     includes the selection (a `dpfl tune` directory) or not (a sweep's)."""
-    from dpfl.experiments.best import CAVEAT, candidates
-    from dpfl.experiments.queries import mean_std_text
+    from dpfl.experiments.best import candidates
     from dpfl.experiments.tune import RESULT
 
     with reported_errors():
@@ -205,72 +207,94 @@ def best(
         )
         chosen = next((c for c in found if c.qualifies), None)
         if json:
-            print_json(
-                {
-                    "best": None
-                    if chosen is None
-                    else {
-                        "run": chosen.run.id,
-                        "runs": [r.id for r in chosen.runs],
-                        "algorithm": chosen.run.algorithm,
-                        "grid": _pooled_grid(chosen.run.grid, len(chosen.runs)),
-                        "metric": metric,
-                        "mean": chosen.mean,
-                        "std": chosen.std,
-                        "spread": str(chosen.replicates),
-                        "epsilon": chosen.epsilon,
-                        "accountant": enforcing_accountant(chosen.run),
-                        "research_noise": research_noise(chosen.run),
-                        "delta": delta,
-                        "config": chosen.run.config,
-                        "selection_in_epsilon": False,
-                    },
-                    "qualifying": sum(c.qualifies for c in found),
-                    "finished": len(found),
-                    "caveat": CAVEAT,
-                }
-            )
+            print_json(_best_json(found, chosen, metric, delta))
             return
-        table = Table(
-            title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}",
-            caption=_research_caption(research_noise(c.run) for c in found),
-        )
-        columns = (
-            "run",
-            "algorithm",
-            "grid point",
-            metric,
-            "± over",
-            f"ε at δ={delta:g}",
-            "within",
-        )
-        for column in columns:
-            table.add_column(column)
-        for c in found:
-            table.add_row(
-                c.run.id + (f" +{len(c.runs) - 1}" if len(c.runs) > 1 else ""),
-                c.run.algorithm,
-                _grid(_pooled_grid(c.run.grid, len(c.runs))),
-                mean_std_text(c.mean, c.std, 4),
-                str(c.replicates),
-                _epsilon(c.epsilon, enforcing_accountant(c.run), research_noise(c.run)),
-                "yes" if c.qualifies else "no",
-            )
-        console.print(table)
+        console.print(_candidates_table(found, metric, epsilon, delta))
         if chosen is None:
             errors.print(f"[red]no finished run is within ε={epsilon:g}, δ={delta:g}[/red]")
             raise typer.Exit(1)
-        runs = "runs " + ", ".join(r.id for r in chosen.runs) if len(chosen.runs) > 1 else ""
-        console.print(
-            f"best: {runs or 'run ' + chosen.run.id} ({chosen.run.algorithm} "
-            f"{_grid(_pooled_grid(chosen.run.grid, len(chosen.runs)))}; {chosen.replicates})"
+        _print_best(chosen, len(found))
+
+
+def _best_json(
+    found: list[Candidate], chosen: Candidate | None, metric: str, delta: float
+) -> dict[str, Any]:
+    """`best --json`'s object: the chosen candidate (or None), the counts and the caveat."""
+    from dpfl.experiments.best import CAVEAT
+
+    return {
+        "best": None
+        if chosen is None
+        else {
+            "run": chosen.run.id,
+            "runs": [r.id for r in chosen.runs],
+            "algorithm": chosen.run.algorithm,
+            "grid": _pooled_grid(chosen.run.grid, len(chosen.runs)),
+            "metric": metric,
+            "mean": chosen.mean,
+            "std": chosen.std,
+            "spread": str(chosen.replicates),
+            "epsilon": chosen.epsilon,
+            "accountant": enforcing_accountant(chosen.run),
+            "research_noise": research_noise(chosen.run),
+            "delta": delta,
+            "config": chosen.run.config,
+            "selection_in_epsilon": False,
+        },
+        "qualifying": sum(c.qualifies for c in found),
+        "finished": len(found),
+        "caveat": CAVEAT,
+    }
+
+
+def _candidates_table(found: list[Candidate], metric: str, epsilon: float, delta: float) -> Table:
+    """`best`'s table: every finished candidate, best first, and whether it is within budget."""
+    from dpfl.experiments.queries import mean_std_text
+
+    table = Table(
+        title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}",
+        caption=_research_caption(research_noise(c.run) for c in found),
+    )
+    columns = (
+        "run",
+        "algorithm",
+        "grid point",
+        metric,
+        "± over",
+        f"ε at δ={delta:g}",
+        "within",
+    )
+    for column in columns:
+        table.add_column(column)
+    for c in found:
+        table.add_row(
+            c.run.id + (f" +{len(c.runs) - 1}" if len(c.runs) > 1 else ""),
+            c.run.algorithm,
+            _grid(_pooled_grid(c.run.grid, len(c.runs))),
+            mean_std_text(c.mean, c.std, 4),
+            str(c.replicates),
+            _epsilon(c.epsilon, enforcing_accountant(c.run), research_noise(c.run)),
+            "yes" if c.qualifies else "no",
         )
-        if research_noise(chosen.run):
-            console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
-        console.print(
-            f"[yellow]ε is the chosen run's alone: choosing it among {len(found)} finished "
-            f"configurations is not in it.[/yellow] {CAVEAT}"
-        )
+    return table
+
+
+def _print_best(chosen: Candidate, finished: int) -> None:
+    """`best`'s verdict under the table: the chosen run(s), and that its ε leaves the
+    selection among `finished` configurations out."""
+    from dpfl.experiments.best import CAVEAT
+
+    runs = "runs " + ", ".join(r.id for r in chosen.runs) if len(chosen.runs) > 1 else ""
+    console.print(
+        f"best: {runs or 'run ' + chosen.run.id} ({chosen.run.algorithm} "
+        f"{_grid(_pooled_grid(chosen.run.grid, len(chosen.runs)))}; {chosen.replicates})"
+    )
+    if research_noise(chosen.run):
+        console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
+    console.print(
+        f"[yellow]ε is the chosen run's alone: choosing it among {finished} finished "
+        f"configurations is not in it.[/yellow] {CAVEAT}"
+    )
 
 
 def _best_tuned(directory: Path, epsilon: float, delta: float, metric: str, json: bool) -> None:
