@@ -37,6 +37,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -223,32 +224,55 @@ def compare(runs: list[RunRow], store: ResultsStore) -> list[Row]:
     for run in sorted(done, key=lambda run: setting(run, "seed")):
         if not _private(run):
             studies.setdefault(run.study, []).append(run)
-    budgets = sorted({setting(run, "privacy.epsilon") for run in done if _private(run)})
-    published = _published(done)
-    rows: list[Row] = []
+    table = _Comparison(store, studies, _published(done))
+    _centralised_rows(table)
+    _federated_rows(table)
+    _dp_rows(table, [run for run in done if _private(run)])
+    if studies:  # FLamby's own DP example, re-accounted (ε = 10 too: flamby_common.rows())
+        table.rows.extend(flamby_common.rows(epsilons=[1.0]))
+    return table.rows
 
-    def per_seed(study: str, score: Callable[[RunRow], list[float]]) -> list[float]:
+
+@dataclass
+class _Comparison:
+    """What `compare`'s phases share: the non-private runs by study (in seed order), the
+    store that scores them, FLamby's published figures, and the rows made so far."""
+
+    store: ResultsStore
+    studies: dict[str, list[RunRow]]
+    published: dict[str, Any]
+    rows: list[Row] = field(default_factory=list)
+
+    def per_seed(self, study: str, score: Callable[[RunRow], list[float]]) -> list[float]:
         """One value per seed: the mean over the seed's trials."""
-        return [statistics.fmean(v) for run in studies[study] if (v := score(run))]
+        return [statistics.fmean(v) for run in self.studies[study] if (v := score(run))]
 
-    def clientavg(run: RunRow) -> list[float]:
-        return silo_mean(store, run, "accuracy")
+    def clientavg(self, run: RunRow) -> list[float]:
+        """Per trial, the accuracy averaged over the centres' own test sets (FLamby's)."""
+        return silo_mean(self.store, run, "accuracy")
 
-    def row(setting_: str, method: str, ours: list[float], note: str = "") -> None:
-        paper = published.get(method)
+    def row(self, setting_: str, method: str, ours: list[float], note: str = "") -> None:
+        """Add a row beside FLamby's published `method` (n/a if absent) and the gap."""
+        paper = self.published.get(method)
         figure = "n/a" if paper is None else mean_std(paper.clientavg)
         gap = (
             ""
             if paper is None or not ours
             else f"ours − FLamby = {100 * (statistics.fmean(ours) - paper.mean):+.1f} points"
         )
-        rows.append(Row(setting_, figure, mean_std(ours), "; ".join(n for n in (gap, note) if n)))
+        self.rows.append(
+            Row(setting_, figure, mean_std(ours), "; ".join(n for n in (gap, note) if n))
+        )
 
+
+def _centralised_rows(table: _Comparison) -> None:
+    """FLamby's non-federated baselines: pooled training, then each centre's local model."""
+    studies, store = table.studies, table.store
     if "flamby-heart-pooled" in studies:
-        row(
+        table.row(
             f"Pooled training (Adam, {_updates(studies['flamby-heart-pooled'], None)} updates)",
             "Pooled Training",
-            per_seed("flamby-heart-pooled", clientavg),
+            table.per_seed("flamby-heart-pooled", table.clientavg),
             f"{CITED}; ours: the same over FLamby's 5 seeds' initial models, each seed's "
             "figure the mean of runs that differ in their (Poisson) batches; trained on "
             "pooled-standardised records, as FLamby's",
@@ -258,7 +282,7 @@ def compare(runs: list[RunRow], store: ResultsStore) -> list[Row]:
             {setting(run, "algorithm.local_epochs") for run in studies["flamby-heart-local"]}
         )
         for k, centre in enumerate(CENTRES):
-            row(
+            table.row(
                 f"Local {k} ({centre}; Adam, {_updates(studies['flamby-heart-local'], k)} "
                 "updates), on all 4 test sets",
                 f"Local {k}",
@@ -268,63 +292,69 @@ def compare(runs: list[RunRow], store: ResultsStore) -> list[Row]:
                     if _trains(run, k, local) and (v := _model_on_all(store, run, centre))
                 ],
             )
+
+
+def _federated_rows(table: _Comparison) -> None:
+    """The non-private federated rows: FedAvg, Cyclic (ours and as FLamby's code runs it),
+    and FedAvg on publicly scaled features, the DP rows' reference."""
+    studies, store = table.studies, table.store
     if "flamby-heart-fedavg" in studies:
-        row(
+        table.row(
             f"FedAvg (SGD lr 0.001, {studies['flamby-heart-fedavg'][0].rounds} rounds × "
             "≈100 updates)",
             "FedAvg",
-            per_seed("flamby-heart-fedavg", clientavg),
+            table.per_seed("flamby-heart-fedavg", table.clientavg),
             f"local_epochs = {FEDAVG_EPOCHS:g}: steps ∝ centre size, size-weighted mean ≈ 100",
         )
     if "flamby-heart-cyclic" in studies:
-        row(
+        table.row(
             f"Cyclic (SGD lr 0.01, {len(CENTRES) * studies['flamby-heart-cyclic'][0].rounds} "
             "visits × 100 updates)",
             "Cyclic",
-            per_seed("flamby-heart-cyclic", clientavg),
+            table.per_seed("flamby-heart-cyclic", table.clientavg),
             "FLamby's Cyclic (flamby/strategies/cyclic.py since bc27fe6) gives each client "
             "its own copy of the model and passes no weights on; the benchmark scores "
             "client 0's, i.e. Cleveland trained alone with SGD. Ours passes the model on "
             "in a fixed order (FLamby shuffles it each cycle)",
         )
     if "flamby-heart-cyclic-as-run" in studies:
-        row(
+        table.row(
             "Cyclic as FLamby's code runs it: Cleveland alone, SGD lr 0.01, 100 updates per "
             "visit of client 0 (3-4 visits), on all 4 test sets",
             "Cyclic",
-            per_seed(
+            table.per_seed(
                 "flamby-heart-cyclic-as-run", lambda run: _model_on_all(store, run, CENTRES[0])
             ),
             "what FLamby's Cyclic row measures (see above)",
         )
     if "flamby-heart-fedavg-public" in studies:
-        rows.append(
+        table.rows.append(
             Row(
                 "FedAvg, non-private, public range scaling (the DP runs' ε = ∞ reference)",
                 "—",
-                mean_std(per_seed("flamby-heart-fedavg-public", clientavg)),
+                mean_std(table.per_seed("flamby-heart-fedavg-public", table.clientavg)),
                 "features scaled by declared clinical ranges instead of FLamby's "
                 "per-centre standardisation, which reads the records",
             )
         )
+
+
+def _dp_rows(table: _Comparison, private: list[RunRow]) -> None:
+    """One row per ε of the DP FedAvg runs (not in FLamby's benchmark), in increasing ε."""
+    budgets = sorted({setting(run, "privacy.epsilon") for run in private})
     for epsilon in budgets:
-        chosen = [
-            run for run in done if _private(run) and setting(run, "privacy.epsilon") == epsilon
-        ]
+        chosen = [run for run in private if setting(run, "privacy.epsilon") == epsilon]
         chosen.sort(key=lambda run: setting(run, "seed"))
-        ours = [statistics.fmean(v) for run in chosen if (v := clientavg(run))]
-        rows.append(
+        ours = [statistics.fmean(v) for run in chosen if (v := table.clientavg(run))]
+        table.rows.append(
             Row(
                 f"DP FedAvg at ε = {epsilon:g}, δ = {DELTA:g} (clip {DP_CLIP:g}, public scaling)",
                 "—",
-                f"{mean_std(ours)}; {epsilon_text(store, chosen)} per silo",
+                f"{mean_std(ours)}; {epsilon_text(table.store, chosen)} per silo",
                 "not in FLamby's benchmark; FLamby's own DP example, re-accounted, is a "
                 "separate row",
             )
         )
-    if studies:  # FLamby's own DP example, re-accounted (ε = 10 too: flamby_common.rows())
-        rows.extend(flamby_common.rows(epsilons=[1.0]))
-    return rows
 
 
 def _updates(runs: list[RunRow], centre: int | None) -> str:
