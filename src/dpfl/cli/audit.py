@@ -11,7 +11,7 @@ import os
 from contextlib import nullcontext
 from dataclasses import replace
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.table import Table
@@ -20,6 +20,9 @@ from dpfl.experiments.queries import bound_text, exceeds_ledger
 from dpfl.experiments.store import ResultsStore, RunRow
 
 from .common import console, print_json, reported_errors
+
+if TYPE_CHECKING:
+    from dpfl.experiments.audits import AuditPlan
 
 Rows = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 """An audit's rows of the store's `audit_bounds` and `audit_membership`."""
@@ -86,7 +89,7 @@ def audit(
     AUC and TPR at low FPR."""
     with reported_errors():
         # imported here: torch, scikit-learn and the datasets would slow every other command
-        from dpfl.experiments.audits import AuditPlan, audit_run, rows
+        from dpfl.experiments.audits import AuditPlan
 
         plan = AuditPlan(
             attacks=tuple(attack or ["two-world"]),
@@ -99,29 +102,9 @@ def audit(
             observer=observer,
             confidence=confidence,
         )
-        path = directory / "results.sqlite"
-        with ResultsStore(path, create=False) as store:
-            runs = [r for r in store.runs(status="finished") if not run or r.id in run]
-            planted = {r.id: silo or _headline_silo(store, r) for r in runs}
-        if not runs:
-            raise ValueError(f"{directory}: no finished run to audit")
-        if keep and not (os.access(path, os.W_OK) and os.access(directory, os.W_OK)):
-            raise ValueError(f"{path} is read-only: --no-record audits without keeping the figures")
-        found = []
-        with ResultsStore(path) if keep else nullcontext() as writer:
-            for r in runs:  # each run's figures kept as soon as they are measured
-                found.append((r, rows(audit_run(r, replace(plan, silo=planted[r.id])))))
-                if writer is not None:
-                    writer.record_audit(r.id, *found[-1][1])
+        found = _audit_finished(directory, plan, only=run, silo=silo, keep=keep)
     if json:
-        print_json(
-            [
-                {"run": r.id, "algorithm": r.algorithm, **_plain(row)}
-                for r, tables in found
-                for table in tables
-                for row in table
-            ]
-        )
+        print_json(_findings_json(found))
         return
     _print(directory, found, confidence)
     if silo is None:
@@ -129,6 +112,40 @@ def audit(
             "silo planted: each run's silo of the largest ε (its headline ε, the worst case "
             "over silos); --silo NAME plants another"
         )
+
+
+def _audit_finished(
+    directory: Path, plan: AuditPlan, *, only: list[str] | None, silo: str | None, keep: bool
+) -> list[tuple[RunRow, Rows]]:
+    """Audit each finished run (or those in `only`) at its planted silo, each run's figures
+    kept in the store (with `keep`) as soon as they are measured, so a stop loses none."""
+    from dpfl.experiments.audits import audit_run, rows
+
+    path = directory / "results.sqlite"
+    with ResultsStore(path, create=False) as store:
+        runs = [r for r in store.runs(status="finished") if not only or r.id in only]
+        planted = {r.id: silo or _headline_silo(store, r) for r in runs}
+    if not runs:
+        raise ValueError(f"{directory}: no finished run to audit")
+    if keep and not (os.access(path, os.W_OK) and os.access(directory, os.W_OK)):
+        raise ValueError(f"{path} is read-only: --no-record audits without keeping the figures")
+    found = []
+    with ResultsStore(path) if keep else nullcontext() as writer:
+        for r in runs:  # each run's figures kept as soon as they are measured
+            found.append((r, rows(audit_run(r, replace(plan, silo=planted[r.id])))))
+            if writer is not None:
+                writer.record_audit(r.id, *found[-1][1])
+    return found
+
+
+def _findings_json(found: list[tuple[RunRow, Rows]]) -> list[dict[str, Any]]:
+    """`audit --json`'s list: one object per stored row, tagged with its run and algorithm."""
+    return [
+        {"run": r.id, "algorithm": r.algorithm, **_plain(row)}
+        for r, tables in found
+        for table in tables
+        for row in table
+    ]
 
 
 def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float) -> None:
