@@ -45,7 +45,10 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
+    PositiveInt,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -73,6 +76,10 @@ LIST_VALUED = {
     ("model", "time_bins"),
     ("metrics",),
     ("data", "partition", "names"),
+    ("data", "images", "classes"),
+    ("data", "images", "size"),
+    ("data", "images", "mean"),
+    ("data", "images", "std"),
 }
 """Keys whose single value is a list: a grid over them is a list of lists."""
 
@@ -111,6 +118,36 @@ class PartitionConfig(_Strict):
         return self
 
 
+class ImagesConfig(_Strict):
+    """The format of an image dataset's files (`dpfl.data.images`): public declarations,
+    none computed from the pixels. Pixels are scaled by the public range 0-255."""
+
+    classes: list[str] | None = Field(None, min_length=1)
+    """The class names: a labels.csv `label` names one, an `.npz` label k is the k-th.
+    Required by `dataset = "images"`; a MedMNIST preset has its own."""
+    mode: Literal["L", "RGB"] | None = None
+    """Every image converted to it (default: as stored, "L" or "RGB", all alike)."""
+    size: tuple[PositiveInt, PositiveInt] | None = None
+    """[h, w]: every image resized to it, bilinear (default: as stored, all alike)."""
+    mean: list[float] | None = None
+    """Per channel, on the [0, 1] scale: pixels become (x - mean) / std."""
+    std: list[PositiveFloat] | None = None
+    min_site_records: int = Field(2, ge=1)
+    """The fewest records a site of labels.csv may have."""
+
+    @model_validator(mode="after")
+    def _normalisation(self) -> ImagesConfig:
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std, per channel, or neither")
+        if self.mean is not None and self.std is not None:
+            channels = {"L": 1, "RGB": 3}.get(self.mode or "", len(self.mean))
+            if len(self.mean) != channels or len(self.std) != channels:
+                raise ValueError(f"mean and std need {channels} value(s), one per channel")
+        if self.classes is not None and len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"classes must differ, got {self.classes}")
+        return self
+
+
 class DataConfig(_Strict):
     dataset: str
     path: Path | None = None
@@ -130,6 +167,9 @@ class DataConfig(_Strict):
     silo's training records released before round 0 and charged to its ledger."""
     size_noise: float = Field(20.0, gt=0, allow_inf_nan=False)
     """Std, in records, of the Gaussian noise of a "dp-count" release."""
+    images: ImagesConfig = ImagesConfig()
+    """`[data.images]`: the image datasets' format (`images`, and the MedMNIST presets,
+    which may declare all but the classes)."""
 
     @field_validator("dataset")
     @classmethod
@@ -142,10 +182,30 @@ class DataConfig(_Strict):
 
     @field_validator("path")
     @classmethod
-    def _a_folder(cls, path: Path | None) -> Path | None:
-        if path is not None and not path.is_dir():
+    def _a_folder(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        if path is None or path.is_dir():
+            return path
+        if info.data.get("dataset") != "images":
             raise ValueError(f"{path} is not a folder")
+        if not path.is_file():
+            raise ValueError(f"{path} is neither a folder (with a labels.csv) nor an .npz file")
         return path
+
+    @model_validator(mode="after")
+    def _image_format(self) -> DataConfig:
+        from dpfl.experiments.datasets import IMAGE_READERS
+
+        if self.dataset not in IMAGE_READERS:
+            if self.images != ImagesConfig():
+                raise ValueError(f"data.images: {self.dataset} is not an image dataset")
+            return self
+        if self.options:
+            raise ValueError(f"data.options: {self.dataset} takes none; its format is data.images")
+        if self.dataset == "images" and self.images.classes is None:
+            raise ValueError("data.images.classes: declare the class names")
+        if self.dataset != "images" and self.images.classes is not None:
+            raise ValueError(f"data.images.classes: {self.dataset} has its own classes")
+        return self
 
     @model_validator(mode="after")
     def _files_where_needed(self) -> DataConfig:
@@ -162,12 +222,6 @@ class DataConfig(_Strict):
 
 class ModelConfig(_Strict):
     kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
-    factory: str | None = None
-    """Your own model: `"file.py:build"` (in a study file, relative to the file's folder)
-    or `"package.module:build"`, called as `build(n_features, n_outputs)` for feature
-    vectors and `build(input_shape, n_outputs)` for images, returning a
-    `torch.nn.Module` (`dpfl.models.factories`); instead of `kind`. The run's key holds
-    it and its source file's SHA-256."""
     hidden: list[int] = Field(default_factory=lambda: [200, 200])
     """Hidden widths of the MLP (Kerkouche: 200, 200)."""
     time_bins: list[float] | None = None
@@ -179,21 +233,6 @@ class ModelConfig(_Strict):
     spread over trials includes the initialisation's; shared: all trials start from the
     study seed's model and differ only in batches and noise. The data split is the
     study seed's in every trial: vary `seed` as a grid axis to vary it too."""
-
-    @field_validator("factory")
-    @classmethod
-    def _findable(cls, factory: str | None) -> str | None:
-        from dpfl.models.factories import source_file  # imports torch
-
-        if factory is not None:
-            source_file(factory)
-        return factory
-
-    @model_validator(mode="after")
-    def _kind_or_factory(self) -> ModelConfig:
-        if self.factory is not None and self.kind != "logistic_regression":
-            raise ValueError("give model.kind or model.factory, not both")
-        return self
 
 
 class SiloBudget(_Strict):
@@ -336,9 +375,7 @@ class StudyConfig(_Strict):
         bins = self.model.time_bins or []
         if any(b <= 0 for b in bins) or any(b >= c for b, c in itertools.pairwise(bins)):
             raise ValueError(f"model.time_bins must increase from above 0, got {bins}")
-        if kind.needs_linear_model and (
-            self.model.kind != "logistic_regression" or self.model.factory is not None
-        ):
+        if kind.needs_linear_model and self.model.kind != "logistic_regression":
             raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
         if kind.needs_secure_sum and self.secure_aggregation == "none":
             raise ValueError(
@@ -370,12 +407,7 @@ class StudyConfig(_Strict):
         point's section lacks it), and any other field only where it is not at its
         default, so that a new option, or an algorithm's own setting, leaves every
         existing key as it was."""
-        keyed = _keyed(self, KEYED)
-        if self.model.factory is not None:  # an edited model is a new point
-            from dpfl.models.factories import source_digest
-
-            keyed["model"]["factory_sha256"] = source_digest(self.model.factory)
-        text = json.dumps(keyed, sort_keys=True)
+        text = json.dumps(_keyed(self, KEYED), sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -510,23 +542,7 @@ def load(path: str | Path) -> Study:
             if isinstance(folders, list)
             else _beside(path, folders)
         )
-    model = raw.get("model")
-    if isinstance(model, dict) and "factory" in model:
-        factories = model["factory"]
-        model["factory"] = (
-            [_factory_beside(path, f) for f in factories]
-            if isinstance(factories, list)
-            else _factory_beside(path, factories)
-        )
     return Study(raw, str(path))
-
-
-def _factory_beside(study_file: Path, factory: Any) -> Any:
-    """A `"file.py:build"` factory with its file read relative to the study file's
-    folder; a module's factory as it is (a non-text value is left for validation)."""
-    from dpfl.models.factories import in_folder  # imports torch
-
-    return in_folder(factory, study_file.parent) if isinstance(factory, str) else factory
 
 
 def _beside(study_file: Path, folder: Any) -> Any:

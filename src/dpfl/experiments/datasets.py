@@ -17,14 +17,15 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from dpfl.data import Dataset, partition, preprocess
+from dpfl.data import Dataset, images, partition, preprocess
 from dpfl.federation.silo import Silo, silos_from_dataset, silos_from_splits
 
 if TYPE_CHECKING:  # config validates names against this registry
     from dpfl.experiments.config import DataConfig
 
 Reader = Callable[[Path, dict[str, Any]], Dataset]
-"""(folder of the files, options) -> dataset: real data, read from `data.path`."""
+"""(folder of the files, options) -> dataset: real data, read from `data.path`; an image
+dataset's options are its `[data.images]` keys, and `images` takes an `.npz` file too."""
 Generator = Callable[[int, dict[str, Any]], Dataset]
 """(seed, options) -> dataset: embedded or synthetic data, which need no files."""
 
@@ -203,22 +204,35 @@ def _centre_log2(data: Dataset) -> Dataset:
     return dataclasses.replace(data, features=features, preprocessing=(*data.preprocessing, note))
 
 
-def _image(loader: str) -> Reader:
-    def read(path: Path, options: dict[str, Any]) -> Dataset:
-        from dpfl.data import images
+def _images(preset: str | None) -> Reader:
+    """The one image reader (`dpfl.data.images`): `images` reads the folder (labels.csv
+    and its images) or `.npz` at `data.path`, a preset its own file in the folder `data.path`;
+    `options` are `[data.images]`'s declared keys."""
 
-        dataset: Dataset = getattr(images, loader)(path)
-        return dataset
+    def read(path: Path, options: dict[str, Any]) -> Dataset:
+        declared: dict[str, Any] = {
+            k: tuple(v) if isinstance(v, list) else v for k, v in options.items()
+        }
+        if preset is None:
+            return images.read_images(path, images.ImageFormat(**declared))
+        return images.read_preset(preset, path, **declared)
 
     return read
+
+
+IMAGE_READERS: dict[str, Reader] = {
+    "images": _images(None),
+    **{name: _images(name) for name in images.PRESETS},
+}
+"""`images`, a consortium's own image files in the format its study declares, and the
+MedMNIST sets (`retinamnist`, `breastmnist`, `pneumoniamnist`) as presets of it."""
 
 
 READERS: dict[str, Reader] = {
     "heart_disease": _heart_disease,
     "flamby_heart_disease": _flamby_heart_disease,
     "physionet2012": _physionet2012,
-    "retinamnist": _image("retinamnist"),
-    "breastmnist": _image("breastmnist"),
+    **IMAGE_READERS,
     "gse7390": _gse7390,
     "bc_tcga": _bc_tcga,
     "tcga_brca": _tcga_brca,
@@ -240,6 +254,8 @@ DATASETS = (*GENERATORS, *READERS)
 def load_dataset(config: DataConfig, seed: int) -> Dataset:
     """The configured dataset, read from `data.path` or generated from `seed`."""
     options = dict(config.options)
+    if config.dataset in IMAGE_READERS:  # their options are [data.images]
+        options = config.images.model_dump(exclude_none=True)
     if config.dataset in GENERATORS:
         return GENERATORS[config.dataset](seed, options)
     assert config.path is not None  # checked by DataConfig

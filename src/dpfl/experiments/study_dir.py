@@ -45,15 +45,18 @@ class StudyDirectoryError(ValueError):
 
 def fingerprint(folder: Path) -> Fingerprint:
     """Size and SHA-256 of every file under `folder` (what its dataset's reader may
-    read), hashed once per process for as long as the file's size and mtime hold."""
+    read), or of `folder` itself where it is a file (an `.npz` of images, a table),
+    hashed once per process for as long as the file's size and mtime hold."""
     found: Fingerprint = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+    files = [folder] if folder.is_file() else sorted(p for p in folder.rglob("*") if p.is_file())
+    for path in files:
         stat = path.stat()
         cached = (str(path), stat.st_mtime_ns, stat.st_size)
         if cached not in _HASHED:
             with path.open("rb") as file:
                 _HASHED[cached] = hashlib.file_digest(file, "sha256").hexdigest()
-        found[path.relative_to(folder).as_posix()] = (stat.st_size, _HASHED[cached])
+        name = path.name if path == folder else path.relative_to(folder).as_posix()
+        found[name] = (stat.st_size, _HASHED[cached])
     return found
 
 
