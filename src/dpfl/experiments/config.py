@@ -222,6 +222,12 @@ class DataConfig(_Strict):
 
 class ModelConfig(_Strict):
     kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
+    factory: str | None = None
+    """Your own model: `"file.py:build"` (in a study file, relative to the file's folder)
+    or `"package.module:build"`, called as `build(n_features, n_outputs)` for feature
+    vectors and `build(input_shape, n_outputs)` for images, returning a
+    `torch.nn.Module` (`dpfl.models.factories`); instead of `kind`. The run's key holds
+    it and its source file's SHA-256."""
     hidden: list[int] = Field(default_factory=lambda: [200, 200])
     """Hidden widths of the MLP (Kerkouche: 200, 200)."""
     time_bins: list[float] | None = None
@@ -233,6 +239,21 @@ class ModelConfig(_Strict):
     spread over trials includes the initialisation's; shared: all trials start from the
     study seed's model and differ only in batches and noise. The data split is the
     study seed's in every trial: vary `seed` as a grid axis to vary it too."""
+
+    @field_validator("factory")
+    @classmethod
+    def _findable(cls, factory: str | None) -> str | None:
+        from dpfl.models.factories import source_file  # imports torch
+
+        if factory is not None:
+            source_file(factory)
+        return factory
+
+    @model_validator(mode="after")
+    def _kind_or_factory(self) -> ModelConfig:
+        if self.factory is not None and self.kind != "logistic_regression":
+            raise ValueError("give model.kind or model.factory, not both")
+        return self
 
 
 class SiloBudget(_Strict):
@@ -375,7 +396,9 @@ class StudyConfig(_Strict):
         bins = self.model.time_bins or []
         if any(b <= 0 for b in bins) or any(b >= c for b, c in itertools.pairwise(bins)):
             raise ValueError(f"model.time_bins must increase from above 0, got {bins}")
-        if kind.needs_linear_model and self.model.kind != "logistic_regression":
+        if kind.needs_linear_model and (
+            self.model.kind != "logistic_regression" or self.model.factory is not None
+        ):
             raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
         if kind.needs_secure_sum and self.secure_aggregation == "none":
             raise ValueError(
@@ -407,7 +430,12 @@ class StudyConfig(_Strict):
         point's section lacks it), and any other field only where it is not at its
         default, so that a new option, or an algorithm's own setting, leaves every
         existing key as it was."""
-        text = json.dumps(_keyed(self, KEYED), sort_keys=True)
+        keyed = _keyed(self, KEYED)
+        if self.model.factory is not None:  # an edited model is a new point
+            from dpfl.models.factories import source_digest
+
+            keyed["model"]["factory_sha256"] = source_digest(self.model.factory)
+        text = json.dumps(keyed, sort_keys=True)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
@@ -542,7 +570,23 @@ def load(path: str | Path) -> Study:
             if isinstance(folders, list)
             else _beside(path, folders)
         )
+    model = raw.get("model")
+    if isinstance(model, dict) and "factory" in model:
+        factories = model["factory"]
+        model["factory"] = (
+            [_factory_beside(path, f) for f in factories]
+            if isinstance(factories, list)
+            else _factory_beside(path, factories)
+        )
     return Study(raw, str(path))
+
+
+def _factory_beside(study_file: Path, factory: Any) -> Any:
+    """A `"file.py:build"` factory with its file read relative to the study file's
+    folder; a module's factory as it is (a non-text value is left for validation)."""
+    from dpfl.models.factories import in_folder  # imports torch
+
+    return in_folder(factory, study_file.parent) if isinstance(factory, str) else factory
 
 
 def _beside(study_file: Path, folder: Any) -> Any:
