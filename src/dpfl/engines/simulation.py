@@ -86,6 +86,7 @@ from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.federation.threshold import FIXED, BalancedThreshold
 from dpfl.files import replacing
 from dpfl.local.clipping import Params
+from dpfl.local.device import DeviceName, training_device
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource
 from dpfl.local.threads import torch_threads
@@ -296,6 +297,7 @@ def simulate(
     cross_silo: bool = False,
     observe: Observer | None = None,
     threshold: float | BalancedThreshold = FIXED,
+    device: DeviceName = "cpu",
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -340,12 +342,16 @@ def simulate(
         threshold: The decision threshold of binary models: a public number, or a
             `BalancedThreshold` released at every evaluation from each silo's training
             records, charged to its accounts and planned with its rounds.
+        device: Where local training runs (`dpfl.local.device`): "cpu" (today's bits),
+            "cuda" (refused before anything runs where there is none) or "auto" (CUDA
+            where there is one). The noise is the same values on every device; the
+            server half, secure sums and evaluation stay on the CPU.
 
     Returns:
         The finished run, or the rounds completed before a Ctrl-C (`interrupted`) or
         before the budget ran out (`stopped_by_budget`).
     """
-    with torch_threads(threads):
+    with torch_threads(threads), training_device(device):
         _check_run(silos, rounds, trials, eval_every)
         _check_threshold(threshold, algorithm, silos)
         summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())

@@ -355,6 +355,9 @@ class StudyConfig(_Strict):
     privacy: PrivacyConfig
     threshold: ThresholdConfig = ThresholdConfig()
     tune: TuneConfig = TuneConfig()
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """Where local training runs (models, batches, noise): "cuda" refuses to run without
+    CUDA, "auto" takes CUDA where there is one and the CPU otherwise."""
     roster: dict[str, str] = Field(default_factory=dict)
     """A deployment's hospitals, pinned: each one's name and identity key, as `dpfl deploy
     identity` prints it (`dpfl.engines.roster`). The simulator does not read it."""

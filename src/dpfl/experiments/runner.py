@@ -53,6 +53,8 @@ from dpfl.experiments.datasheet import datasheet
 from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.experiments.study_dir import claim
+from dpfl.local.device import DeviceError
+from dpfl.local.device import resolve as resolve_device
 from dpfl.models.factories import ModelError
 from dpfl.privacy import Accountant, Ledger
 from dpfl.privacy.errors import UnsupportedAccountingError
@@ -287,7 +289,7 @@ def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
         return _results(config, key, result, ledger_file, time.perf_counter() - started)
     except (KeyboardInterrupt, SystemExit, DamagedFileError):
         raise  # left 'running': a restart resumes it from its checkpoint
-    except (DataFormatError, ModelError) as exc:  # bad input: the message names the file
+    except (DataFormatError, ModelError, DeviceError) as exc:  # bad input: one line says why
         return PointFailure(f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         return PointFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
@@ -415,6 +417,7 @@ def _label(key: str, grid: dict[str, Any]) -> str:
 
 
 def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> SimulationResult:
+    resolve_device(config.device)  # no CUDA for "cuda": refused before any record is read
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
     privacy = config.privacy
@@ -447,6 +450,7 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             cross_silo=config.cross_silo,
             secure_sum=secure.by_name(config.summing),
             threshold=decision_threshold(config.threshold),
+            device=config.device,
         )
 
 

@@ -184,7 +184,7 @@ class ClippedGradientSum:
             return loss(functional_call(self.model, p, (x,)), y, mask).sum()
 
         sums: Params = grad(total)(params)
-        return sums, torch.full(mask.shape, math.nan, dtype=mask.dtype)
+        return sums, torch.full(mask.shape, math.nan, dtype=mask.dtype, device=mask.device)
 
     def _loss_sum(self, z: Tensor, y: Tensor) -> Tensor:
         return self.loss(z, y).sum()
@@ -344,7 +344,7 @@ class ClippedGradientSum:
         if key not in self._probe_shapes:
             shapes = []
             with torch.no_grad():
-                h = x.index_select(0, torch.zeros(1, dtype=torch.long))
+                h = x.index_select(0, torch.zeros(1, dtype=torch.long, device=x.device))
                 for _, module, own in owned:
                     h = _forward(module, own, h) if own else module(h)
                     if own:
@@ -384,7 +384,9 @@ def column_major_copy(value: Tensor) -> Tensor:
     """A copy of `value` held column-major in its last two axes, copied `_COPY_ROWS` rows
     at a time: a whole-matrix copy into the other layout misses the cache on every
     write."""
-    out = torch.empty(*value.shape[:-2], value.shape[-1], value.shape[-2], dtype=value.dtype)
+    out = torch.empty(
+        *value.shape[:-2], value.shape[-1], value.shape[-2], dtype=value.dtype, device=value.device
+    )
     out = out.transpose(-1, -2)
     for start in range(0, value.shape[-2], _COPY_ROWS):
         rows = slice(start, start + _COPY_ROWS)

@@ -34,6 +34,7 @@ from dpfl.local.clipping import (
     column_major_copy,
     column_major_weights,
 )
+from dpfl.local.device import Placement, current
 from dpfl.local.losses import Loss
 from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.local.threads import torch_threads
@@ -139,10 +140,17 @@ def stack(members: Sequence[Params]) -> Params:
 
 
 class DPSGD:
-    """DP-SGD for one architecture and loss; the parameters live outside the module."""
+    """DP-SGD for one architecture and loss; the parameters live outside the module.
 
-    def __init__(self, model: nn.Module, loss: Loss, config: DPSGDConfig) -> None:
-        self.clipped_sum = ClippedGradientSum(model, loss)
+    It trains on `device` ("cpu", "cuda", "auto"; None: the enclosing
+    `dpfl.local.device.training_device`'s, the CPU outside one): parameters, batches and
+    noise there, the results handed back on the CPU (`dpfl.local.device`)."""
+
+    def __init__(
+        self, model: nn.Module, loss: Loss, config: DPSGDConfig, device: str | None = None
+    ) -> None:
+        self.placement = current() if device is None else Placement(device)
+        self.clipped_sum = ClippedGradientSum(self.placement.put(model), loss)
         self.config = config
 
     def run(
@@ -215,15 +223,19 @@ class DPSGD:
         declared = (
             [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers] if cfg.private else []
         )
+        put, device = self.placement.put, self.placement.device
+        datasets = [(put(x), put(y)) for x, y in datasets]
         dtype = next(iter(params.values())).dtype
-        scale = torch.tensor([s.expected_batch_size for s in samplers], dtype=dtype)
+        scale = torch.tensor([s.expected_batch_size for s in samplers], dtype=dtype, device=device)
         transposed = column_major_weights(self.clipped_sum.model, datasets[0][0])
-        params = {  # copies; those in `transposed` held column-major for the steps
-            k: column_major_copy(v.detach()) if k in transposed else v.detach().clone()
+        params = {  # copies on the device; those in `transposed` held column-major
+            k: column_major_copy(v.detach().to(device))
+            if k in transposed
+            else v.detach().to(device, copy=True)
             for k, v in params.items()
         }
         if velocity is not None:
-            velocity = dict(velocity)
+            velocity = {k: v.to(device) for k, v in velocity.items()}
         elif cfg.momentum or cfg.optimizer == "adam" or steps == 0:
             velocity = {k: torch.zeros_like(v) for k, v in params.items()}
         else:  # v = g̃ at every step: zeros that no step reads are not made
@@ -242,6 +254,9 @@ class DPSGD:
             self._steps(params, velocity, datasets, samplers, noises, steps, pool, scales, std)
         for k in transposed:  # handed back row-major, as they came (velocity as it is)
             params[k] = params[k].contiguous()
+        if not self.placement.on_cpu:  # handed back where the server half works
+            params = {k: v.cpu() for k, v in params.items()}
+            velocity = {k: v.cpu() for k, v in velocity.items()}
         metadata = [
             {
                 "mechanism": (
@@ -304,7 +319,8 @@ class DPSGD:
         # noise of all its parameters into its row at once (one draw, not one per tensor);
         # per parameter: its members' rows, their normalisers and its columns of the buffer
         width = sum(v[0].numel() for v in own.values())
-        buffer = torch.empty(members, width, dtype=dtype) if cfg.private else None
+        device = self.placement.device
+        buffer = torch.empty(members, width, dtype=dtype, device=device) if cfg.private else None
         rows = [] if buffer is None else list(zip(buffer.unbind(0), noises, strict=True))
         updates, offset = [], 0
         for name, value in own.items():
@@ -397,10 +413,10 @@ def _batch(
 ) -> tuple[Tensor, Tensor, Tensor]:
     """One silo's batch; an empty Poisson batch becomes one masked row (a noise-only step)."""
     x, y = data
-    mask = torch.ones(len(idx), dtype=dtype)
+    mask = torch.ones(len(idx), dtype=dtype, device=x.device)
     if not len(idx):
-        idx, mask = np.zeros(1, np.int64), torch.zeros(1, dtype=dtype)
-    rows = torch.from_numpy(idx)
+        idx, mask = np.zeros(1, np.int64), torch.zeros(1, dtype=dtype, device=x.device)
+    rows = torch.from_numpy(idx).to(x.device)
     return x.index_select(0, rows), y.index_select(0, rows), mask
 
 
@@ -464,13 +480,13 @@ class _Pool:
             rows = self._rows.copy()
             rows[filled] += np.concatenate(parts)  # row-major: member by member, in order
             mask = filled.astype(self._mask_dtype)
-            flat = torch.from_numpy(rows.reshape(-1))
+            flat = torch.from_numpy(rows.reshape(-1)).to(self.x.device)
             x = self.x.index_select(0, flat).reshape(self._x_shape)
             y = self.y.index_select(0, flat).reshape(self._y_shape)
             norms = None
             if self.norms is not None:
                 norms = self.norms.index_select(0, flat).reshape(rows.shape)
-            chunks.append((x, y, torch.from_numpy(mask), norms))
+            chunks.append((x, y, torch.from_numpy(mask).to(self.x.device), norms))
         return chunks
 
 

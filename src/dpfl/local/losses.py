@@ -144,7 +144,7 @@ def cross_entropy(logits: Tensor, target: Tensor) -> Tensor:
 
 def _cross_entropy_gradient(logits: Tensor, target: Tensor) -> Tensor:
     index = target.long().unsqueeze(-1)
-    minus_one = torch.full(index.shape, -1.0, dtype=logits.dtype)
+    minus_one = torch.full(index.shape, -1.0, dtype=logits.dtype, device=logits.device)
     return torch.softmax(logits, -1).scatter_add_(-1, index, minus_one)
 
 
@@ -189,8 +189,9 @@ def logistic_hazard(cuts: tuple[float, ...] | list[float]) -> Loss:
                 f"{tuple(target.shape)}"
             )
         time, event = target[..., 0].double().contiguous(), target[..., 1].to(logits.dtype)
-        interval = torch.bucketize(time, boundaries, right=True).unsqueeze(-1)
-        k = torch.arange(logits.shape[-1]).expand_as(logits)
+        cuts = boundaries.to(time.device)
+        interval = torch.bucketize(time, cuts, right=True).unsqueeze(-1)
+        k = torch.arange(logits.shape[-1], device=logits.device).expand_as(logits)
         at = (k == interval).to(logits.dtype)
         weight = (k < interval).to(logits.dtype).add_(at * event.unsqueeze(-1))
         return at.mul_(event.unsqueeze(-1)), weight

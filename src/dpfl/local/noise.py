@@ -63,7 +63,8 @@ class NoiseSource(ABC):
 
     def normal_into(self, out: Tensor, std: float) -> None:
         """Overwrite `out` with the values `normal(out.shape, std, out.dtype)` would give
-        (the same draws from the same stream); sources may write them in place."""
+        (the same draws from the same stream); sources may write them in place. On
+        another device than the CPU they are drawn on the CPU and copied to it."""
         out.copy_(self.normal(tuple(out.shape), std, out.dtype))
 
     @abstractmethod
@@ -82,7 +83,8 @@ class SeededNoise(NoiseSource):
         return torch.empty(shape, dtype=dtype).normal_(0.0, std, generator=self._generator)
 
     def normal_into(self, out: Tensor, std: float) -> None:
-        if not out.is_contiguous():  # `normal_` draws strided tensors in another order
+        # `normal_` draws strided tensors in another order; the generator is the CPU's
+        if not out.is_contiguous() or out.device.type != "cpu":
             super().normal_into(out, std)
             return
         out.normal_(0.0, std, generator=self._generator)
@@ -154,7 +156,7 @@ class SecureNoise(NoiseSource):
         return out.to(dtype)
 
     def normal_into(self, out: Tensor, std: float) -> None:
-        if out.dtype in _WORDS and out.is_contiguous():
+        if out.dtype in _WORDS and out.is_contiguous() and out.device.type == "cpu":
             self._fill(out.view(-1), std)  # straight into `out`: no n-sized temporary
         else:
             super().normal_into(out, std)
