@@ -361,3 +361,49 @@ def test_a_hospitals_supernode_that_stops_soon_after_its_start_is_started_again(
     with pytest.raises(typer.Exit) as ended:
         deploy._run_supernode([sys.executable, "-c", count_and_fail_twice])
     assert ended.value.exit_code == 3 and attempts.read_text() == "x"
+
+
+INIT_HEADER = "patient_nbr,hospital,age,race,creatinine,readmitted_30d"
+INIT_ROWS = ["918273,St-Xavier,87,Zoroastrian,4.321,1", "564738,Mercy-Point,63,Hispanic,0.987,0"]
+
+
+def _init(tmp_path: Path, *options: str) -> typer.testing.Result:
+    table = tmp_path / "cohort.csv"
+    table.write_text("\n".join([INIT_HEADER, *INIT_ROWS]) + "\n", encoding="utf-8")
+    return runner.invoke(app, ["init", str(table), *options, "--out", str(tmp_path / "s.toml")])
+
+
+def test_init_writes_a_study_from_the_header_alone_that_sweep_refuses_until_filled(
+    tmp_path: Path,
+) -> None:
+    made = _init(tmp_path, "--label", "readmitted_30d", "--site", "hospital")
+    assert made.exit_code == 0, made.output
+    text = (tmp_path / "s.toml").read_text()
+    for row in INIT_ROWS:  # no value of the rows (but the 0/1 label), written or shown
+        for value in row.split(",")[:-1]:
+            assert value not in text and value not in made.output, value
+    data = tomllib.loads(text)["data"]
+    assert (data["path"], data["label"], data["site"]) == (
+        "cohort.csv",
+        "readmitted_30d",
+        "hospital",
+    )
+    assert data["features"] == ["patient_nbr", "age", "race", "creatinine"]
+    assert data["columns"]["age"] == {"range": ["?", "?"]}
+    assert data["columns"]["race"] == {"categories": ["?"]}
+    refused = runner.invoke(app, ["sweep", str(tmp_path / "s.toml"), "--out", str(tmp_path / "r")])
+    assert refused.exit_code == 2
+    shown = " ".join(refused.output.split())
+    for key in ("patient_nbr.range", "age.range", "race.categories", "creatinine.range"):
+        assert f"data.columns.{key}: still '?'" in shown
+    assert "a DP quantile release charged to the ledger is not offered yet" in shown
+    assert not (tmp_path / "r").exists()
+
+
+def test_init_refuses_an_unknown_column_and_never_overwrites(tmp_path: Path) -> None:
+    unknown = _init(tmp_path, "--label", "readmitted")
+    assert unknown.exit_code == 2
+    assert "cohort.csv, column 'readmitted': no such column" in " ".join(unknown.output.split())
+    assert _init(tmp_path, "--label", "readmitted_30d").exit_code == 0
+    again = _init(tmp_path, "--label", "readmitted_30d")
+    assert again.exit_code == 2 and "is not overwritten" in again.output

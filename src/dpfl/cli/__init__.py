@@ -6,7 +6,7 @@ import typer
 
 from dpfl import __version__
 from dpfl.allocator import keep_freed_memory
-from dpfl.cli import audit, demo, deploy, privacy, report, study
+from dpfl.cli import audit, demo, deploy, init, privacy, report, study
 
 app = typer.Typer(
     name="dpfl",
@@ -17,6 +17,7 @@ app = typer.Typer(
 app.add_typer(privacy.app, name="privacy")
 app.add_typer(deploy.app, name="deploy")
 app.command("demo")(demo.demo)
+app.command("init")(init.init)
 app.command("run")(study.run)
 app.command("sweep")(study.sweep)
 app.command("best")(study.best)

@@ -23,10 +23,10 @@ delta = 1e-5
 ```
 
 A list where the schema expects one value makes a grid axis; `sweep` runs the product of
-all axes. Keys whose value is itself a list (`model.hidden`, `metrics`,
-`data.partition.names`) become axes when given a list of lists. Unknown keys and bad
-values (infinite or NaN numbers among them) are refused with the dotted path of the key
-and the reason, before anything runs.
+all axes. Keys whose value is itself a list (their schema type is a list or a pair:
+`model.hidden`, `metrics`, `data.features`, `data.columns.NAME.range`, ...) become axes
+when given a list of lists. Unknown keys and bad values (infinite or NaN numbers among
+them) are refused with the dotted path of the key and the reason, before anything runs.
 """
 
 from __future__ import annotations
@@ -53,6 +53,7 @@ from pydantic import (
     model_validator,
 )
 
+from dpfl.data.table import HONEST_RANGE, TODO, Column
 from dpfl.federation.algorithms import SETTINGS, AlgorithmSettings, DPSGDSettings
 
 SecureAggregation = Literal["none", "ideal", "masking", "he"]
@@ -71,17 +72,6 @@ Metric = Literal[
 ]
 """Classification metrics, and survival ones: Harrell's and Uno's C-index, the integrated
 Brier score (lower is better) and the mean time-dependent AUROC."""
-LIST_VALUED = {
-    ("model", "hidden"),
-    ("model", "time_bins"),
-    ("metrics",),
-    ("data", "partition", "names"),
-    ("data", "images", "classes"),
-    ("data", "images", "size"),
-    ("data", "images", "mean"),
-    ("data", "images", "std"),
-}
-"""Keys whose single value is a list: a grid over them is a list of lists."""
 
 
 MAX_POINTS = 100_000
@@ -167,6 +157,25 @@ class DataConfig(_Strict):
     silo's training records released before round 0 and charged to its ledger."""
     size_noise: float = Field(20.0, gt=0, allow_inf_nan=False)
     """Std, in records, of the Gaussian noise of a "dp-count" release."""
+    label: str | None = None
+    """A table's label column: integer classes, those of `classes`."""
+    classes: list[str | int] | None = None
+    """The label's classes as written in the file, declared (default 0 and 1): never
+    read off the records, where a class's presence is itself a fact about them."""
+    time: str | None = None
+    """A table's survival time column (with `event`, instead of `label`)."""
+    event: str | None = None
+    """A table's survival event column: 1 observed, 0 censored."""
+    site: str | None = None
+    """A table's site column: one silo per site (the natural partition)."""
+    sites: dict[str, int] | None = None
+    """Each site's declared public size (its records in the table), which shapes its
+    mechanism instead of its count; a site holding fewer records is refused."""
+    features: list[str] | None = None
+    """A table's feature columns (default: every column but the label, survival and site
+    ones); an identifier such as a patient number is not a feature unless listed."""
+    columns: dict[str, Column] = Field(default_factory=dict)
+    """Each feature column's public preprocessing (`dpfl.data.table.Column`)."""
     images: ImagesConfig = ImagesConfig()
     """`[data.images]`: the image datasets' format (`images`, and the MedMNIST presets,
     which may declare all but the classes)."""
@@ -183,8 +192,12 @@ class DataConfig(_Strict):
     @field_validator("path")
     @classmethod
     def _a_folder(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        from dpfl.experiments.datasets import TABLES
+
         if path is None or path.is_dir():
             return path
+        if info.data.get("dataset") in TABLES:
+            return path  # a table's file: checked with the table's keys
         if info.data.get("dataset") != "images":
             raise ValueError(f"{path} is not a folder")
         if not path.is_file():
@@ -208,9 +221,66 @@ class DataConfig(_Strict):
         return self
 
     @model_validator(mode="after")
-    def _files_where_needed(self) -> DataConfig:
-        from dpfl.experiments.datasets import READERS
+    def _a_table(self) -> DataConfig:
+        """A table's keys, checked before any record is read; no other dataset takes them."""
+        from dpfl.experiments.datasets import TABLES
 
+        fields = type(self).model_fields
+        set_keys = sorted(
+            k
+            for k in TABLE_KEYS
+            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+        )
+        if self.dataset not in TABLES:
+            if set_keys:
+                keys = ", ".join(f"data.{k}" for k in set_keys)
+                raise ValueError(f"{keys}: only a table (dataset = 'table') takes them")
+            return self
+        if self.path is None or not self.path.is_file():
+            raise ValueError(f"data.path: a table is one CSV or Parquet file; {self.path} is not")
+        if self.label is None and (self.time is None or self.event is None):
+            raise ValueError("a table needs data.label (classes) or data.time and data.event")
+        if self.label is not None and (self.time is not None or self.event is not None):
+            raise ValueError("data.label (classes) or data.time and data.event, not both")
+        if self.classes is not None and (self.label is None or TODO in self.classes):
+            raise ValueError(
+                "data.classes: the label's classes as written in the file, declared from the "
+                "data dictionary (never read off the records)"
+                if self.label is not None
+                else "data.classes: survival takes no classes"
+            )
+        if self.site is None:
+            if self.sites is not None:
+                raise ValueError("data.sites: public sizes of sites, which need data.site")
+        elif self.partition.kind != "natural":
+            raise ValueError("data.site makes one silo per site: leave data.partition out")
+        elif self.public_sizes == "declared" and self.sites is None:
+            raise ValueError(
+                "data.site: each silo's public size must come from the study, never its "
+                "records' count: declare each site's in [data.sites] (e.g. hospital_a = 1200, "
+                "at most its records) or set data.public_sizes = 'dp-count'"
+            )
+        elif self.public_sizes == "dp-count" and self.sites is not None:
+            raise ValueError("data.sites: public sizes are declared or a DP count, not both")
+        if any(size < 1 for size in (self.sites or {}).values()):
+            raise ValueError("data.sites: every declared public size is a positive count")
+        for name in self.features or []:
+            if name not in self.columns:
+                raise ValueError(
+                    f"data.features: {name!r} has no [data.columns.{name}]: a number needs "
+                    f"`range = [low, high]` from {HONEST_RANGE}; text needs `categories`"
+                )
+        extra = sorted(set(self.columns) - set(self.features or self.columns))
+        if extra:
+            raise ValueError(f"data.columns: {extra} are not among data.features")
+        return self
+
+    @model_validator(mode="after")
+    def _files_where_needed(self) -> DataConfig:
+        from dpfl.experiments.datasets import READERS, TABLES
+
+        if self.dataset in TABLES:
+            return self  # its file: `_a_table`
         if self.dataset in READERS and self.path is None:
             raise ValueError(
                 f"{self.dataset} is read from files: give data.path, the folder that holds them"
@@ -500,6 +570,10 @@ KEYED: Mapping[str, Any] = MappingProxyType(
 the study had one flat `[algorithm]` section for every algorithm: each key holds them
 all, whatever the algorithm's own settings, so that no run's id ever moves. Never add
 to it: a new field enters a key only where it is set (`StudyConfig.key`)."""
+TABLE_KEYS = frozenset(
+    {"label", "classes", "time", "event", "site", "sites", "features", "columns"}
+)
+"""`DataConfig`'s keys that only a table takes."""
 UNKEYED = frozenset({"tune"})
 """Fields no run reads (only `dpfl tune`), which therefore name no run."""
 
@@ -609,11 +683,30 @@ def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tupl
         if isinstance(value, dict):
             yield from _axes(value, path)
         elif isinstance(value, list) and (
-            path not in LIST_VALUED or (value and all(isinstance(v, list) for v in value))
+            not _list_valued(path) or (value and all(isinstance(v, list) for v in value))
         ):
             if not value:
                 raise ConfigError(f"{'.'.join(path)}: an empty list is an empty grid")
             yield ".".join(path), value
+
+
+def _list_valued(path: Sequence[str]) -> bool:
+    """Whether the schema's type of the key at `path` is a list (or a pair), whose one
+    value is then a list: only a list of lists makes it a grid axis."""
+    schema: tuple[type[BaseModel], ...] = (StudyConfig,)
+    by_name = False
+    annotation: Any = None
+    for key in path:
+        if by_name:  # the name of a section by name (data.columns.NAME, privacy.silos.NAME)
+            by_name = False
+            continue
+        fields = [m.model_fields[key] for m in schema if key in m.model_fields]
+        if not fields:
+            return False
+        annotation = fields[0].annotation
+        schema, by_name = _sections(annotation)
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    return any(get_origin(a) in (list, tuple) for a in (annotation, *options))
 
 
 def _unknown_keys(

@@ -247,7 +247,32 @@ GENERATORS: dict[str, Generator] = {
 """Data that need no files: `breast_cancer` (scikit-learn's embedded WDBC table, scaled
 by published ranges) and the synthetic generators (`pandemic`: a contact graph, node-level
 privacy)."""
-DATASETS = (*GENERATORS, *READERS)
+
+
+def _table(config: DataConfig) -> Dataset:
+    """A consortium's own CSV or Parquet table, preprocessed as its study declares
+    (`dpfl.data.table`): the file `data.path`, with the keys `label` (or `time` and
+    `event`), `classes`, `site`, `sites`, `features` and `[data.columns]`."""
+    from dpfl.data import table
+
+    assert config.path is not None  # checked by DataConfig
+    return table.read_table(
+        config.path,
+        columns=config.columns,
+        features=config.features,
+        label=config.label,
+        classes=(0, 1) if config.classes is None else config.classes,
+        time=config.time,
+        event=config.event,
+        site=config.site,
+        sites=config.sites,
+    )
+
+
+TABLES: dict[str, Callable[[DataConfig], Dataset]] = {"table": _table}
+"""A table of the study's own: name -> reader of the file `data.path` by the study's
+declarations."""
+DATASETS = (*GENERATORS, *READERS, *TABLES)
 """Every name a study's `data.dataset` can take."""
 
 
@@ -258,6 +283,8 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
         options = config.images.model_dump(exclude_none=True)
     if config.dataset in GENERATORS:
         return GENERATORS[config.dataset](seed, options)
+    if config.dataset in TABLES:
+        return TABLES[config.dataset](config)
     assert config.path is not None  # checked by DataConfig
     return READERS[config.dataset](config.path, options)
 
@@ -276,7 +303,7 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
         return silos_from_splits(
             data, official_splits(data, parts, names), names=names, declare_sizes=declare_sizes
         )
-    return silos_from_dataset(
+    silos = silos_from_dataset(
         data,
         parts,
         test_fraction=config.test_fraction,
@@ -284,6 +311,13 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
         names=names,
         declare_sizes=declare_sizes,
     )
+    if config.sites is None:
+        return silos
+    # the sites' declared sizes, never their counts: each silo's training share of its own
+    return [
+        silo.with_public_size(max(1, round(config.sites[site] * (1 - config.test_fraction))))
+        for silo, site in zip(silos, data.site_names, strict=False)
+    ]
 
 
 def official_splits(
