@@ -306,8 +306,7 @@ def simulate(
         silos: The hospitals' records; names must be unique.
         rounds: Rounds to run (fewer if the algorithm stops at its budget).
         trials: Independent repetitions, run stacked together.
-        seed: Keys every random stream (`dpfl.engines.streams`) and the trials' initial
-            models.
+        seed: Keys every random stream (`dpfl.engines.streams`) and initial model.
         epsilon_budget: Every silo's ε, unless `budgets` names it; None: each account's
             budget is what its plan spends.
         delta: Every silo's δ, unless `budgets` names it.
@@ -323,29 +322,24 @@ def simulate(
         checkpoint: A file the run is saved to after every round, and resumed from if
             it holds this run.
         eval_every: Evaluate every this many rounds (and after the last).
-        size_noise: The std, in records, of the Gaussian noise (sensitivity 1) of the DP
-            count released for a silo that declares no public size, charged first (a
-            non-private run uses the true count: it protects no one).
+        size_noise: The std, in records, of the DP count's Gaussian noise for a silo that
+            declares no public size, charged first (a non-private run uses the true count).
         secure_sum: How the server learns the sum of the replies; None: in the clear, or
             the ideal secure sum for an algorithm that needs one.
-        init: "per-trial" starts trial 0 from the model as given and every other trial
-            from a fresh initialisation seeded by (seed, trial); "shared" starts every
-            trial from the model as given (trials then differ in batches and noise only).
-        threads: torch's thread count during the run, restored after (None keeps it):
-            one suits the small models of these studies.
+        init: "per-trial": trial 0 from the model as given, every other from its own
+            seeded initialisation; "shared": every trial from the model as given.
+        threads: torch's thread count during the run, restored after (None keeps it).
         cross_silo: Also score the final models of every silo on every silo's test set
             (`SimulationResult.cross_silo`); nothing else changes.
         observe: Called after every exchange as `observe(round, exchange, states,
             replies, revealed)` with every trial's server state and replies and whether
             the server saw them (False: a secure sum gave it their sum only), for audits
             (`dpfl.audit`); it reads them and copies what it keeps.
-        threshold: The decision threshold of binary models: a public number, or a
-            `BalancedThreshold` released at every evaluation from each silo's training
-            records, charged to its accounts and planned with its rounds.
-        device: Where local training runs (`dpfl.local.device`): "cpu" (today's bits),
-            "cuda" (refused before anything runs where there is none) or "auto" (CUDA
-            where there is one). The noise is the same values on every device; the
-            server half, secure sums and evaluation stay on the CPU.
+        threshold: Binary models' decision threshold: a public number, or a
+            `BalancedThreshold` released (and charged) at every evaluation.
+        device: Where local training runs (`dpfl.local.device`): "cpu", "cuda" (refused
+            where there is none) or "auto"; the noise is the same values on every device,
+            and the server half, secure sums and evaluation stay on the CPU.
 
     Returns:
         The finished run, or the rounds completed before a Ctrl-C (`interrupted`) or
