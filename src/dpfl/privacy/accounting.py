@@ -24,10 +24,12 @@ Five things are ours on top of `dp_accounting`:
 
 from __future__ import annotations
 
+import itertools
 import logging
 import math
 import warnings
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -51,6 +53,7 @@ from dpfl.privacy.events import (
     Neighbouring,
     NodeSampledGaussianDpEvent,
     PrivacyEvent,
+    compose,
 )
 
 PLD_DISCRETISATION = 1e-4
@@ -571,3 +574,101 @@ def _as_epsilon(value: float) -> float:
     if math.isnan(value):
         raise UnsupportedAccountingError("the accountant returned NaN for this event")
     return max(value, 0.0)
+
+
+CONSORTIUM_SUBSETS = 1140
+"""Most h-subsets of hospitals' plans `consortium_epsilon` composes one by one (20 choose
+3): past it, the RDP bound that holds for every subset answers instead."""
+
+
+@dataclass(frozen=True)
+class ConsortiumEpsilon:
+    """ε at δ of a patient seen by up to `hospitals` hospitals: the composition of the
+    `hospitals` plans that spend the most together. `exact`: the worst subset was found by
+    composing every one (`worst`, indices into the plans given); otherwise `epsilon` is the
+    RDP upper bound over all subsets and `worst` is empty."""
+
+    epsilon: float
+    delta: float
+    hospitals: int
+    exact: bool
+    worst: tuple[int, ...]
+    accountant: Accountant
+
+
+def consortium_epsilon(
+    plans: Sequence[PrivacyEvent],
+    hospitals: int,
+    delta: float,
+    accountant: Accountant | str | None = None,
+) -> ConsortiumEpsilon:
+    """ε of a patient whose records may be in any `hospitals` of the silos whose plans
+    (each silo's composed events, about that patient's records there) are given.
+
+    The silos' mechanisms run on disjoint records with independent noise, so the patient's
+    loss is the composition of those silos' events, which `epsilon` analyses (PLD where it
+    can): never a sum of ε's. With heterogeneous events the worst subset is not always the
+    silos with the largest ε's, so every subset is composed (identical plans count once)
+    while there are at most `CONSORTIUM_SUBSETS` of them. Past that, each plan's Rényi
+    divergence curve is computed once, and at each order the `hospitals` largest are
+    added: that curve lies above every subset's, so the ε it converts to bounds them all.
+    """
+    if isinstance(hospitals, bool) or not isinstance(hospitals, int) or hospitals < 1:
+        raise PrivacyParameterError(
+            f"hospitals per patient must be an integer ≥ 1, got {hospitals!r}"
+        )
+    if not plans:
+        raise PrivacyParameterError("no hospital's plan to compose")
+    h = min(hospitals, len(plans))
+    classes: dict[str, list[int]] = {}
+    for i, plan in enumerate(plans):
+        classes.setdefault(plan.to_json(), []).append(i)
+    members = list(classes.values())
+    if math.comb(len(members) + h - 1, h) <= CONSORTIUM_SUBSETS:
+        best: tuple[EpsilonReport, tuple[int, ...]] | None = None
+        for picked in itertools.combinations_with_replacement(range(len(members)), h):
+            counts = Counter(picked)
+            if any(n > len(members[c]) for c, n in counts.items()):
+                continue
+            chosen = tuple(sorted(i for c, n in counts.items() for i in members[c][:n]))
+            report = epsilon(compose([plans[i] for i in chosen]), delta, accountant)
+            if best is None or report.epsilon > best[0].epsilon:
+                best = (report, chosen)
+        assert best is not None  # h ≤ len(plans): some subset exists
+        report, chosen = best
+        return ConsortiumEpsilon(report.epsilon, delta, h, True, chosen, report.accountant)
+    return ConsortiumEpsilon(
+        _rdp_top_bound([plans[m[0]] for m in members], [len(m) for m in members], h, delta),
+        delta,
+        h,
+        False,
+        (),
+        Accountant.RDP,
+    )
+
+
+def _rdp_top_bound(
+    plans: Sequence[PrivacyEvent], copies: Sequence[int], h: int, delta: float
+) -> float:
+    """ε at δ from, at each Rényi order, the sum of the `h` largest RDP values among the
+    plans (`copies[i]` silos share plan i), basic-composition parts likewise the `h`
+    largest ε's and δ's: an upper bound on every h-subset's ε."""
+    curves, basic_eps, basic_delta = [], [], []
+    for plan, n in zip(plans, copies, strict=True):
+        rest, eps_i, delta_i = split_basic_composition(plan.dp_event)
+        acc = make_accountant(Accountant.RDP, plan.neighbouring)
+        try:
+            acc.compose(rest)
+        except UnsupportedEventError as exc:
+            raise UnsupportedAccountingError(str(exc)) from exc
+        curves += [np.asarray(acc._rdp, dtype=float)] * n
+        basic_eps += [eps_i] * n
+        basic_delta += [delta_i] * n
+    top = np.sort(np.stack(curves), axis=0)[-h:].sum(axis=0)
+    spent_delta = sum(sorted(basic_delta)[-h:])
+    if spent_delta >= delta:
+        raise PrivacyParameterError(
+            f"the (ε, δ) events of {h} hospitals alone use δ={spent_delta:g} of δ={delta:g}"
+        )
+    value, _ = rdp.rdp_privacy_accountant.compute_epsilon(RDP_ORDERS, top, delta - spent_delta)
+    return _as_epsilon(float(value) + sum(sorted(basic_eps)[-h:]))

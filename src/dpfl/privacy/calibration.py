@@ -9,7 +9,7 @@ target; σ lies within `tolerance` above the least σ that does, and steps are e
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Generic, TypeVar
 
 from dp_accounting import get_epsilon_gaussian, get_sigma_gaussian
@@ -21,6 +21,7 @@ from dpfl.privacy.accounting import (
     PldTooLargeError,
     check_delta,
     choose_accountant,
+    consortium_epsilon,
     epsilon,
     split_basic_composition,
 )
@@ -88,6 +89,29 @@ def calibrate_noise(
     if eps.refusal is not None and math.isinf(below[1]):
         raise eps.refusal  # the PLD asked for cannot tell whether a little less noise would do
     return above[0]
+
+
+def calibrate_consortium_noise(
+    target_epsilon: float,
+    delta: float,
+    make_plans: Callable[[float], Sequence[events.PrivacyEvent]],
+    hospitals: int,
+    *,
+    accountant: Accountant | str | None = None,
+    tolerance: float = NOISE_TOLERANCE,
+) -> float:
+    """Smallest σ (to `tolerance`) at which a patient seen by up to `hospitals` of the silos
+    whose plans `make_plans(σ)` gives stays within ε = target at δ
+    (`accounting.consortium_epsilon`, the figure the report shows)."""
+    _check_target(target_epsilon, delta)
+    probe = make_plans(1.0)
+    for plan in probe:
+        choose_accountant(plan, accountant)
+    eps = _Consortium(make_plans, delta, accountant, hospitals)
+    bracket = _bracket(eps, target_epsilon, (1.0, eps(1.0)), 0.5)
+    if bracket is None:
+        return NOISE_FLOOR
+    return _least(eps, target_epsilon, *bracket, tolerance)[1][0]
 
 
 def gaussian_noise_multiplier(epsilon: float, delta: float) -> float:
@@ -200,6 +224,32 @@ class _Epsilon(Generic[_Param]):
     def by_rdp(self, value: _Param) -> bool:
         report = self.reports.get(value)
         return report is not None and report.accountant is Accountant.RDP
+
+
+class _Consortium(_Epsilon[float]):
+    """The consortium ε at σ (`consortium_epsilon` of the silos' plans), remembered; ∞
+    where an explicitly requested PLD would pass its size limit, as in `_Epsilon`."""
+
+    def __init__(
+        self,
+        make_plans: Callable[[float], Sequence[events.PrivacyEvent]],
+        delta: float,
+        accountant: Accountant | str | None,
+        hospitals: int,
+    ) -> None:
+        super().__init__(lambda _: events.compose([]), delta, accountant)
+        self.make_plans, self.hospitals = make_plans, hospitals
+        self.values: dict[float, float] = {}
+
+    def __call__(self, value: float) -> float:
+        if value not in self.values:
+            try:
+                self.values[value] = consortium_epsilon(
+                    self.make_plans(value), self.hospitals, self.delta, self.accountant
+                ).epsilon
+            except PldTooLargeError as exc:
+                self.values[value], self.refusal = math.inf, exc
+        return self.values[value]
 
 
 def _bracket(
