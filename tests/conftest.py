@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -16,6 +15,7 @@ from sklearn.datasets import load_breast_cancer
 from dpfl.data.partition import iid_stratified
 from dpfl.federation.silo import Silo
 from dpfl.privacy.accounting import PLD_DISCRETISATION
+from studies import toml_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SHARED_DATA = Path(os.environ.get("DPFL_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
@@ -75,27 +75,4 @@ def independent_epsilon() -> Callable[..., float]:
 def study_text() -> Callable[[Mapping[str, Any]], str]:
     """A study file's text (TOML) for a study given as the dict `Study` takes: the commands'
     tests read the very study the API's tests build, instead of a copy written by hand."""
-
-    def text(study: Mapping[str, Any]) -> str:
-        keys = [f"{k} = {_toml(v)}" for k, v in study.items() if not isinstance(v, Mapping)]
-        tables = [
-            "\n".join([f"[{name}]", *(f"{k} = {_toml(v)}" for k, v in table.items())])
-            for name, table in study.items()
-            if isinstance(table, Mapping)
-        ]
-        return "\n".join([*keys, *tables]) + "\n"
-
-    return text
-
-
-def _toml(value: Any) -> str:
-    """A TOML value: dicts within a table are written inline."""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, str):
-        return json.dumps(value)  # a JSON string is a TOML basic string
-    if isinstance(value, Mapping):
-        return "{ " + ", ".join(f"{k} = {_toml(v)}" for k, v in value.items()) + " }"
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(_toml(v) for v in value) + "]"
-    return repr(value)
+    return toml_text

@@ -19,6 +19,7 @@ from dpfl.experiments.config import Study
 from dpfl.experiments.datasheet import RESEARCH_NOISE
 from dpfl.experiments.runner import run_study
 from dpfl.privacy import Ledger, epsilon, events
+from studies import breast_cancer_study
 
 runner = CliRunner()
 
@@ -224,18 +225,9 @@ def test_demo_prints_the_privacy_utility_curve_with_the_ledgers_epsilon(tmp_path
     assert (tmp_path / "report" / "index.html").is_file()
 
 
-STUDY = """
-name = "cli"
-rounds = 2
-[data]
-dataset = "breast_cancer"
-partition = { kind = "iid", silos = 2 }
-[algorithm]
-name = "fedavg"
-learning_rate = 1.0
-[privacy]
-noise_multiplier = 1.0
-"""
+STUDY = breast_cancer_study(
+    "cli", rounds=2, silos=2, algorithm={"learning_rate": 1.0}, privacy={"noise_multiplier": 1.0}
+)
 
 
 def _run(tmp_path: Path, text: str, out: str) -> Any:

@@ -9,18 +9,9 @@ import pytest
 
 from dpfl.experiments import config as config_module
 from dpfl.experiments.config import MAX_POINTS, ConfigError, Study, load
+from studies import breast_cancer_study
 
-BASE = """
-name = "t"
-rounds = 3
-[data]
-dataset = "breast_cancer"
-partition = { kind = "iid", silos = 3 }
-[algorithm]
-name = "fedavg"
-[privacy]
-epsilon = 1.0
-"""
+BASE = breast_cancer_study("t", rounds=3, privacy={"epsilon": 1.0})
 
 
 def _write(tmp_path: Path, text: str) -> Path:

@@ -26,6 +26,7 @@ from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import ResultsStore
 from dpfl.experiments.summary import run_summaries, silo_summaries
 from dpfl.privacy import Ledger, epsilon, events
+from studies import breast_cancer_study
 
 STUDY = {
     "name": "tiny",
@@ -130,21 +131,14 @@ def test_every_epsilon_shown_is_the_worst_trial_under_client_sampling(tmp_path: 
     assert f"{overall:.4g} (PLD) †" in table.output and "research noise" in table.output
 
 
-SWEEP = """
-name = "killable"
-rounds = 8
-trials = 2
-[data]
-dataset = "breast_cancer"
-partition = { kind = "iid", silos = 3 }
-[algorithm]
-name = "fedavg"
-learning_rate = [0.5, 1.0, 2.0]
-[privacy]
-noise_multiplier = 1.0
-epsilon = 50
-accountant = "rdp"  # twice as fast as PLD, and the resume is not about ε
-"""
+# RDP: twice as fast as PLD, and the resume is not about ε
+SWEEP = breast_cancer_study(
+    "killable",
+    rounds=8,
+    trials=2,
+    algorithm={"learning_rate": [0.5, 1.0, 2.0]},
+    privacy={"noise_multiplier": 1.0, "epsilon": 50, "accountant": "rdp"},
+)
 
 
 def _finished(store: Path) -> int:

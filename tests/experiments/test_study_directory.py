@@ -35,22 +35,16 @@ from dpfl.experiments.runner import LOCK, STORE, StudyBar, run_study
 from dpfl.experiments.store import ResultsStore, StoreError
 from dpfl.experiments.study_dir import IDENTITY
 from dpfl.experiments.summary import run_summaries
+from studies import breast_cancer_study
 
-SWEEP = """
-name = "shared"
-rounds = 3
-trials = 1
-[data]
-dataset = "breast_cancer"
-partition = { kind = "iid", silos = 3 }
-[algorithm]
-name = "fedavg"
-learning_rate = [0.5, 2.0]
-[privacy]
-noise_multiplier = 1.0
-epsilon = 50
-accountant = "rdp"  # cheaper than PLD, and these tests are not about ε
-"""
+# RDP: cheaper than PLD, and these tests are not about ε
+SWEEP = breast_cancer_study(
+    "shared",
+    rounds=3,
+    trials=1,
+    algorithm={"learning_rate": [0.5, 2.0]},
+    privacy={"noise_multiplier": 1.0, "epsilon": 50, "accountant": "rdp"},
+)
 TINY = {
     "name": "tiny",
     "rounds": 2,
