@@ -91,6 +91,7 @@ from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, events
+from dpfl.privacy.calibration import calibrate_consortium_noise
 from dpfl.secure import IdealSecureSum, InTheClear
 
 __all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
@@ -298,6 +299,7 @@ def simulate(
     observe: Observer | None = None,
     threshold: float | BalancedThreshold = FIXED,
     device: DeviceName = "cpu",
+    consortium: tuple[int, float] | None = None,
 ) -> SimulationResult:
     """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
 
@@ -340,6 +342,9 @@ def simulate(
         device: Where local training runs (`dpfl.local.device`): "cpu", "cuda" (refused
             where there is none) or "auto"; the noise is the same values on every device,
             and the server half, secure sums and evaluation stay on the CPU.
+        consortium: (h, ε): with `calibrate`, σ also keeps a patient seen by up to h
+            silos within ε at `delta` (`calibration.calibrate_consortium_noise`); silos
+            without an ε budget are then held to this one only.
 
     Returns:
         The finished run, or the rounds completed before a Ctrl-C (`interrupted`) or
@@ -368,7 +373,7 @@ def simulate(
         )
         run = _Simulation.planned(algorithm, silos, settings, book, targets, summing, size_noise)
         if calibrate:
-            run.calibrate(calibrate)
+            run.calibrate(calibrate, consortium, delta)
         run.resume()
         run.loop()
         return run.result()
@@ -487,9 +492,15 @@ class _Simulation:
         count = sum(r >= first for r in self.evaluations)
         return {s.name: (threshold.event(s), count) for s in self.infos}
 
-    def calibrate(self, calibrate: bool | Literal["common", "per-silo"]) -> None:
+    def calibrate(
+        self,
+        calibrate: bool | Literal["common", "per-silo"],
+        consortium: tuple[int, float] | None = None,
+        delta: float = 1e-5,
+    ) -> None:
         """The algorithm with the least σ that keeps each silo's scheduled rounds (and
-        its other releases) within its budget."""
+        its other releases) within its budget, and with a `consortium` (h, ε), a patient
+        of up to h silos within ε at `delta`."""
         if calibrate not in (True, "common", "per-silo"):
             raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
         if not self.algorithm.private:
@@ -503,6 +514,21 @@ class _Simulation:
         sigmas = Calibration(
             self.algorithm, infos, planned, self.targets, self.book.accountant, others
         )
+        if consortium is not None:
+            if calibrate == "per-silo":
+                raise ValueError("a consortium budget calibrates one σ: calibrate 'common'")
+            hospitals, target = consortium
+            least = calibrate_consortium_noise(
+                target,
+                delta,
+                lambda sigma: [sigmas.plan(s, sigma) for s in infos],
+                hospitals,
+                accountant=self.book.accountant,
+            )
+            if any(self.targets[s.name][0] is not None for s in infos):
+                least = max(least, sigmas.common())
+            self.algorithm = self.algorithm.with_noise(least)
+            return
         self.algorithm = (
             self.algorithm.with_silo_noise(sigmas.per_silo())
             if calibrate == "per-silo"

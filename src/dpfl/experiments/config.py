@@ -176,6 +176,14 @@ class DataConfig(_Strict):
     ones); an identifier such as a patient number is not a feature unless listed."""
     columns: dict[str, Column] = Field(default_factory=dict)
     """Each feature column's public preprocessing (`dpfl.data.table.Column`)."""
+    unit: str | None = None
+    """A table's column naming each record's patient: the unit of privacy becomes the
+    patient (all their records; patient-level DP-SGD samples patients and clips each
+    one's records as one), and public sizes (`sites`, or a DP count) count patients."""
+    max_records: int | None = Field(None, ge=1)
+    """The declared most records one patient has: with `unit`, the most a sampled patient
+    contributes (drawn from their own records); without, the group size of the
+    datasheet's patient-level figure for record-level training."""
     images: ImagesConfig = ImagesConfig()
     """`[data.images]`: the image datasets' format (`images`, and the MedMNIST presets,
     which may declare all but the classes)."""
@@ -347,13 +355,30 @@ class PrivacyConfig(_Strict):
     calibration: Literal["common", "per-silo"] = "common"
     """common: every silo gets the σ of the most constrained one; per-silo: each silo the
     least σ for its own (ε, δ), so no silo ends far below its budget."""
+    hospitals_per_patient: int | None = Field(None, ge=1)
+    """The declared (public) bound on how many hospitals one patient may have visited: the
+    report and datasheet then show the consortium-level ε, the composition of the plans
+    of the h silos that spent the most (`accounting.consortium_epsilon`)."""
+    consortium_epsilon: float | None = Field(None, gt=0)
+    """A budget on that consortium-level ε at `delta`: σ is calibrated to meet it (and
+    `epsilon`, where given, too)."""
 
     @model_validator(mode="after")
     def _private_needs_noise_or_budget(self) -> PrivacyConfig:
-        if self.private and self.epsilon is None and self.noise_multiplier is None:
+        budget = (self.epsilon, self.noise_multiplier, self.consortium_epsilon)
+        if self.private and budget == (None, None, None):
             raise ValueError(
                 "a private run needs `epsilon` (noise calibrated to it) or `noise_multiplier`"
             )
+        if self.consortium_epsilon is not None:
+            if self.hospitals_per_patient is None:
+                raise ValueError("consortium_epsilon needs hospitals_per_patient (the h it is for)")
+            if not self.private:
+                raise ValueError("a non-private run takes no consortium_epsilon")
+            if self.noise_multiplier is not None:
+                raise ValueError("consortium_epsilon sets σ: give no noise_multiplier")
+            if self.calibration == "per-silo":
+                raise ValueError("consortium_epsilon calibrates one σ: calibration = 'common'")
         if not self.private and (self.noise_multiplier is not None or self.silos):
             raise ValueError("a non-private run takes no noise_multiplier or silo budgets")
         if self.calibration == "per-silo" and self.noise_multiplier is not None:
@@ -453,6 +478,8 @@ class StudyConfig(_Strict):
             raise ValueError(f"{name} sets its noise from the budget: give privacy.epsilon")
         if kind.sets_own_noise and self.privacy.noise_multiplier is not None:
             raise ValueError(f"{name} calibrates its own noise to privacy.epsilon")
+        if kind.sets_own_noise and self.privacy.consortium_epsilon is not None:
+            raise ValueError(f"{name} sets its noise from privacy.epsilon: no consortium_epsilon")
         if kind.stops_at_budget and self.privacy.private and self.privacy.epsilon is None:
             raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
         if self.privacy.calibration == "per-silo" and not kind.silo_noise_allowed:
@@ -571,7 +598,18 @@ the study had one flat `[algorithm]` section for every algorithm: each key holds
 all, whatever the algorithm's own settings, so that no run's id ever moves. Never add
 to it: a new field enters a key only where it is set (`StudyConfig.key`)."""
 TABLE_KEYS = frozenset(
-    {"label", "classes", "time", "event", "site", "sites", "features", "columns"}
+    {
+        "label",
+        "classes",
+        "time",
+        "event",
+        "site",
+        "sites",
+        "features",
+        "columns",
+        "unit",
+        "max_records",
+    }
 )
 """`DataConfig`'s keys that only a table takes."""
 UNKEYED = frozenset({"tune"})

@@ -451,6 +451,9 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             secure_sum=secure.by_name(config.summing),
             threshold=decision_threshold(config.threshold),
             device=config.device,
+            consortium=None
+            if privacy.consortium_epsilon is None or privacy.hospitals_per_patient is None
+            else (privacy.hospitals_per_patient, privacy.consortium_epsilon),
         )
 
 

@@ -14,7 +14,13 @@ from typing import Any
 from matplotlib.figure import Figure
 
 from dpfl.experiments.config import grid_pairs
-from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise, span
+from dpfl.experiments.datasheet import (
+    RESEARCH_MARK,
+    RESEARCH_NOISE,
+    consortium_text,
+    research_noise,
+    span,
+)
 from dpfl.experiments.queries import (
     RESULTS_FILE,
     CrossSilo,
@@ -366,6 +372,9 @@ def _datasheet(s: Shown, metric: str) -> str:
         "noise multiplier σ": sheet.get("noise_multiplier"),
         "clip norm C": sheet.get("clip_norm"),
         "noise": _noise_text(s),
+        "consortium-level ε": consortium_text(sheet["consortium"])
+        if sheet.get("consortium")
+        else None,
         "threat model (who sees what)": sheet.get("threat_model"),
         "released outside ε": sheet.get("evaluation"),
         "audit (measured, not a DP release)": _bullets(
