@@ -69,6 +69,11 @@ class Dataset:
     `appearances` is the most training records one person can influence: 1 where a
     record is one patient; S where a record is a person's neighbourhood in a contact
     graph pruned so that each person is in at most S of them (node-level privacy).
+    `units` numbers each record's patient where the unit of privacy is the patient (all
+    their records: patient-level privacy, `dpfl.data.sampling.PatientPoissonSampler`);
+    `max_records` is the declared most records of one patient: the cap a sampled patient
+    contributes, or, for record-level training, the group size of the datasheet's
+    patient-level figure.
     """
 
     name: str
@@ -83,9 +88,19 @@ class Dataset:
     extra: Mapping[str, np.ndarray] = field(default_factory=dict)
     preprocessing: tuple[str, ...] = ()
     appearances: int = 1
+    units: np.ndarray | None = None
+    max_records: int | None = None
 
     def __post_init__(self) -> None:
         n = self.features.shape[0]
+        if self.units is not None and (
+            self.units.shape != (n,) or not np.issubdtype(self.units.dtype, np.integer)
+        ):
+            raise ValueError(f"{self.name}: units must be an integer vector of length {n}")
+        if self.max_records is not None and not (
+            isinstance(self.max_records, int) and self.max_records >= 1
+        ):
+            raise ValueError(f"{self.name}: max_records must be an integer ≥ 1")
         if isinstance(self.appearances, bool) or not (
             isinstance(self.appearances, int) and self.appearances >= 1
         ):
@@ -149,6 +164,7 @@ class Dataset:
             labels=self.labels[idx],
             site_ids=None if self.site_ids is None else self.site_ids[idx],
             split=None if self.split is None else self.split[idx],
+            units=None if self.units is None else self.units[idx],
             extra={k: v[idx] for k, v in self.extra.items()},
         )
 

@@ -16,13 +16,22 @@ import numpy as np
 from dpfl.privacy import events
 from dpfl.privacy.errors import PrivacyParameterError, UnsupportedAccountingError
 
-__all__ = ["BalancedPoissonSampler", "BatchSampler", "PoissonSampler", "ShuffledSampler"]
+__all__ = [
+    "BalancedPoissonSampler",
+    "BatchSampler",
+    "PatientPoissonSampler",
+    "PoissonSampler",
+    "ShuffledSampler",
+]
 
 
 class BatchSampler(ABC):
     """Draws index batches over a dataset of `dataset_size` records."""
 
     dataset_size: int
+    units: np.ndarray | None = None
+    """Each record's unit of privacy (patient index), or None: each record is its own.
+    Where set, a batch's records are clipped by unit (their mean gradient to C)."""
 
     @abstractmethod
     def sample(self) -> np.ndarray:
@@ -211,3 +220,82 @@ class BalancedPoissonSampler(PoissonSampler):
         keep = min(len(members) for members in by_class)
         kept = [self._rng.choice(members, size=keep, replace=False) for members in by_class]
         return np.sort(np.concatenate(kept)).astype(np.int64)
+
+
+class PatientPoissonSampler(BatchSampler):
+    """Each *patient* joins each batch independently with probability q, with all their
+    records, or at most `max_records` of them drawn uniformly (from that patient's own
+    records, without looking at any other's): user-level sampling (ULS) of Chua et al.,
+    "Mind the privacy unit!" (2024).
+
+    The trainer clips the mean gradient of each sampled patient's records to C as one
+    unit (`units`), so adding or removing a patient moves the noisy sum by at most C
+    whatever their record count: each step is the Poisson-sampled Gaussian over patients,
+    declared under `ADD_REMOVE_PATIENT`. q and the normaliser q·P come from the public
+    number of patients P (declared, or a DP count of patients), never the true one.
+    """
+
+    def __init__(
+        self,
+        units: np.ndarray,
+        sample_rate: float,
+        rng: np.random.Generator,
+        *,
+        public_size: int,
+        max_records: int | None = None,
+    ) -> None:
+        units = np.asarray(units)
+        if units.ndim != 1 or not len(units) or not np.issubdtype(units.dtype, np.integer):
+            raise ValueError("units must be a non-empty integer vector, one patient per record")
+        if public_size < 1:
+            raise ValueError(f"the public number of patients must be positive, got {public_size}")
+        if not 0.0 < sample_rate <= 1.0:
+            raise PrivacyParameterError(f"sample rate q must lie in (0, 1], got {sample_rate}")
+        if max_records is not None and not (isinstance(max_records, int) and max_records >= 1):
+            raise ValueError(f"max_records must be an integer ≥ 1, got {max_records!r}")
+        self.dataset_size = len(units)
+        self.units = units
+        self.public_size = public_size
+        self.sample_rate = sample_rate
+        self.max_records = max_records
+        self._rng = rng
+        order = np.argsort(units, kind="stable")
+        _, starts = np.unique(units[order], return_index=True)
+        self._records = np.split(order.astype(np.int64), starts[1:])
+        """Each patient's record indices, patients in increasing order."""
+
+    @property
+    def patients(self) -> int:
+        """The true number of patients: private, it only indexes the data."""
+        return len(self._records)
+
+    def sample(self) -> np.ndarray:
+        chosen = (self._rng.random(self.patients) < self.sample_rate).nonzero()[0]
+        parts = [self._records[p] for p in chosen]
+        if self.max_records is not None:
+            cap = self.max_records
+            parts = [
+                part if len(part) <= cap else np.sort(self._rng.choice(part, cap, replace=False))
+                for part in parts
+            ]
+        return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+    @property
+    def expected_batch_size(self) -> float:
+        """q·P: the expected number of patients, each of whom contributes one clipped
+        gradient (the normaliser of the summed gradient)."""
+        return self.sample_rate * self.public_size
+
+    def privacy_event(self, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
+        return self.event(self.sample_rate, noise_multiplier, steps)
+
+    @staticmethod
+    def event(sample_rate: float, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
+        """What `privacy_event` declares, known before any record is read: the
+        Poisson-sampled Gaussian over patients."""
+        return events.poisson_gaussian(
+            sample_rate,
+            noise_multiplier,
+            steps=steps,
+            neighbouring=events.Neighbouring.ADD_REMOVE_PATIENT,
+        )

@@ -98,15 +98,19 @@ def read_table(
     event: str | None = None,
     site: str | None = None,
     sites: Mapping[str, int] | None = None,
+    unit: str | None = None,
+    max_records: int | None = None,
 ) -> Dataset:
     """The table at `path` as a Dataset: `features` (default: every column but the label,
     survival, site ones) preprocessed as `columns` declares; labels the index of each
     label in `classes`, or (time, event) pairs; sites by `site`, in the order of `sites`
-    (the declared public sizes) where given, else sorted. Refuses bad input naming the
-    file, line or row, and column."""
+    (the declared public sizes) where given, else sorted. `unit`: the column naming each
+    record's patient, the unit of privacy (an identifier, never a feature); `max_records`,
+    the declared most records of one patient. Refuses bad input naming the file, line or
+    row, and column."""
     path = require_file(Path(path))
     cells, where = _cells(path)
-    targets = [c for c in (label, time, event, site) if c is not None]
+    targets = [c for c in (label, time, event, site, unit) if c is not None]
     chosen = list(features) if features is not None else [c for c in cells if c not in targets]
     for name in [*targets, *chosen]:
         if name not in cells:
@@ -143,6 +147,7 @@ def read_table(
         class_names = tuple(str(c) for c in classes)
         task = f"label {label} over the declared classes {list(classes)}"
     site_ids, site_names = (None, ()) if site is None else _sites(cells[site], site, sites, where)
+    units = None if unit is None else _units(cells[unit], unit, where)
     return Dataset(
         name=path.stem,
         features=features_array,
@@ -154,9 +159,12 @@ def read_table(
         description=(
             f"{path.name}: {n} records, {task}"
             + (f", one silo per {site}" if site is not None else "")
+            + (f", the privacy unit the patient ({unit})" if unit is not None else "")
             + f"; {len(chosen)} columns as {len(names)} features"
         ),
         preprocessing=_notes(chosen, columns),
+        units=units,
+        max_records=max_records,
     )
 
 
@@ -285,6 +293,14 @@ def _events(cells: np.ndarray, column: str, where: _Where) -> np.ndarray:
     if bad.size:
         raise where.error(int(bad[0]), column, f"event {cells[bad[0]]!r} is not 0 or 1")
     return np.asarray(cells == "1", dtype=np.float64)
+
+
+def _units(cells: np.ndarray, column: str, where: _Where) -> np.ndarray:
+    """Each record's patient, numbered in the order of their identifiers (int64)."""
+    empty = np.flatnonzero(cells == "")
+    if len(empty):
+        raise where.error(int(empty[0]), column, "empty patient identifier")
+    return np.unique(cells, return_inverse=True)[1].astype(np.int64)
 
 
 def _sites(

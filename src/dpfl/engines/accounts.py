@@ -101,14 +101,14 @@ def public_sizes(
             continue
         if not size_noise > 0:
             raise ValueError(f"size_noise must be > 0 to release a DP count, got {size_noise}")
-        count = events.gaussian(size_noise)
+        count = events.gaussian(size_noise, neighbouring=silo.neighbouring)
         noise = noise_of(k)
 
         def draw(silo: Silo = silo, noise: NoiseSource = noise) -> float:
-            return silo.size + float(noise.normal((1,), size_noise, torch.float64)[0])
+            return silo.unit_count + float(noise.normal((1,), size_noise, torch.float64)[0])
 
         value = book.release(
-            f"record count of {silo.name}",
+            f"{'patient' if silo.patient_level else 'record'} count of {silo.name}",
             [(account(silo, trial), count) for trial in range(trials)],
             draw,
         )

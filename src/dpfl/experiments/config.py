@@ -176,6 +176,14 @@ class DataConfig(_Strict):
     ones); an identifier such as a patient number is not a feature unless listed."""
     columns: dict[str, Column] = Field(default_factory=dict)
     """Each feature column's public preprocessing (`dpfl.data.table.Column`)."""
+    unit: str | None = None
+    """A table's column naming each record's patient: the unit of privacy becomes the
+    patient (all their records; patient-level DP-SGD samples patients and clips each
+    one's records as one), and public sizes (`sites`, or a DP count) count patients."""
+    max_records: int | None = Field(None, ge=1)
+    """The declared most records one patient has: with `unit`, the most a sampled patient
+    contributes (drawn from their own records); without, the group size of the
+    datasheet's patient-level figure for record-level training."""
     images: ImagesConfig = ImagesConfig()
     """`[data.images]`: the image datasets' format (`images`, and the MedMNIST presets,
     which may declare all but the classes)."""
@@ -590,7 +598,18 @@ the study had one flat `[algorithm]` section for every algorithm: each key holds
 all, whatever the algorithm's own settings, so that no run's id ever moves. Never add
 to it: a new field enters a key only where it is set (`StudyConfig.key`)."""
 TABLE_KEYS = frozenset(
-    {"label", "classes", "time", "event", "site", "sites", "features", "columns"}
+    {
+        "label",
+        "classes",
+        "time",
+        "event",
+        "site",
+        "sites",
+        "features",
+        "columns",
+        "unit",
+        "max_records",
+    }
 )
 """`DataConfig`'s keys that only a table takes."""
 UNKEYED = frozenset({"tune"})

@@ -266,6 +266,8 @@ def _table(config: DataConfig) -> Dataset:
         event=config.event,
         site=config.site,
         sites=config.sites,
+        unit=config.unit,
+        max_records=config.max_records,
     )
 
 

@@ -9,6 +9,7 @@ results store (`ResultsStore.epsilon_by_silo`): the largest over trials, per sil
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
@@ -18,6 +19,7 @@ from dp_accounting import dp_event as dpe
 from dpfl.privacy import Ledger, Neighbouring
 from dpfl.privacy.accounting import consortium_epsilon
 from dpfl.privacy.events import NodeSampledGaussianDpEvent, compose
+from dpfl.privacy.ledger import plan_epsilon
 
 if TYPE_CHECKING:  # the report reads datasheets without importing torch
     from dpfl.engines.simulation import SimulationResult
@@ -71,6 +73,32 @@ NODE_LEVEL_UNIT = (
 )
 
 
+PATIENT_LEVEL_UNIT = (
+    "one patient with all their records (patient-level): neighbouring datasets differ by "
+    "adding or removing one patient; each batch Poisson-samples patients and clips the mean "
+    "gradient of a sampled patient's records to C as one (user-level sampling, Chua et al. "
+    "2024), so the public sizes count patients"
+)
+PATIENT_ASSUMPTION = (
+    "Each patient is identified by the study's unit column within a hospital (patient-level "
+    "DP there; a patient seen by several hospitals is protected by each hospital's guarantee "
+    "separately, composed across them only where the study declares it)."
+)
+GROUP_BOUND = "k-fold group privacy of (ε, δ)-DP: (kε, k·e^((k−1)ε)·δ) (Vadhan 2017, Lemma 2.2)"
+
+
+def group_privacy(epsilon: float, delta: float, records: int) -> tuple[float, float]:
+    """(kε, k·e^((k−1)ε)·δ): what an (ε, δ)-DP release guarantees a group of k records,
+    here one patient's k = `records` (Vadhan, "The Complexity of Differential Privacy",
+    2017, Lemma 2.2). δ is capped at 1, where the bound says nothing."""
+    k = records
+    if k < 1:
+        raise ValueError(f"a group has at least one record, got {k}")
+    exponent = (k - 1) * epsilon
+    group_delta = 1.0 if exponent > 700 else min(1.0, k * math.exp(exponent) * delta)
+    return k * epsilon, group_delta
+
+
 def datasheet(
     config: StudyConfig, kind: type[Algorithm], result: SimulationResult, book: Ledger
 ) -> dict[str, Any]:
@@ -103,6 +131,10 @@ def datasheet(
     first = book.budget(next(iter(result.accounts[0].values()))[None])
     if first.neighbouring is Neighbouring.REPLACE_ONE:
         sheet["unit"] = NODE_LEVEL_UNIT
+    elif first.neighbouring is Neighbouring.ADD_REMOVE_PATIENT:
+        sheet["unit"] = PATIENT_LEVEL_UNIT
+        sheet["assumptions"] = [PATIENT_ASSUMPTION, *ASSUMPTIONS[1:]]
+    records = config.data.max_records if first.neighbouring is Neighbouring.ADD_REMOVE else None
     for silo in result.accounts[0]:
         trials = [accounts[silo] for accounts in result.accounts]
         entries = [book.entries(views[None]) for views in trials]
@@ -126,6 +158,22 @@ def datasheet(
             "events": [f"{span([c[text] for c in charged])} × {text}" for text in events],
             "views": sorted(view for view in trials[0] if view is not None),
         }
+        if records is not None:  # record-level training on data with patients in it
+            spent = max(
+                plan_epsilon(
+                    compose([e.event for e in mine]), budget.delta, book.accountant
+                ).epsilon
+                for mine in entries
+            )
+            epsilon, delta = group_privacy(spent, budget.delta, records)
+            sheet["silos"][silo]["patient_group_privacy"] = {
+                "records": records,
+                "record_epsilon": spent,
+                "record_delta": budget.delta,
+                "epsilon": epsilon,
+                "delta": delta,
+                "bound": GROUP_BOUND,
+            }
     if config.privacy.hospitals_per_patient is not None:
         sheet["consortium"] = consortium(result, book, config.privacy.hospitals_per_patient)
     return sheet

@@ -26,21 +26,27 @@ from dpfl.privacy import Neighbouring
 @dataclass(frozen=True)
 class SiloInfo:
     """What anyone may know of a silo: its name, public size and the most records one
-    person can be in (1, or S for neighbourhoods of a pruned contact graph); never its
-    records."""
+    person can be in (1, or S for neighbourhoods of a pruned contact graph); whether its
+    unit of privacy is the patient (then the public size counts patients) and the
+    declared cap on the records a sampled patient contributes; never its records."""
 
     name: str
     public_size: int
     appearances: int = 1
+    patient_level: bool = False
+    max_records: int | None = None
 
     @property
     def neighbouring(self) -> Neighbouring:
-        return unit_of_privacy(self.appearances)
+        return unit_of_privacy(self.appearances, self.patient_level)
 
 
-def unit_of_privacy(appearances: int) -> Neighbouring:
-    """Add/remove one patient's record, or, where a person is in several records, replace
-    one person (node-level, `events.node_gaussian`)."""
+def unit_of_privacy(appearances: int, patient_level: bool = False) -> Neighbouring:
+    """Add/remove one record; add/remove one patient with all their records (their
+    records clipped as one); or, where a person is in several records of a contact
+    graph, replace one person (node-level, `events.node_gaussian`)."""
+    if patient_level:
+        return Neighbouring.ADD_REMOVE_PATIENT
     return Neighbouring.ADD_REMOVE if appearances == 1 else Neighbouring.REPLACE_ONE
 
 
@@ -53,6 +59,9 @@ class Silo:
     `public_size` is the declared public record count (None: the engine releases a DP
     count first); `size` is the true count, which only indexes the data. `appearances`:
     the most training records one person is in (`Dataset.appearances`), public.
+    `units`: each training record's patient (int64), for patient-level privacy: batches
+    sample patients and clip each one's records as one, and `public_size` counts
+    patients; `max_records` caps the records a sampled patient contributes (declared).
     """
 
     name: str
@@ -62,10 +71,25 @@ class Silo:
     y_test: Tensor | None = None
     public_size: int | None = None
     appearances: int = 1
+    units: np.ndarray | None = None
+    max_records: int | None = None
 
     def __post_init__(self) -> None:
         if not self.name:
             raise ValueError("a silo needs a name")
+        if self.units is not None:
+            units = np.asarray(self.units)
+            if units.shape != (self.x.shape[0],) or not np.issubdtype(units.dtype, np.integer):
+                raise ValueError(
+                    f"silo {self.name!r}: units must give each of its {self.x.shape[0]} "
+                    f"training records an integer patient, got {units.dtype} {units.shape}"
+                )
+            if self.appearances > 1:
+                raise ValueError(f"silo {self.name!r}: patient-level or node-level, not both")
+        if self.max_records is not None and not (
+            isinstance(self.max_records, int) and self.max_records >= 1
+        ):
+            raise ValueError(f"silo {self.name!r}: max_records must be an integer ≥ 1")
         if self.public_size is not None and not (
             isinstance(self.public_size, int) and self.public_size > 0
         ):
@@ -90,8 +114,19 @@ class Silo:
             _check_pair(self.name, "test", self.x_test, self.y_test)
 
     @property
+    def patient_level(self) -> bool:
+        """Whether the unit of privacy is the patient (all their records), not the record."""
+        return self.units is not None
+
+    @property
     def neighbouring(self) -> Neighbouring:
-        return unit_of_privacy(self.appearances)
+        return unit_of_privacy(self.appearances, self.patient_level)
+
+    @property
+    def unit_count(self) -> int:
+        """The true number of units of privacy (patients, or records): private; only a
+        DP count of it may become the public size."""
+        return self.size if self.units is None else len(np.unique(self.units))
 
     @property
     def survival(self) -> bool:
@@ -120,7 +155,9 @@ class Silo:
     @property
     def info(self) -> SiloInfo:
         """The silo's public facts (refuses if it has no public size yet)."""
-        return SiloInfo(self.name, self.declared_size, self.appearances)
+        return SiloInfo(
+            self.name, self.declared_size, self.appearances, self.patient_level, self.max_records
+        )
 
     @classmethod
     def from_arrays(
@@ -132,9 +169,11 @@ class Silo:
         y_test: np.ndarray | None = None,
         *,
         public_size: int | None = None,
+        units: np.ndarray | None = None,
     ) -> Silo:
         """From numpy arrays: features become float32, class labels int64, survival
-        (time, event) pairs (n, 2) float32."""
+        (time, event) pairs (n, 2) float32; `units`, each training record's patient, makes
+        the silo patient-level (`public_size` then counts patients)."""
 
         def features(a: np.ndarray) -> Tensor:
             return torch.as_tensor(np.asarray(a, dtype=np.float32))
@@ -155,6 +194,7 @@ class Silo:
             None if x_test is None else features(x_test),
             None if y_test is None else labels(y_test),
             public_size,
+            units=None if units is None else np.asarray(units, dtype=np.int64),
         )
 
 
@@ -182,9 +222,13 @@ def silos_from_dataset(
             "random split could move between training and test; use the dataset's own "
             "split (data.split = 'official')"
         )
-    splits = per_silo_splits(
-        list(partition), dataset.strata, [1 - test_fraction, test_fraction], seed
-    )
+    fractions = [1 - test_fraction, test_fraction]
+    if dataset.units is None:
+        splits = per_silo_splits(list(partition), dataset.strata, fractions, seed)
+    else:
+        splits = [
+            _patient_split(dataset, part, fractions, seed + k) for k, part in enumerate(partition)
+        ]
     return silos_from_splits(dataset, splits, names=names, declare_sizes=declare_sizes)
 
 
@@ -207,6 +251,8 @@ def silos_from_splits(
     silos = []
     for k, (train, test) in enumerate(splits):
         name = names[k] if names is not None else f"silo-{k}"
+        units = None if dataset.units is None else dataset.units[train]
+        size = len(train) if units is None else len(np.unique(units))
         silos.append(
             Silo(
                 name,
@@ -214,11 +260,29 @@ def silos_from_splits(
                 labels[train],
                 _features(dataset, test),
                 labels[test],
-                len(train) if declare_sizes else None,
+                size if declare_sizes else None,
                 dataset.appearances,
+                units,
+                dataset.max_records,
             )
         )
     return silos
+
+
+def _patient_split(
+    dataset: Dataset, part: np.ndarray, fractions: Sequence[float], seed: int
+) -> list[np.ndarray]:
+    """One silo's train/test split by patient (all of a patient's records on one side),
+    stratified by each patient's first record's class or event."""
+    assert dataset.units is not None
+    part = np.asarray(part, dtype=np.int64)
+    patients, first, inverse = np.unique(
+        dataset.units[part], return_index=True, return_inverse=True
+    )
+    sides = per_silo_splits(
+        [np.arange(len(patients))], dataset.strata[part][first], list(fractions), seed
+    )[0]
+    return [np.sort(part[np.isin(inverse, side)]) for side in sides]
 
 
 def _features(dataset: Dataset, rows: np.ndarray) -> Tensor:

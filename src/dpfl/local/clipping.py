@@ -111,6 +111,36 @@ class ClippedGradientSum:
             return self._generic(params, x, y, mask, clip_norm)
         return self._layer_by_layer(self._layers, params, x, y, mask, clip_norm, under_vmap)
 
+    def grouped(
+        self, params: Params, x: Tensor, y: Tensor, groups: Tensor, clip_norm: float
+    ) -> tuple[Params, Tensor]:
+        """`(Σ_u clip(ḡ_u), ‖ḡ_u‖)` over the units (patients) of a batch: ḡ_u is the mean
+        gradient of unit u's records (the gradient of their mean loss), clipped to C as
+        one, so one unit moves the sum by at most C whatever its record count. `groups`
+        (int64, one per record) numbers the batch's units 0..U−1; dense inputs only."""
+        self._check(tuple(x.shape[1:]))
+        if self._coupled:
+            raise ValueError("a loss that couples a batch's records cannot be clipped by patient")
+        if x.is_sparse:
+            raise ValueError("patient-level clipping needs dense inputs")
+        units = int(groups.max()) + 1
+        counts = torch.bincount(groups, minlength=units).to(x.dtype)
+
+        def one(p: Params, xi: Tensor, yi: Tensor) -> Tensor:
+            out = functional_call(self.model, p, (xi.unsqueeze(0),))
+            return self.loss(out, yi.unsqueeze(0)).sum()
+
+        grads: Params = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
+        means = {
+            name: torch.zeros(units, *g.shape[1:], dtype=g.dtype, device=g.device)
+            .index_add_(0, groups, g)
+            .div_(counts.reshape(-1, *[1] * (g.dim() - 1)))
+            for name, g in grads.items()
+        }
+        norms = torch.stack([_row_norms(g) for g in means.values()]).norm(dim=0)
+        factor = _clip_factor(norms, torch.ones_like(norms), clip_norm)
+        return {name: torch.einsum("u,u...->...", factor, g) for name, g in means.items()}, norms
+
     def stacked(
         self,
         params: Params,

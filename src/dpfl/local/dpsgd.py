@@ -240,9 +240,10 @@ class DPSGD:
             velocity = {k: torch.zeros_like(v) for k, v in params.items()}
         else:  # v = g̃ at every step: zeros that no step reads are not made
             velocity = {}
-        pool = (
+        grouped = any(s.units is not None for s in samplers)
+        pool = (  # patient-level batches are clipped by patient, member by member
             _Pool(datasets, _chunk_width(samplers), dtype, self.clipped_sum, params)
-            if self.clipped_sum.stacks_members(datasets[0][0])
+            if self.clipped_sum.stacks_members(datasets[0][0]) and not grouped
             else None
         )
         # per parameter: the normalisers shaped to broadcast over its stacked members
@@ -334,7 +335,8 @@ class DPSGD:
         for t in range(1, steps + 1):
             indices = [s.sample() for s in samplers]
             if pool is None:  # member by member, each on its own batch as it is
-                sums = self._one_by_one(params, datasets, indices, dtype, clip_norm)
+                units = [s.units for s in samplers]
+                sums = self._one_by_one(params, datasets, indices, dtype, clip_norm, units)
             else:
                 chunks = pool.chunks(indices)
                 x, y, mask, norms = chunks[0]
@@ -371,15 +373,23 @@ class DPSGD:
         indices: Sequence[np.ndarray],
         dtype: torch.dtype,
         clip_norm: float,
+        units: Sequence[np.ndarray | None],
     ) -> Params:
         """The members' clipped sums, stacked, each computed on its own batch alone: the
-        same computation for a member alone or in any stack, so the same bits."""
-        sums = [
-            self.clipped_sum(
-                {k: v[i] for k, v in params.items()}, *_batch(data, idx, dtype), clip_norm
-            )[0]
-            for i, (data, idx) in enumerate(zip(datasets, indices, strict=True))
-        ]
+        same computation for a member alone or in any stack, so the same bits. A member
+        whose sampler numbers its records' `units` (patients) is clipped by unit."""
+        sums = []
+        for i, (data, idx, unit) in enumerate(zip(datasets, indices, units, strict=True)):
+            own = {k: v[i] for k, v in params.items()}
+            if unit is None:
+                sums.append(self.clipped_sum(own, *_batch(data, idx, dtype), clip_norm)[0])
+            elif not len(idx):  # no patient sampled: a noise-only step
+                sums.append({k: torch.zeros_like(v) for k, v in own.items()})
+            else:
+                x, y, _ = _batch(data, idx, dtype)
+                _, groups = np.unique(unit[idx], return_inverse=True)
+                rows = torch.from_numpy(groups.astype(np.int64)).to(x.device)
+                sums.append(self.clipped_sum.grouped(own, x, y, rows, clip_norm)[0])
         if len(sums) == 1:  # a view, not a copy (Kerkouche's sums are 4.9M values)
             return {k: v.unsqueeze(0) for k, v in sums[0].items()}
         return stack(sums)

@@ -35,22 +35,33 @@ from dpfl.privacy.errors import PrivacyParameterError
 
 
 class Neighbouring(StrEnum):
-    """Which datasets count as neighbours: the unit of privacy is one patient record."""
+    """Which datasets count as neighbours: one record added or removed, one record (or,
+    node-level, one person) replaced, or one patient with all their records added or
+    removed (patient-level: each sampled patient's records are clipped as one unit, so
+    the patient is to the accountant what a record is under add/remove)."""
 
     ADD_REMOVE = "add_remove"
     REPLACE_ONE = "replace_one"
+    ADD_REMOVE_PATIENT = "add_remove_patient"
 
     @property
     def description(self) -> str:
         return {
             Neighbouring.ADD_REMOVE: "add/remove one record",
             Neighbouring.REPLACE_ONE: "replace one record",
+            Neighbouring.ADD_REMOVE_PATIENT: "one patient's records (add or remove one patient)",
         }[self]
+
+    @property
+    def adds_or_removes(self) -> bool:
+        """Whether neighbours differ by one unit added or removed (a record or a patient)."""
+        return self is not Neighbouring.REPLACE_ONE
 
     def to_dp_accounting(self) -> dp_accounting.NeighboringRelation:
         return {
             Neighbouring.ADD_REMOVE: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
             Neighbouring.REPLACE_ONE: dp_accounting.NeighboringRelation.REPLACE_ONE,
+            Neighbouring.ADD_REMOVE_PATIENT: dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE,
         }[self]
 
 
@@ -197,22 +208,31 @@ def laplace(
 
 
 def poisson_gaussian(
-    sample_rate: float, noise_multiplier: float, *, steps: int = 1
+    sample_rate: float,
+    noise_multiplier: float,
+    *,
+    steps: int = 1,
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE,
 ) -> PrivacyEvent:
     """`steps` DP-SGD steps: each record joins each batch independently with probability q.
 
     This is the Sampled Gaussian Mechanism of Mironov et al. 2019 (Owkin, Def. 7), analysed
-    under add/remove-one; only a Poisson sampler may emit it.
+    under add/remove-one; only a Poisson sampler may emit it. `ADD_REMOVE_PATIENT`: each
+    *patient* joins each batch with probability q and their records' gradient is clipped
+    to C as one (Chua et al. 2024's user-level sampling): the same mechanism over
+    patients, declared with the patient as its unit.
     """
-    return _poisson_gaussian(sample_rate, noise_multiplier, steps)
+    return _poisson_gaussian(sample_rate, noise_multiplier, steps, Neighbouring(neighbouring))
 
 
 @functools.lru_cache(maxsize=4096, typed=True)
-def _poisson_gaussian(sample_rate: float, noise_multiplier: float, steps: int) -> PrivacyEvent:
+def _poisson_gaussian(
+    sample_rate: float, noise_multiplier: float, steps: int, neighbouring: Neighbouring
+) -> PrivacyEvent:
     """Cached (events are immutable; `typed`: 1 and 1.0 serialise differently): every
     member of a round declares one of a few equal events."""
     step = dpe.PoissonSampledDpEvent(sample_rate, dpe.GaussianDpEvent(noise_multiplier))
-    return PrivacyEvent(_repeat(step, steps), Neighbouring.ADD_REMOVE)
+    return PrivacyEvent(_repeat(step, steps), neighbouring)
 
 
 def fixed_size_gaussian(
@@ -402,9 +422,9 @@ def _validate(event: dpe.DpEvent, neighbouring: Neighbouring, *, top_level: bool
             _validate(inner, neighbouring, top_level=top_level)
     elif isinstance(event, dpe.PoissonSampledDpEvent):
         _check_probability("sample rate q", event.sampling_probability)
-        if neighbouring is not Neighbouring.ADD_REMOVE:
+        if not neighbouring.adds_or_removes:
             raise PrivacyParameterError(
-                "Poisson sampling is accounted under add/remove-one neighbouring only"
+                "Poisson sampling is accounted under add/remove neighbouring only"
             )
         _validate(event.event, neighbouring, top_level=False)
     elif isinstance(event, dpe.SampledWithoutReplacementDpEvent):

@@ -84,7 +84,12 @@ class AOP(Algorithm):
 
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
         """One (ε/T, δ/T) release per round, for every silo."""
-        record_level(self.name, silo)
+        record_level(
+            self.name,
+            silo,
+            group_bound="each move the minimiser by up to Δ (the sensitivity becomes that "
+            "count times Δ, by the triangle inequality)",
+        )
         release = self.epoch_config
         return events.approximate_dp(release.epsilon, release.delta)
 

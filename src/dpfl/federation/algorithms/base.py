@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler
+from dpfl.data.sampling import BalancedPoissonSampler, PatientPoissonSampler, PoissonSampler
 from dpfl.federation.messages import Encoding, SecureSum
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
@@ -111,9 +111,21 @@ def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction
     return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
 
 
-def record_level(algorithm: str, silo: SiloInfo) -> None:
+def record_level(algorithm: str, silo: SiloInfo, *, group_bound: str = "") -> None:
     """Refuse a silo whose persons are in several records, for an algorithm whose events
-    are analysed for one record per person."""
+    are analysed for one record per person; `group_bound` says what the algorithm's
+    sensitivity would become for one patient's records."""
+    if silo.patient_level:
+        cap = (
+            f"up to max_records = {silo.max_records} records"
+            if silo.max_records is not None
+            else "a number of records with no declared cap (data.max_records), so unbounded"
+        )
+        raise ValueError(
+            f"{algorithm} is analysed for one record, but silo {silo.name!r} protects a "
+            f"patient, whose {cap} {group_bound or 'each move its release'}; dpfl does not "
+            "calibrate it to that: use an algorithm whose silos train with local DP-SGD"
+        )
     if silo.appearances > 1:
         raise ValueError(
             f"{algorithm} accounts for one record per person, but in silo {silo.name!r} a "
@@ -338,8 +350,9 @@ class DPSGDAlgorithm(Algorithm):
         return self.dpsgd.noise_multiplier
 
     def sample_rate(self, silo: SiloInfo | Silo) -> float:
-        """q = B / n: the expected batch of B records over the silo's public size n (the
-        true count would make q, and so every record's privacy, depend on a private fact)."""
+        """q = B / n: the expected batch of B records (patients, where the unit is the
+        patient) over the silo's public size n (the true count would make q, and so every
+        record's privacy, depend on a private fact)."""
         size = silo.public_size if isinstance(silo, SiloInfo) else silo.declared_size
         return self.rate_for(size, silo.name)
 
@@ -389,7 +402,12 @@ class DPSGDAlgorithm(Algorithm):
 
     def training_event(self, silo: SiloInfo) -> events.PrivacyEvent:
         """One `train` of the silo: `local_steps` Poisson DP-SGD steps, as its sampler
-        will declare them."""
+        will declare them (over patients where the unit is the patient)."""
+        if silo.patient_level:
+            self._check_patient_level(silo.name)
+            return PatientPoissonSampler.event(
+                self.sample_rate(silo), self.noise_of(silo.name), self.local_steps(silo)
+            )
         return self.sampler.event(
             self.sample_rate(silo),
             self.noise_of(silo.name),
@@ -402,9 +420,24 @@ class DPSGDAlgorithm(Algorithm):
         """The sampler of every local batch (balanced or plain Poisson)."""
         return BalancedPoissonSampler if self.balanced else PoissonSampler
 
-    def sampler_of(self, silo: Silo, rng: np.random.Generator) -> PoissonSampler:
-        """The silo's batch sampler: q from its public size, records its own."""
+    def _check_patient_level(self, silo: str) -> None:
+        if self.balanced:
+            raise ValueError(
+                f"silo {silo!r} is patient-level: balanced batches downsample records, which "
+                "has no patient-level analysis"
+            )
+
+    def sampler_of(
+        self, silo: Silo, rng: np.random.Generator
+    ) -> PoissonSampler | PatientPoissonSampler:
+        """The silo's batch sampler: q from its public size, records its own; patients,
+        each clipped as one, where the unit of privacy is the patient."""
         rate, public = self.sample_rate(silo), silo.declared_size
+        if silo.units is not None:
+            self._check_patient_level(silo.name)
+            return PatientPoissonSampler(
+                silo.units, rate, rng, public_size=public, max_records=silo.max_records
+            )
         if self.balanced:
             if silo.survival:
                 raise ValueError("balanced batches need class labels, not survival pairs")
