@@ -100,7 +100,15 @@ def _run_supernode(command: list[str], beside: list[list[str]] | None = None) ->
 def hospital(
     study: Annotated[Path, typer.Argument(help="The study file, as the server has it.")],
     name: Annotated[str, typer.Option(help="This hospital's name in the study.")],
-    data: Annotated[Path, typer.Option(help="Folder holding train.npz (arrays x, y).")],
+    data: Annotated[
+        Path,
+        typer.Option(
+            help="This hospital's records: its own CSV or Parquet file, read through the "
+            "study's [data] schema (a table study), or a folder holding train.npz (arrays "
+            "x, y) and, optionally, test.npz.",
+            exists=True,
+        ),
+    ],
     epsilon: Annotated[float, typer.Option(help="This hospital's ε budget.")],
     delta: Annotated[float, typer.Option(help="This hospital's δ.")],
     ledger: Annotated[
@@ -165,8 +173,7 @@ def hospital(
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed, a roster that does
         # not list this hospital's identity key, and data that cannot be read
-        me.deployment(deployment_of)
-        me.silo()
+        me.silo(me.deployment(deployment_of))
         transport = _transport(insecure, root_certificates)
     config = " ".join(
         f"{k}={v}" if isinstance(v, int | float) else f'{k}="{v}"' for k, v in node.items()

@@ -98,20 +98,33 @@ def read_table(
     event: str | None = None,
     site: str | None = None,
     sites: Mapping[str, int] | None = None,
+    own_site: str | None = None,
     unit: str | None = None,
     max_records: int | None = None,
 ) -> Dataset:
     """The table at `path` as a Dataset: `features` (default: every column but the label,
     survival, site ones) preprocessed as `columns` declares; labels the index of each
     label in `classes`, or (time, event) pairs; sites by `site`, in the order of `sites`
-    (the declared public sizes) where given, else sorted. `unit`: the column naming each
-    record's patient, the unit of privacy (an identifier, never a feature); `max_records`,
-    the declared most records of one patient. Refuses bad input naming the file, line or
-    row, and column."""
+    (the declared public sizes) where given, else sorted. `own_site`: the file is one
+    site's own (a deployed hospital's), one silo: its `site` column, if it has one, must
+    hold only that name. `unit`: the column naming each record's patient, the unit of
+    privacy (an identifier, never a feature); `max_records`, the declared most records of
+    one patient. Refuses bad input naming the file, line or row, and column."""
     path = require_file(Path(path))
     cells, where = _cells(path)
     targets = [c for c in (label, time, event, site, unit) if c is not None]
     chosen = list(features) if features is not None else [c for c in cells if c not in targets]
+    if own_site is not None and site is not None:
+        other = np.flatnonzero(cells.get(site, np.asarray([])) != own_site)
+        if len(other):
+            raise where.error(
+                int(other[0]),
+                site,
+                f"site {cells[site][other[0]]!r} in {own_site!r}'s own file: a hospital's "
+                "file holds only its own records",
+            )
+        targets.remove(site)
+        site = None
     for name in [*targets, *chosen]:
         if name not in cells:
             raise DataFormatError(

@@ -2,7 +2,8 @@
 records and its own ledger (`client_app`). It runs the algorithm's hospital half
 (`client_update`); nothing here is algorithm logic.
 
-A hospital's node config (never the server) gives its data folder, public size,
+A hospital's node config (never the server) gives its records (its own table file, read
+through the study's schema, or a folder holding train.npz), public size,
 (ε, δ) and ledger. It registers its own account, checks its whole remaining plan before
 round 0 and every event before it trains, and refuses, saying why, when its budget
 would be passed, whatever the server asks; its own sampling code's events are charged
@@ -128,9 +129,17 @@ class HospitalConfig:
 
     def deployment(self, deployment_of: DeploymentOf) -> Deployment:
         """Its study's deployment, whose roster must list this hospital with its key, and
-        whose public sizes are declared (then this hospital gives its own) or DP counts."""
+        whose public sizes are declared (the study's for this hospital where it declares
+        one, which a public-size given must equal; else this hospital's public-size) or
+        DP counts."""
         run = deployment_of(self.study)
-        if run.size_noise is None and self.public_size is None:
+        declared = run.sizes.get(self.name)
+        if declared is not None and self.public_size not in (None, declared):
+            raise ValueError(
+                f"study {run.key} declares {self.name}'s public size, {declared} "
+                f"([data.sites]): give no public-size, or that one, not {self.public_size}"
+            )
+        if run.size_noise is None and self.public_size is None and declared is None:
             raise ValueError(
                 f"study {run.key} has declared public sizes (data.public_sizes = "
                 "'declared'): give this hospital's public-size"
@@ -150,13 +159,25 @@ class HospitalConfig:
             )
         return run
 
-    def silo(self) -> Silo:
-        """The hospital's training records: `train.npz` (x, y) in its data folder, with
-        its declared public size (None where it releases a DP count)."""
+    def silo(self, run: Deployment) -> Silo:
+        """The hospital's records, with its public size (the study's declared one, else
+        its own; None where it releases a DP count): its own file read through the study's
+        schema and split as the simulator splits its silo (`Deployment.read`), or a folder
+        holding `train.npz` (x, y) and, optionally, `test.npz`."""
+        size = run.sizes.get(self.name, self.public_size)
+        if not self.data.is_dir():
+            if run.read is None:
+                raise ValueError(
+                    f"{self.data}: study {run.key} declares no table to read a hospital's "
+                    "file by: give a folder holding train.npz"
+                )
+            return dataclasses.replace(run.read(self.name, self.data), public_size=size)
+        tested: dict[str, np.ndarray] = {}
+        if (self.data / "test.npz").exists():
+            with np.load(self.data / "test.npz") as arrays:
+                tested = {"x_test": arrays["x"], "y_test": arrays["y"]}
         with np.load(self.data / "train.npz") as arrays:
-            return Silo.from_arrays(
-                self.name, arrays["x"], arrays["y"], public_size=self.public_size
-            )
+            return Silo.from_arrays(self.name, arrays["x"], arrays["y"], **tested, public_size=size)
 
 
 @dataclass
@@ -181,7 +202,8 @@ class _Hospital:
         if not INSTANCE.fullmatch(instance) and "study" in fields:
             raise DeploymentError(f"a malformed run instance {instance!r}")
         run = me.deployment(deployment_of)
-        silo = me.silo()
+        me = dataclasses.replace(me, public_size=run.sizes.get(me.name, me.public_size))
+        silo = me.silo(run)
         if run.size_noise is not None:
             silo = _counted(me, run, silo)
         return cls(me, run, silo, instance, context.state)
@@ -191,7 +213,9 @@ class _Hospital:
         return account(self.me.name, 0)
 
     def hello(self) -> dict[str, Any]:
-        classes = SURVIVAL if self.silo.survival else int(self.silo.y.max()) + 1
+        declared = SURVIVAL if self.run.schema is None else self.run.schema[1]
+        own = int(self.silo.y.max()) + 1  # the study's classes where its labels lie in them
+        classes = SURVIVAL if self.silo.survival else max(own, declared)
         return {
             "protocol": PROTOCOL,
             "study": self.run.key,
@@ -417,29 +441,26 @@ class _Hospital:
 
     def evaluate(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """Metrics of the model this hospital uses (its personal one if it keeps one) on its
-        own test set, `test.npz` beside its training records; released outside ε, as the
-        simulator's are. None without a test set."""
-        test = self.me.data / "test.npz"
-        if not test.exists():
+        own test set (`HospitalConfig.silo`); released outside ε, as the simulator's
+        are. None without a test set."""
+        silo = self.silo
+        if silo.x_test is None or silo.y_test is None:
             return {"metrics": False}
         algorithm, _ = self.algorithm(fields)
         sent = _received(fields, parameters_of(algorithm.model))
         if sent is None:
             raise DeploymentError("an evaluation needs the model")
         local = self._load().get("local", {})
-        with np.load(test) as arrays:
-            tested = Silo.from_arrays(self.me.name, arrays["x"], arrays["y"])
-        silo = dataclasses.replace(self.silo, x_test=tested.x, y_test=tested.y)
         with torch_threads(1):  # as the simulator trains: the same float sums
             model = algorithm.model_of({"global": sent}, local)
             (row,) = evaluate(
                 algorithm.model, [[model]], [silo], int(fields["round"]), algorithm.loss
             )
-            scores = predictions(algorithm.model, model, tested.x, tested.survival)
+            scores = predictions(algorithm.model, model, silo.x_test, silo.survival)
         metrics: dict[str, float] = row["silos"][self.me.name]
         out = {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
-        if scores.ndim == 1 and not tested.survival:  # a binary model: its part of the union
-            out |= {"records": len(scores), **score_counts(tested.y.numpy(), scores)}
+        if scores.ndim == 1 and not silo.survival:  # a binary model: its part of the union
+            out |= {"records": len(scores), **score_counts(silo.y_test.numpy(), scores)}
         LOG.info("%s: scored the final model on its %d test records", self.me.name, len(scores))
         return out
 

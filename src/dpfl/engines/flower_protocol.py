@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from flwr.common.constant import ErrorCode
 from dpfl.engines.evaluation import metrics
 from dpfl.engines.roster import Roster
 from dpfl.federation.algorithms.base import Algorithm
-from dpfl.federation.silo import SiloInfo
+from dpfl.federation.silo import Silo, SiloInfo
 
 PROTOCOL = 1
 """Version of the messages below; a hospital on another version is refused."""
@@ -73,6 +73,16 @@ class Deployment:
     size_noise: float | None = None
     """None: each hospital declares its public size. Otherwise each releases a DP count
     of its records, with Gaussian noise of this std, once, charged to its own ledger."""
+    schema: tuple[tuple[int, ...], int] | None = None
+    """The feature shape and number of classes (`SURVIVAL`) the study declares (a table's
+    schema), which every hospital's hello must announce; None: the hellos say."""
+    sizes: Mapping[str, int] = field(default_factory=dict)
+    """The public sizes the study declares, by hospital (a table's `[data.sites]`): such
+    a hospital's is the study's, never its own word."""
+    read: Callable[[str, Path], Silo] | None = None
+    """How a hospital reads its own file through the study's schema into its silo (name,
+    file), with its test set and no public size; None: the study reads no such file (a
+    hospital gives a folder holding train.npz)."""
 
 
 DeploymentOf = Callable[[Path], Deployment]

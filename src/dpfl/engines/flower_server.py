@@ -404,6 +404,14 @@ class _Serving:
         """The roster's hospitals, once each said hello, and the public facts they
         announced: one feature shape, one kind of labels."""
         known = server.hospitals(wait)
+        for name, (_, hello) in known.items():
+            announced = (tuple(hello["shape"]), int(hello["classes"]))
+            if server.run.schema not in (None, announced):
+                raise DeploymentError(
+                    f"{name}'s records have shape {list(announced[0])} and "
+                    f"{_classes(announced[1])}; the study declares "
+                    f"{list(server.run.schema[0])} and {_classes(server.run.schema[1])}"
+                )
         shapes = {tuple(hello["shape"]) for _, hello in known.values()}
         if len(shapes) != 1:
             raise DeploymentError(f"the hospitals' records have different shapes: {sorted(shapes)}")
@@ -632,3 +640,8 @@ class _Serving:
             if why
             else (f"; union of the test sets: {union}" if union else ""),
         )
+
+
+def _classes(classes: int) -> str:
+    """A hello's classes, in words."""
+    return "survival labels" if classes == SURVIVAL else f"{classes} classes"

@@ -15,6 +15,7 @@ runs in Flower's `process` isolation mode, served by one warm ClientApp process
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import socket
 import ssl
@@ -159,21 +160,33 @@ def node_config(node: Mapping[str, Any]) -> str:
 
 
 def hospital_node(
-    silo: Silo, study: Path, folder: Path, *, epsilon: float, delta: float
+    silo: Silo,
+    study: Path,
+    folder: Path,
+    *,
+    epsilon: float,
+    delta: float,
+    table: Path | None = None,
 ) -> dict[str, Any]:
     """Write `silo` as a hospital's data folder (train.npz, test.npz if it has a test
     set, a new identity key) and return its node config: its budget, its ledger in that
     folder, and the simulator's seeded noise, so that its updates can be compared with a
-    simulation. `pin_roster` lists the hospitals' keys in the study."""
+    simulation. With `table` (its own CSV or Parquet file, read through a table study's
+    schema) the folder holds that file in place of the arrays. `pin_roster` lists the
+    hospitals' keys in the study."""
     folder.mkdir(parents=True)
     make_identity(folder / "identity.pem")
-    np.savez(folder / "train.npz", x=silo.x.numpy(), y=silo.y.numpy())
-    if silo.x_test is not None and silo.y_test is not None:
-        np.savez(folder / "test.npz", x=silo.x_test.numpy(), y=silo.y_test.numpy())
+    data = folder if table is None else folder / table.name
+    if table is not None:
+        shutil.copyfile(table, data)
+    else:
+        np.savez(folder / "train.npz", x=silo.x.numpy(), y=silo.y.numpy())
+        if silo.x_test is not None and silo.y_test is not None:
+            np.savez(folder / "test.npz", x=silo.x_test.numpy(), y=silo.y_test.numpy())
     return {
         "name": silo.name,
         "study": str(study),
-        "data": str(folder),
+        "data": str(data),
         "public-size": silo.declared_size,
         "epsilon": epsilon,
         "delta": delta,

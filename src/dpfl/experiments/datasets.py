@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -249,10 +249,11 @@ by published ranges) and the synthetic generators (`pandemic`: a contact graph, 
 privacy)."""
 
 
-def _table(config: DataConfig) -> Dataset:
+def _table(config: DataConfig, own_site: str | None = None) -> Dataset:
     """A consortium's own CSV or Parquet table, preprocessed as its study declares
     (`dpfl.data.table`): the file `data.path`, with the keys `label` (or `time` and
-    `event`), `classes`, `site`, `sites`, `features` and `[data.columns]`."""
+    `event`), `classes`, `site`, `sites`, `features` and `[data.columns]`; `own_site`:
+    the file is that site's alone (a deployed hospital's)."""
     from dpfl.data import table
 
     assert config.path is not None  # checked by DataConfig
@@ -266,6 +267,7 @@ def _table(config: DataConfig) -> Dataset:
         event=config.event,
         site=config.site,
         sites=config.sites,
+        own_site=own_site,
         unit=config.unit,
         max_records=config.max_records,
     )
@@ -276,6 +278,51 @@ TABLES: dict[str, Callable[[DataConfig], Dataset]] = {"table": _table}
 declarations."""
 DATASETS = (*GENERATORS, *READERS, *TABLES)
 """Every name a study's `data.dataset` can take."""
+
+
+def declared_input(config: DataConfig) -> tuple[int, int | None] | None:
+    """A table study's model input from its declarations alone: the feature count (a
+    range's column one, a category column one per declared category and one for "other")
+    and the number of declared classes (None: survival labels). The features are `features`
+    or, without it, every `[data.columns]` entry but the label, survival and site ones:
+    the file's own columns, each of which must be declared. None for another dataset."""
+    if config.dataset not in TABLES:
+        return None
+    targets = {config.label, config.time, config.event, config.site, config.unit}
+    chosen = config.features or [c for c in config.columns if c not in targets]
+    declared = [config.columns[name] for name in chosen]  # DataConfig checks each is
+    width = sum(1 if c.categories is None else len(c.categories) + 1 for c in declared)
+    survival = config.time is not None and config.event is not None
+    return width, None if survival else len(config.classes or (0, 1))
+
+
+def own_silo(config: DataConfig, seed: int, names: Sequence[str], name: str, path: Path) -> Silo:
+    """One hospital's silo from its own table file at `path`, as `build_silos` makes the
+    study's silo `name` from the whole table: read through the study's schema
+    (`dpfl.data.table`, nothing fitted on the records), the file holding that site's
+    records only, split by `test_fraction` with the silo's own seed (the draw of `seed`
+    at its index among `names`, the study's silos in the simulator's order), without a
+    public size (the study's declared one, `declared_sizes`, the hospital's own, or a DP
+    count)."""
+    if config.dataset not in TABLES or config.split != "stratified":
+        raise ValueError(
+            f"a hospital reads its own file only in a table study (data.dataset = 'table', "
+            f"data.split = 'stratified'); this one reads {config.dataset!r}: give a folder "
+            "holding train.npz"
+        )
+    if config.sites is not None:
+        names = list(declared_sizes(config))
+    if name not in names:
+        raise ValueError(f"{name!r} is not one of the study's silos {list(names)}")
+    k = list(names).index(name)
+    site = list(config.sites)[k] if config.sites is not None else name
+    data = _table(config.model_copy(update={"path": path}), own_site=site)
+    preprocess.require_finite(data)
+    everyone = [np.arange(len(data.labels))] * (k + 1)  # the seeds of silos 0 to k
+    fractions = [1 - config.test_fraction, config.test_fraction]
+    splits = partition.per_silo_splits(everyone, data.strata, fractions, seed)
+    (silo,) = silos_from_splits(data, splits[k:], names=[name], declare_sizes=False)
+    return silo
 
 
 def load_dataset(config: DataConfig, seed: int) -> Dataset:
@@ -313,13 +360,20 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
         names=names,
         declare_sizes=declare_sizes,
     )
-    if config.sites is None:
+    sizes = declared_sizes(config)
+    if not sizes:
         return silos
-    # the sites' declared sizes, never their counts: each silo's training share of its own
-    return [
-        silo.with_public_size(max(1, round(config.sites[site] * (1 - config.test_fraction))))
-        for silo, site in zip(silos, data.site_names, strict=False)
-    ]
+    return [s.with_public_size(n) for s, n in zip(silos, sizes.values(), strict=False)]
+
+
+def declared_sizes(config: DataConfig) -> dict[str, int]:
+    """By silo name, each site's declared public size (`[data.sites]`), never its count:
+    its training share. Empty where the study declares none."""
+    if config.sites is None:
+        return {}
+    names = config.partition.names or _site_names_of(list(config.sites))
+    shares = [max(1, round(n * (1 - config.test_fraction))) for n in config.sites.values()]
+    return dict(zip(names, shares, strict=False))
 
 
 def official_splits(
@@ -351,5 +405,10 @@ def _partition(config: DataConfig, data: Dataset, seed: int) -> list[np.ndarray]
 
 def _site_names(data: Dataset, config: DataConfig, count: int) -> list[str]:
     if config.partition.kind == "natural" and data.site_names:
-        return [name.lower().replace(" ", "-") for name in data.site_names[:count]]
+        return _site_names_of(list(data.site_names[:count]))
     return [f"hospital-{k}" for k in range(count)]
+
+
+def _site_names_of(sites: Sequence[str]) -> list[str]:
+    """The silos' names for the sites'."""
+    return [name.lower().replace(" ", "-") for name in sites]

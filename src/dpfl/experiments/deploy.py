@@ -21,6 +21,7 @@ from flwr.serverapp import Grid, ServerApp
 from dpfl.engines import flower
 from dpfl.engines.flower_protocol import LOG
 from dpfl.engines.roster import Roster
+from dpfl.experiments import datasets
 from dpfl.experiments.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
 from dpfl.experiments.factory import build_algorithm
@@ -81,12 +82,18 @@ def algorithm_for(
 
 def deployment(config: StudyConfig) -> flower.Deployment:
     """The engine's view of a deployable study point, with its roster (refused without
-    one: no hospital takes the server's word for who is in the federation)."""
+    one: no hospital takes the server's word for who is in the federation). A table
+    study's model input is its schema's (the server reads no record), each hospital
+    reading its own file through that schema (`datasets.own_silo`), its silo's seed that
+    of its place among the study's sites, or, without declared sites, the roster's
+    sorted names."""
     check_deployable(config)
     calibrated = (
         config.privacy.noise_multiplier is None
         and not BY_NAME[config.algorithm.name].sets_own_noise
     )
+    roster = Roster.parse(config.roster, f"study {config.name!r}'s [roster]")
+    declared = datasets.declared_input(config.data)
     return flower.Deployment(
         key=config.key(),
         rounds=config.rounds,
@@ -94,10 +101,21 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         accountant=config.privacy.accountant,
         build=partial(algorithm_for, config),
         summing=config.summing,
-        roster=Roster.parse(config.roster, f"study {config.name!r}'s [roster]"),
+        roster=roster,
         calibration=config.privacy.calibration if calibrated else None,
         size_noise=config.data.size_noise if config.data.public_sizes == "dp-count" else None,
+        schema=None if declared is None else schema(*declared),
+        sizes=datasets.declared_sizes(config.data),
+        read=None
+        if declared is None
+        else partial(datasets.own_silo, config.data, config.seed, sorted(roster.identities)),
     )
+
+
+def schema(width: int, classes: int | None) -> tuple[tuple[int, ...], int]:
+    """A table study's declared model input as a hello announces it: the feature shape
+    and the classes (`flower.SURVIVAL`: survival labels)."""
+    return (width,), flower.SURVIVAL if classes is None else classes
 
 
 def deployment_of(path: Path) -> flower.Deployment:
