@@ -159,8 +159,10 @@ def read_table(
         labels = _classes(cells[label], label, [str(c) for c in classes], where)
         class_names = tuple(str(c) for c in classes)
         task = f"label {label} over the declared classes {list(classes)}"
-    site_ids, site_names = (None, ()) if site is None else _sites(cells[site], site, sites, where)
     units = None if unit is None else _units(cells[unit], unit, where)
+    site_ids, site_names = (
+        (None, ()) if site is None else _sites(cells[site], site, sites, where, units)
+    )
     return Dataset(
         name=path.stem,
         features=features_array,
@@ -317,10 +319,15 @@ def _units(cells: np.ndarray, column: str, where: _Where) -> np.ndarray:
 
 
 def _sites(
-    cells: np.ndarray, column: str, sites: Mapping[str, int] | None, where: _Where
+    cells: np.ndarray,
+    column: str,
+    sites: Mapping[str, int] | None,
+    where: _Where,
+    units: np.ndarray | None = None,
 ) -> tuple[np.ndarray, tuple[str, ...]]:
     """Site ids in the declared order (sorted where none is declared), each declared
-    site holding at least its public size."""
+    site holding at least its public size: records, or patients where `units` names
+    each record's patient (a patient-level site's public size counts patients)."""
     empty = np.flatnonzero(cells == "")
     if empty.size:
         raise where.error(int(empty[0]), column, "empty site")
@@ -332,11 +339,13 @@ def _sites(
         )
     ids = np.asarray([names.index(c) for c in cells], dtype=np.int64)
     for k, name in enumerate(names):
-        count = int(np.sum(ids == k))
+        here = ids == k
+        count = int(here.sum()) if units is None else len(np.unique(units[here]))
         if sites is not None and count < sites[name]:
             raise DataFormatError(
                 where.path,
-                f"site {name!r} holds {count} records, fewer than its declared public size "
+                f"site {name!r} holds {count} {'records' if units is None else 'patients'}, "
+                f"fewer than its declared public size "
                 f"{sites[name]} (data.sites): a public size may understate a site, never "
                 "overstate it",
                 column=column,

@@ -301,7 +301,8 @@ def own_silo(config: DataConfig, seed: int, names: Sequence[str], name: str, pat
     study's silo `name` from the whole table: read through the study's schema
     (`dpfl.data.table`, nothing fitted on the records), the file holding that site's
     records only, split by `test_fraction` with the silo's own seed (the draw of `seed`
-    at its index among `names`, the study's silos in the simulator's order), without a
+    at its index among `names`, the study's silos in the simulator's order; by patient,
+    with `unit` and `max_records` on the silo, where the study names a unit), without a
     public size (the study's declared one, `declared_sizes`, the hospital's own, or a DP
     count)."""
     if config.dataset not in TABLES or config.split != "stratified":
@@ -318,6 +319,16 @@ def own_silo(config: DataConfig, seed: int, names: Sequence[str], name: str, pat
     site = list(config.sites)[k] if config.sites is not None else name
     data = _table(config.model_copy(update={"path": path}), own_site=site)
     preprocess.require_finite(data)
+    if data.units is not None:  # by patient, with the seed build_silos gives silo k
+        (silo,) = silos_from_dataset(
+            data,
+            [np.arange(len(data.labels))],
+            test_fraction=config.test_fraction,
+            seed=seed + k,
+            names=[name],
+            declare_sizes=False,
+        )
+        return silo
     everyone = [np.arange(len(data.labels))] * (k + 1)  # the seeds of silos 0 to k
     fractions = [1 - config.test_fraction, config.test_fraction]
     splits = partition.per_silo_splits(everyone, data.strata, fractions, seed)
