@@ -26,8 +26,10 @@ from dpfl.privacy.errors import LedgerError
 
 from .test_flower import entries, flower_installed, hospitals, simulated, study
 from .test_flower_secure import DOPAMINE
+from .test_flower_table import STUDY as TABLE_STUDY
+from .test_flower_table import flower_study, table_hospitals, table_study
 
-__all__ = ["flower_installed", "study"]  # fixtures, used by name
+__all__ = ["flower_installed", "flower_study", "study", "table_study"]  # fixtures, by name
 pytestmark = pytest.mark.loopback
 DEADLINE = 600.0
 REJOIN = 150.0
@@ -171,3 +173,30 @@ def rejoin(running: Cluster, name: str, server: subprocess.Popen[bytes]) -> None
             time.sleep(2)
             running.start(name)
         time.sleep(0.2)
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
+def test_on_loopback_hospitals_read_their_own_csv_and_calibrate_to_their_own_budgets(
+    table_study: Path, tmp_path: Path
+) -> None:
+    """`dpfl deploy hospital --data own.csv` for each of three hospitals with budgets 2, 4
+    and 8, a study that leaves σ to calibration: each reads only its own rows through the
+    study's schema, the run takes the largest σ the hospitals publish, and every ledger
+    ends within its own budget, the tightest nearly spent."""
+    table_study.write_text(TABLE_STUDY.replace("noise_multiplier = 1.0\n", ""), encoding="utf-8")
+    nodes = table_hospitals(table_study, tmp_path / "hospitals")
+    budgets = {"east": 2.0, "north": 4.0, "south": 8.0}
+    for name, node in nodes.items():
+        node["epsilon"] = budgets[name]
+    output, out, _ = loopback.deploy(
+        table_study, nodes, tmp_path, cli=True, deadline=DEADLINE, timeout=60
+    )
+    result = DeploymentResult.load(out)
+    assert result.rounds_completed == 2 and not result.refused and not result.stopped, output
+    spent = {}
+    for name, node in nodes.items():
+        with Ledger(Path(node["ledger"]), create=False) as book:
+            spent[name] = book.spent(f"{name}/trial-0").epsilon
+    assert all(0 < spent[name] <= budgets[name] for name in nodes), spent
+    assert spent["east"] > 0.99 * budgets["east"], spent
