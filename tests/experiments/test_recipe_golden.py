@@ -119,6 +119,7 @@ def test_every_recipe_module_exports_one_registered_recipe() -> None:
         "flamby-heart-disease",
         "flamby-tcga-brca",
         "gse7390-survival",
+        "diabetes-readmission",
     ]
     exported = []
     for info in pkgutil.iter_modules(recipes.__path__):

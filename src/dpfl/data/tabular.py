@@ -9,6 +9,7 @@ which documented rule, if any, removed records.
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import math
 import zipfile
@@ -311,7 +312,33 @@ DIABETES_CATEGORIES: dict[str, tuple[str, ...]] = {
 }
 """Declared categories from the UCI data dictionary; any other value (`?`, "None", "No",
 "Unknown/Invalid") encodes as all-zero, i.e. missing or absent."""
-DIABETES_PROXY_SITES = ("admission_source_id", "payer_code", "medical_specialty")
+DIABETES_RANGES: dict[str, tuple[float, float]] = {
+    "age": (0, 100),
+    "time_in_hospital": (1, 14),
+    "num_lab_procedures": (0, 150),
+    "num_procedures": (0, 10),
+    "num_medications": (0, 100),
+    "number_outpatient": (0, 50),
+    "number_emergency": (0, 50),
+    "number_inpatient": (0, 25),
+    "number_diagnoses": (0, 20),
+}
+"""Declared public ranges of the numeric columns (scaled and clipped to them): age in
+decades, the UCI dictionary's 1-14 days in hospital, and counts capped at plausible
+clinical bounds chosen without reading the records."""
+DIABETES_ADMISSION_GROUPS = {
+    "emergency": ("7",),
+    "referral": ("1", "2", "3"),
+    "transfer": ("4", "5", "6", "10", "18", "19", "22", "25", "26"),
+}
+"""`admission_source_group`: IDs_mapping.csv's admission sources in 4 declared groups
+(every other code, births, court and the unknown ones, is "other")."""
+DIABETES_PROXY_SITES = (
+    "admission_source_id",
+    "payer_code",
+    "medical_specialty",
+    "admission_source_group",
+)
 DIABETES_MEMBER = "dataset_diabetes/diabetic_data.csv"
 
 
@@ -320,6 +347,9 @@ def diabetes130(
     *,
     one_encounter_per_patient: bool = True,
     proxy_site_column: str | None = None,
+    max_records: int | None = None,
+    patient_unit: bool = False,
+    patients_fraction: float = 1.0,
 ) -> Dataset:
     """Diabetes 130-US hospitals: 30-day readmission (`readmitted == "<30"`).
 
@@ -329,9 +359,22 @@ def diabetes130(
     of the privacy guarantee; the count removed is in `description`. The data have no
     hospital id: `proxy_site_column` makes a PROXY site split by that column, and any
     other site split of this dataset is synthetic.
+
+    `max_records` (with `one_encounter_per_patient=False`): a declared cap, each
+    patient's first `max_records` encounters in file order kept and the rest dropped (a
+    rule reading no other patient), every record of a patient at the proxy site of their
+    first; `patient_unit`: the patient is the unit of privacy (`Dataset.units`).
+    `patients_fraction`: keep a patient where a hash of their patient_nbr falls below it
+    (a public rule reading no record), to subsample patients reproducibly.
     """
     if proxy_site_column is not None and proxy_site_column not in DIABETES_PROXY_SITES:
         raise ValueError(f"proxy_site_column must be one of {DIABETES_PROXY_SITES}")
+    if (max_records is not None or patient_unit) and one_encounter_per_patient:
+        raise ValueError("max_records and patient_unit need one_encounter_per_patient=False")
+    if patient_unit and max_records is None:
+        raise ValueError("patient_unit needs a declared max_records")
+    if not 0 < patients_fraction <= 1:
+        raise ValueError(f"patients_fraction must lie in (0, 1], got {patients_fraction}")
     path = require_file(Path(directory) / "dataset_diabetes.zip")
     try:
         with zipfile.ZipFile(path) as archive, archive.open(DIABETES_MEMBER) as raw:
@@ -354,15 +397,25 @@ def diabetes130(
     column = {
         name: np.asarray(values)
         for name, values in zip(header, zip(*rows, strict=True), strict=True)
-        if name in needed or name == proxy_site_column
+        if name in needed or name == _source_column(proxy_site_column)
     }
+    if proxy_site_column == "admission_source_group":
+        column[proxy_site_column] = _admission_group(column["admission_source_id"])
     n_raw = len(rows)
     lines = np.arange(2, n_raw + 2)
-    if one_encounter_per_patient:
-        _, first = np.unique(column["patient_nbr"], return_index=True)
-        keep = np.sort(first)
-        column = {name: values[keep] for name, values in column.items()}
-        lines = lines[keep]
+    keep = np.arange(n_raw)
+    if patients_fraction < 1:
+        keep = keep[_hashed(column["patient_nbr"]) < patients_fraction]
+    if one_encounter_per_patient or max_records is not None:
+        cap = 1 if one_encounter_per_patient else max_records
+        keep = keep[_encounter_index(column["patient_nbr"][keep]) < cap]
+    column = {name: values[keep] for name, values in column.items()}
+    lines = lines[keep]
+    patients, first, units = np.unique(
+        column["patient_nbr"], return_index=True, return_inverse=True
+    )
+    if max_records is not None and proxy_site_column is not None:
+        column[proxy_site_column] = column[proxy_site_column][first][units]
     readmitted = column["readmitted"]
     _check_values(readmitted, ("NO", ">30", "<30"), where, "readmitted", lines)
     ages = column["age"]
@@ -391,7 +444,12 @@ def diabetes130(
         f"{removed} repeat encounters of a patient removed (first in file order kept)"
         if one_encounter_per_patient
         else "all encounters kept: a patient may be several records"
+        if max_records is None
+        else f"{len(patients)} patients' first {max_records} encounters in file order kept "
+        f"({removed} removed), each patient at their first encounter's site"
     )
+    if patients_fraction < 1:
+        unit += f"; patients subsampled by a hash of patient_nbr < {patients_fraction:g}"
     return Dataset(
         name="diabetes130",
         features=np.stack(blocks, axis=1),
@@ -404,7 +462,46 @@ def diabetes130(
             f"Diabetes 130-US hospitals 1999-2008 (UCI 296): {n_raw} encounters; {unit}; "
             f"label readmitted '<30'; age = decade midpoint. {site_note}"
         ),
+        units=units.astype(np.int64) if patient_unit else None,
+        max_records=max_records if patient_unit else None,
     )
+
+
+def _source_column(proxy_site_column: str | None) -> str | None:
+    """The file's column a proxy site split reads."""
+    if proxy_site_column == "admission_source_group":
+        return "admission_source_id"
+    return proxy_site_column
+
+
+def _admission_group(codes: np.ndarray) -> np.ndarray:
+    """Each admission source code's declared group (`DIABETES_ADMISSION_GROUPS`)."""
+    group = np.full(codes.shape, "other", dtype=object)
+    for name, members in DIABETES_ADMISSION_GROUPS.items():
+        group[np.isin(codes, members)] = name
+    return group.astype(str)
+
+
+def _hashed(patients: np.ndarray) -> np.ndarray:
+    """A uniform number in [0, 1) for each patient_nbr, from its text alone (BLAKE2b)."""
+    return np.asarray(
+        [
+            int.from_bytes(hashlib.blake2b(p.encode(), digest_size=8).digest(), "big") / 2**64
+            for p in patients
+        ]
+    )
+
+
+def _encounter_index(patients: np.ndarray) -> np.ndarray:
+    """Each record's rank among its patient's records, in file order (0 for the first)."""
+    order = np.argsort(patients, kind="stable")
+    ranks = np.empty(len(patients), dtype=np.int64)
+    sorted_ids = patients[order]
+    starts = np.r_[0, np.flatnonzero(sorted_ids[1:] != sorted_ids[:-1]) + 1]
+    ranks[order] = np.arange(len(patients)) - np.repeat(
+        starts, np.diff(np.r_[starts, len(patients)])
+    )
+    return ranks
 
 
 def _check_values(

@@ -72,6 +72,21 @@ def _physionet2012(path: Path, options: dict[str, Any]) -> Dataset:
     return _PHYSIONET_PARSED[key]
 
 
+_DIABETES_PARSED: dict[tuple[Path, str], Dataset] = {}
+
+
+def _diabetes130(path: Path, options: dict[str, Any]) -> Dataset:
+    """Diabetes 130-US hospitals (`tabular.diabetes130`, its keyword options), numbers
+    scaled by declared public ranges; read once per process and options."""
+    from dpfl.data import tabular
+
+    key = (path.resolve(), repr(sorted(options.items())))
+    if key not in _DIABETES_PARSED:
+        data = tabular.diabetes130(key[0], **options)
+        _DIABETES_PARSED[key] = preprocess.scale_to_ranges(data, tabular.DIABETES_RANGES)
+    return _DIABETES_PARSED[key]
+
+
 def _synthetic_ehr(seed: int, options: dict[str, Any]) -> Dataset:
     from dpfl.data import synthetic
 
@@ -236,6 +251,7 @@ READERS: dict[str, Reader] = {
     "gse7390": _gse7390,
     "bc_tcga": _bc_tcga,
     "tcga_brca": _tcga_brca,
+    "diabetes130": _diabetes130,
 }
 """Real data: name -> reader of the folder `data.path`."""
 GENERATORS: dict[str, Generator] = {

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from dpfl.experiments.recipes import (
     astar,
+    diabetes_readmission,
     dopamine,
     flamby_heart,
     flamby_tcga,
@@ -57,6 +58,7 @@ RECIPES: dict[str, Recipe] = {
         flamby_heart.RECIPE,
         flamby_tcga.RECIPE,
         gse7390_survival.RECIPE,
+        diabetes_readmission.RECIPE,
     )
 }
 """Command name -> recipe, in the order the docs present them."""

@@ -1,0 +1,86 @@
+"""Diabetes 130's patient unit (tabular.diabetes130): a declared cap keeps each patient's
+first k encounters in file order, each patient at the proxy site of their first, the
+patient numbered as the unit; patients subsampled by a rule on their own number."""
+
+from __future__ import annotations
+
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpfl.data import tabular
+
+
+def _zip(tmp_path: Path, encounters: list[tuple[int, str, str]]) -> Path:
+    """(patient_nbr, admission_source_id, readmitted) per encounter, in file order."""
+    header = "encounter_id,patient_nbr,admission_source_id,age,readmitted," + ",".join(
+        [*tabular.DIABETES_NUMERIC, *tabular.DIABETES_CATEGORIES]
+    )
+    rest = ",".join(["1"] * (len(tabular.DIABETES_NUMERIC) + len(tabular.DIABETES_CATEGORIES)))
+    lines = [
+        f"{i},{p},{source},[50-60),{label},{rest}"
+        for i, (p, source, label) in enumerate(encounters)
+    ]
+    with zipfile.ZipFile(tmp_path / "dataset_diabetes.zip", "w") as archive:
+        archive.writestr(tabular.DIABETES_MEMBER, "\n".join([header, *lines]) + "\n")
+    return tmp_path
+
+
+ENCOUNTERS = [
+    (10, "7", "NO"),
+    (20, "1", "<30"),
+    (10, "4", "<30"),
+    (10, "1", ">30"),
+    (30, "11", "NO"),
+    (10, "7", "<30"),
+]
+
+
+def test_a_declared_cap_keeps_each_patients_first_encounters(tmp_path: Path) -> None:
+    data = tabular.diabetes130(
+        _zip(tmp_path, ENCOUNTERS),
+        one_encounter_per_patient=False,
+        proxy_site_column="admission_source_group",
+        max_records=2,
+        patient_unit=True,
+    )
+    # patient 10's third and fourth encounters are dropped: records 0, 1, 2, 4 stay
+    assert data.labels.tolist() == [0, 1, 1, 0]
+    assert data.units is not None and data.units.tolist() == [0, 1, 0, 2]
+    assert data.max_records == 2
+    sites = [data.site_names[k] for k in data.site_ids.tolist()]  # type: ignore[union-attr]
+    group = "admission_source_group="
+    # patient 10 stays at "emergency", their first encounter's, though the second is a transfer
+    assert sites == [f"{group}emergency", f"{group}referral", f"{group}emergency", f"{group}other"]
+    recorded = tabular.diabetes130(tmp_path, one_encounter_per_patient=False, max_records=2)
+    assert recorded.units is None and recorded.labels.tolist() == [0, 1, 1, 0]
+    with pytest.raises(ValueError, match="patient_unit needs a declared max_records"):
+        tabular.diabetes130(tmp_path, one_encounter_per_patient=False, patient_unit=True)
+
+
+def test_patients_are_subsampled_by_their_own_number(tmp_path: Path) -> None:
+    many = [(p, "7", "NO") for p in range(400) for _ in range(2)]
+    half = tabular.diabetes130(
+        _zip(tmp_path, many),
+        one_encounter_per_patient=False,
+        max_records=2,
+        patient_unit=True,
+        patients_fraction=0.5,
+    )
+    assert half.units is not None
+    kept = len(np.unique(half.units))
+    assert 150 < kept < 250 and len(half.labels) == 2 * kept  # all of a kept patient's
+    again = tabular.diabetes130(
+        _zip(tmp_path, many[: len(many) // 2]),
+        one_encounter_per_patient=False,
+        max_records=2,
+        patient_unit=True,
+        patients_fraction=0.5,
+    )
+    assert again.units is not None  # a patient's fate does not depend on the others
+    assert set(tabular._hashed(np.asarray([str(p) for p in range(200)])) < 0.5) == {True, False}
+    assert len(np.unique(again.units)) == int(
+        (tabular._hashed(np.asarray([str(p) for p in range(200)])) < 0.5).sum()
+    )
