@@ -8,7 +8,7 @@ Measured side by side in one process, on one torch thread count (set on purpose:
 ops on a loaded 2-core machine drown in OpenMP waits with torch's default), interleaved
 so that a busy machine slows every runner alike; each time is the median over repeats.
 
-The workload (issue 12): the UCI heart-disease data of four hospitals (Cleveland,
+The workload (issue 42's small study): the UCI heart-disease data of four hospitals (Cleveland,
 Hungary, Switzerland, VA Long Beach; `--data`, default /work/shared/data/uci_heart_disease)
 read by `dpfl.data.tabular.heart_disease` and prepared as a study file's
 `heart_disease` dataset is (declared category codes one-hot, declared clinical ranges
@@ -16,10 +16,11 @@ scaled to [0, 1], missing values zero), the natural 4-site split, each site's re
 split 80/20 train/test (stratified, seed 0; `silos_from_dataset`, which declares the
 train sizes 242, 235, 98, 160 public). Logistic regression `nn.Linear(22, 1)` (PyTorch's
 default init under seed 0) with BCE-with-logits. FedAvg, `--rounds` rounds (default
-100): every round each site runs one epoch of Poisson DP-SGD (q = 16 / public size,
-round(1/q) steps: 15, 15, 6, 10; clip C = 1, noise std σC = 1 on the clipped sum, which
-is divided by the expected batch q·n = 16; learning rate 0.5, plain SGD), then the
-size-weighted mean of the site models. Without DP (σ = 0, `DPSGDConfig.non_private`):
+15): every round each site runs two epochs of Poisson DP-SGD (q = 4 / public size,
+round(2/q) steps: 121, 118, 49, 80; clip C = 1, noise std σC = 1 on the clipped sum,
+which is divided by the expected batch q·n = 4; learning rate 0.5, plain SGD), then the
+size-weighted mean of the site models (issue 12 measured 100 rounds of one epoch at q·n
+= 16). Without DP (σ = 0, `DPSGDConfig.non_private`):
 the same batches and steps, C = ∞ (nothing clipped), no noise.
 
 Runners (one trial each, on the same silos and initial model):
@@ -31,16 +32,19 @@ Runners (one trial each, on the same silos and initial model):
   the `simulate` call. Before each DP call dpfl's per-process memos (`functools` caches
   of ε values and privacy-loss distributions) are emptied, so its privacy accounting is
   paid as by a fresh process; `dpfl_dp_warm_s` repeats the call with them filled.
-- `hand`: a per-site Python loop in this process, as one writes it with torch alone:
-  Poisson mask, per-example gradients with `torch.func.vmap(grad(loss ∘ functional_call))`,
-  per-example clipping to C, Gaussian noise, divide by q·n, SGD step; after every round
+- `hand`: a per-site Python loop in this process, as lean as one writes it with torch
+  alone: the parameters one flat vector θ, Poisson mask, per-example gradients with
+  `torch.func.vmap(grad(loss))`, per-example clipping to C, one Gaussian draw of all of θ
+  a step, divide by q·n, SGD step; after every round
   the size-weighted mean; accuracy on the union of the test sets at the end. No ledger,
   no accounting. Without DP it runs the same per-example code with C = ∞ and no noise.
   It draws batches and noise from the streams dpfl's simulator derives from (seed,
-  trial, site, round) (numpy's `default_rng` for the mask, a seeded `torch.Generator`
-  for the noise), so both runners take the same steps: their final models differ by
-  float rounding only (`*_max_abs_param_diff`; ~1e-6; a large value means the two
-  stopped drawing alike, e.g. the engine changed how it derives its streams).
+  trial, site, round) (`engines.streams.stream_rng` for the mask, a `torch.Generator`
+  seeded as `stream_noise` seeds it for the noise), so both runners take the same
+  steps: their final models differ by float rounding only (`*_max_abs_param_diff`;
+  ~1e-6; a large value means the two stopped drawing alike, e.g. the engine changed how
+  it derives its streams: before this loop took them from `engines.streams`, the
+  figure was 0.09 to 2.7).
 - `hand_autograd` (σ = 0 only): the loop a non-private user writes: the summed batch
   loss's gradient by plain autograd, no per-example gradients.
 - `hand_closed_form`: the same steps as `hand` with the per-example gradients of logistic
@@ -68,19 +72,26 @@ Figures, keys of the JSON object (seconds of wall time, `time.perf_counter`):
 - `dp_max_abs_param_diff`, `nodp_max_abs_param_diff`: the largest difference between
   dpfl's and the hand loop's final parameters; `closed_form_dp_max_abs_param_diff`:
   against the closed-form loop.
+- `profile_{dp,nodp}_*_s`: where `simulate`'s time goes, from one more run of each under
+  cProfile (fresh memos; cProfile slows small calls, so read shares): `simulate` in all,
+  `training` (local DP-SGD), `evaluation` (test metrics), `ledger` (privacy records),
+  `checkpoints`, `aggregation`, and `start_up_and_rest` (planning, accounting, σ's
+  check, the result).
 - `warmup_s`: a 1-round run of every runner before the repeats (torch.func set-up, lazy
   imports), not counted.
 
-A run takes about a minute and a half on 2 CPUs.
+A run takes about a minute on 2 CPUs.
 """
 
 from __future__ import annotations
 
 import argparse
+import cProfile
 import json
 import logging
 import math
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -104,7 +115,8 @@ DATA = Path("/work/shared/data/uci_heart_disease")
 TEST_FRACTION = 0.2
 SPLIT_SEED = 0
 RUN_SEED = 0
-EXPECTED_BATCH = 16
+EXPECTED_BATCH = 4
+LOCAL_EPOCHS = 2
 CLIP_NORM = 1.0
 NOISE_MULTIPLIER = 1.0
 LEARNING_RATE = 0.5
@@ -143,7 +155,7 @@ def sample_rate(public_size: int) -> float:
 
 
 def steps_per_round(public_size: int) -> int:
-    return max(1, round(1 / sample_rate(public_size)))
+    return max(1, round(LOCAL_EPOCHS / sample_rate(public_size)))
 
 
 def initial_model(n_features: int) -> nn.Linear:
@@ -166,50 +178,50 @@ def union_accuracy(params: Params, silos: list[Any]) -> float:
 
 def _streams(site: int, round_: int) -> tuple[np.random.Generator, torch.Generator]:
     """The batch and noise streams of (trial 0, site, round), derived as dpfl's simulator
-    derives them (`engines.streams.Streams`: key [seed, trial, site + 1, round, call])."""
-    key = [RUN_SEED, 0, site + 1, round_, 0]
-    batches = np.random.default_rng([*key, 0])
-    noise_seed = int(np.random.SeedSequence([*key, 1]).generate_state(1)[0])
-    return batches, torch.Generator().manual_seed(noise_seed)
+    derives them (`engines.streams`: key (seed, trial, site + 1, round, call))."""
+    from dpfl.engines.streams import stream_noise, stream_rng
+
+    key = (RUN_SEED, 0, site + 1, round_, 0)
+    noise = stream_noise(True, key)
+    return stream_rng(key), torch.Generator().manual_seed(noise.metadata()["seed"])
 
 
 def hand_run(work: Workload, private: bool) -> tuple[Params, float]:
-    """FedAvg with local DP-SGD (or, σ = 0, the same steps unclipped and noiseless)."""
+    """FedAvg with local DP-SGD (or, σ = 0, the same steps unclipped and noiseless), as
+    lean as one writes it: the parameters one flat vector, per-example gradients of it by
+    `torch.func`, one Gaussian draw of the whole vector a step."""
     model = initial_model(work.n_features)
     clip = CLIP_NORM if private else math.inf
-    std = NOISE_MULTIPLIER * CLIP_NORM if private else 0.0
+    std = NOISE_MULTIPLIER * CLIP_NORM
+    d = work.n_features
 
-    def example_loss(p: Params, xi: Tensor, yi: Tensor) -> Tensor:
-        logit = functional_call(model, p, (xi.unsqueeze(0),)).reshape(())
-        return nn.functional.binary_cross_entropy_with_logits(logit, yi)
+    def example_loss(theta: Tensor, xi: Tensor, yi: Tensor) -> Tensor:
+        return nn.functional.binary_cross_entropy_with_logits(xi @ theta[:d] + theta[d], yi)
 
     per_example = vmap(grad(example_loss), in_dims=(None, 0, 0))
     sites = [(s.x, s.y.float(), s.declared_size) for s in work.silos]
-    weights = torch.tensor([float(n) for _, _, n in sites]) / sum(n for _, _, n in sites)
-    glob = {k: v.detach().clone() for k, v in model.named_parameters()}
+    weights = [n / sum(n for _, _, n in sites) for _, _, n in sites]
+    glob = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     for round_ in range(work.rounds):
-        trained = []
+        trained = torch.zeros_like(glob)
         for k, (x, y, public) in enumerate(sites):
             batches, noise = _streams(k, round_)
             q = sample_rate(public)
-            params = dict(glob)
+            step = LEARNING_RATE / (q * public)
+            theta = glob.clone()
             for _ in range(steps_per_round(public)):
                 idx = torch.from_numpy(np.flatnonzero(batches.random(len(y)) < q))
+                total = torch.zeros_like(theta)  # vmap refuses an empty batch
                 if len(idx):
-                    grads = per_example(params, x[idx], y[idx])
-                    norms = torch.sqrt(sum(g.flatten(1).square().sum(1) for g in grads.values()))
-                    factor = (clip / (norms + 1e-12)).clamp(max=1.0)
-                    sums = {n: torch.einsum("b,b...->...", factor, g) for n, g in grads.items()}
-                else:
-                    sums = {n: torch.zeros_like(p) for n, p in params.items()}
+                    g = per_example(theta, x[idx], y[idx])
+                    total = (clip / (g.norm(dim=1) + 1e-12)).clamp(max=1.0) @ g
                 if private:
-                    sums = {
-                        n: s + torch.randn(s.shape, generator=noise) * std for n, s in sums.items()
-                    }
-                params = {n: p - LEARNING_RATE * sums[n] / (q * public) for n, p in params.items()}
-            trained.append(params)
-        glob = {n: sum(w * t[n] for w, t in zip(weights, trained, strict=True)) for n in glob}
-    return glob, union_accuracy(glob, work.silos)
+                    total += torch.randn(glob.shape, generator=noise) * std
+                theta -= step * total
+            trained += weights[k] * theta
+        glob = trained
+    params = {"weight": glob[:d].reshape(1, d), "bias": glob[d:]}
+    return params, union_accuracy(params, work.silos)
 
 
 def hand_closed_form_run(work: Workload, private: bool) -> tuple[Params, float]:
@@ -233,9 +245,9 @@ def hand_closed_form_run(work: Workload, private: bool) -> tuple[Params, float]:
                 norms = residual.abs() * torch.sqrt(xb.square().sum(1) + 1)
                 factor = residual * (clip / (norms + 1e-12)).clamp(max=1.0)
                 grad_w, grad_b = (factor @ xb).unsqueeze(0), factor.sum().reshape(1)
-                if private:
-                    grad_w = grad_w + torch.randn(w.shape, generator=noise) * std
-                    grad_b = grad_b + torch.randn(b.shape, generator=noise) * std
+                if private:  # one draw of all the parameters, as `hand_run` and dpfl
+                    drawn = torch.randn(w.numel() + 1, generator=noise) * std
+                    grad_w, grad_b = grad_w + drawn[:-1], grad_b + drawn[-1:]
                 w -= LEARNING_RATE * grad_w / (q * public)
                 b -= LEARNING_RATE * grad_b / (q * public)
             trained.append({"weight": w, "bias": b})
@@ -307,7 +319,7 @@ def dpfl_run(work: Workload, private: bool) -> tuple[Params, float]:
         loss=bce,
         dpsgd=config,
         expected_batch_size=EXPECTED_BATCH,
-        local_epochs=1,
+        local_epochs=LOCAL_EPOCHS,
     )
     with tempfile.TemporaryDirectory(prefix="bench-vs-torch-") as tmp:
         result = simulate(
@@ -323,6 +335,40 @@ def dpfl_run(work: Workload, private: bool) -> tuple[Params, float]:
         )
     params = {k: v[0] for k, v in result.params.items()}
     return params, result.final_metrics()["accuracy"]
+
+
+PARTS = {
+    "training": ("dpfl/local/dpsgd.py", "_train"),
+    "evaluation": ("dpfl/engines/evaluation.py", "evaluate"),
+    "ledger": ("dpfl/engines/simulation.py", "record"),
+    "checkpoints": ("dpfl/engines/simulation.py", "mark_released"),
+    "aggregation": ("dpfl/federation/algorithms/fedavg.py", "aggregate"),
+}
+"""Where `simulate`'s time goes: cumulative time of these (file, function) pairs."""
+
+
+def where_time_goes(work: Workload, private: bool) -> dict[str, float]:
+    """One `dpfl_run` under cProfile (fresh memos): seconds in each of `PARTS`, and the
+    rest of `simulate` as `start_up_and_rest` (planning, accounting, calibration, the
+    result). cProfile slows small calls, so read the shares, not the seconds."""
+    clear_dpfl_caches()
+    profile = cProfile.Profile()
+    profile.runcall(dpfl_run, work, private)
+    stats: dict[tuple[str, int, str], tuple[Any, ...]] = pstats.Stats(profile).stats  # type: ignore[attr-defined]
+    cumulative: dict[tuple[str, str], float] = {}
+    for (path, _, function), (_, _, _, seconds, _) in stats.items():
+        key = (path.replace(os.sep, "/"), function)
+        cumulative[key] = cumulative.get(key, 0.0) + seconds
+    total = sum(
+        t
+        for (path, f), t in cumulative.items()
+        if path.endswith("simulation.py") and f == "simulate"
+    )
+    parts = {
+        name: sum(t for (path, f), t in cumulative.items() if path.endswith(file) and f == function)
+        for name, (file, function) in PARTS.items()
+    }
+    return {"simulate": total, **parts, "start_up_and_rest": total - sum(parts.values())}
 
 
 # ---------------------------------------------------------------------------------------
@@ -362,7 +408,7 @@ def main() -> None:
         "OpenMP waits; torch's default is one per core)",
     )
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--rounds", type=int, default=100)
+    parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--data", type=Path, default=DATA, help="the UCI heart-disease folder")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -430,6 +476,9 @@ def main() -> None:
         outputs["dpfl_dp"][0], outputs["hand_closed_form_dp"][0]
     )
 
+    for private, label in ((True, "dp"), (False, "nodp")):
+        for part, seconds in where_time_goes(work, private).items():
+            figures[f"profile_{label}_{part}_s"] = seconds
     if args.json:
         print(json.dumps(figures))
     else:
