@@ -14,6 +14,7 @@ LAYER = {
     "cli": 7,
     "experiments": 6,
     "audit": 5.5,  # drives the simulator; experiments and the CLI may use it
+    "analytics": 4.5,  # statistics over the secure sums; experiments and the CLI use it
     "engines": 5,
     "secure": 4,
     "federation": 3,

@@ -6,7 +6,7 @@ import typer
 
 from dpfl import __version__
 from dpfl.allocator import keep_freed_memory
-from dpfl.cli import audit, demo, deploy, init, privacy, report, study
+from dpfl.cli import audit, demo, deploy, init, privacy, report, stats, study
 
 app = typer.Typer(
     name="dpfl",
@@ -25,6 +25,7 @@ app.command("tune")(study.tune)
 app.command("report")(report.report)
 app.command("reproduce")(study.reproduce)
 app.command("audit")(audit.audit)
+app.command("stats")(stats.stats)
 
 
 def _show_version(value: bool) -> None:

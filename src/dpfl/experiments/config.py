@@ -414,6 +414,59 @@ class TuneConfig(_Strict):
     validation_fraction: float = Field(0.2, gt=0, lt=1)
 
 
+class ColumnBins(_Strict):
+    """A column (a table's column, or a built-in dataset's feature) over declared public
+    bin edges, in the column's units."""
+
+    column: str
+    bins: list[float] = Field(min_length=2)
+
+
+class ColumnRange(_Strict):
+    """A column with its declared public range: values are clipped to it."""
+
+    column: str
+    range: tuple[float, float]
+
+
+class ColumnQuantiles(ColumnBins):
+    """Quantiles of a column, searched over its declared bins (the domain)."""
+
+    probabilities: list[float] = Field(default_factory=lambda: [0.01, 0.25, 0.5, 0.75, 0.99])
+
+
+class ColumnCategories(_Strict):
+    """Counts of a column's declared values (and of every other value, together)."""
+
+    column: str
+    values: list[float] = Field(min_length=1)
+
+
+class AnalyticsConfig(_Strict):
+    """`dpfl stats`: DP statistics of the hospitals' records (`dpfl.analytics`), each a
+    Gaussian release charged to every hospital's ledger (the study's budget, `[privacy]`)
+    and summed by the study's `secure_aggregation`. `noise_multiplier`: σ of every
+    statistic (std σ × its sensitivity); or `epsilon`: σ calibrated so that the whole
+    stats run costs each hospital at most this ε at `[privacy] delta` (one of them)."""
+
+    epsilon: float | None = Field(None, gt=0)
+    noise_multiplier: float | None = Field(None, gt=0)
+    counts: bool = True
+    """Counts per hospital, pooled and per declared class label."""
+    categories: list[ColumnCategories] = Field(default_factory=list)
+    histograms: list[ColumnBins] = Field(default_factory=list)
+    means: list[ColumnRange] = Field(default_factory=list)
+    quantiles: list[ColumnQuantiles] = Field(default_factory=list)
+    kaplan_meier: list[float] = Field(default_factory=list)
+    """A Kaplan–Meier curve on these public time bin edges (the `time` column's units)."""
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> AnalyticsConfig:
+        if self.epsilon is not None and self.noise_multiplier is not None:
+            raise ValueError("analytics: give `epsilon` or `noise_multiplier`, not both")
+        return self
+
+
 class StudyConfig(_Strict):
     """One point of a study: everything a run needs."""
 
@@ -456,6 +509,8 @@ class StudyConfig(_Strict):
     roster: dict[str, str] = Field(default_factory=dict)
     """A deployment's hospitals, pinned: each one's name and identity key, as `dpfl deploy
     identity` prints it (`dpfl.engines.roster`). The simulator does not read it."""
+    analytics: AnalyticsConfig = AnalyticsConfig()
+    """`dpfl stats`' statistics; in a run key only where set (no run reads it)."""
 
     @model_validator(mode="before")
     @classmethod

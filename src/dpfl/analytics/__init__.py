@@ -1,0 +1,43 @@
+"""Federated statistics under DP: counts, histograms, means, quantiles and Kaplan–Meier
+curves of the hospitals' records, each charged to every hospital's ledger before release
+and summed across hospitals by the study's secure sum (docs/analytics.md).
+
+Each statistic is a `Query`: a hospital's half (`Query.vector`) is a pure function of its
+own records, a vector of sums whose L2 sensitivity to one unit (a record, or a patient of
+at most `max_records` records) is declared; the hospital adds Gaussian noise of std
+σ·Δ to it (`release`), after its ledger has recorded the event; the server sees the
+sum of the noisy vectors only (`pooled`) and post-processes it (`Query.figures`), every
+figure with the standard deviation of its noise beside it.
+"""
+
+from dpfl.analytics.mechanisms import (
+    Count,
+    Figure,
+    Histogram,
+    KaplanMeier,
+    Mean,
+    Quantiles,
+    Query,
+    Records,
+    Released,
+    bounded,
+    describe,
+    pooled,
+    release,
+)
+
+__all__ = [
+    "Count",
+    "Figure",
+    "Histogram",
+    "KaplanMeier",
+    "Mean",
+    "Quantiles",
+    "Query",
+    "Records",
+    "Released",
+    "bounded",
+    "describe",
+    "pooled",
+    "release",
+]

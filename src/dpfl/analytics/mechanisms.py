@@ -1,0 +1,451 @@
+"""The statistics' mechanisms: each hospital's sum vector and its sensitivity, the
+Gaussian release charged to its ledger, the secure sum, and the figures post-processed
+from the pooled noisy vector.
+
+Neighbouring datasets differ by one unit added or removed: a record, or under
+patient-level units a patient, of whom at most `max_records` records are kept
+(`bounded`), so that a patient moves any vector by at most `max_records` times what one
+record moves it (the triangle inequality on the L2 norm).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol
+
+import numpy as np
+import torch
+
+from dpfl.privacy import events
+from dpfl.privacy.errors import BudgetExceededError
+
+if TYPE_CHECKING:
+    from dpfl.federation.messages import SecureSum
+    from dpfl.privacy import Ledger
+
+Z95 = 1.959963984540054
+"""The standard normal's 97.5% quantile: the bands are ±Z95 standard deviations."""
+
+
+@dataclass(frozen=True)
+class Records:
+    """One hospital's records as the statistics read them: numeric columns in their own
+    units, integer class labels (or None), survival time and event (or None), and each
+    record's patient (None: each record is its own unit)."""
+
+    columns: Mapping[str, np.ndarray]
+    labels: np.ndarray | None = None
+    time: np.ndarray | None = None
+    event: np.ndarray | None = None
+    units: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        for array in (*self.columns.values(), self.labels, self.time):
+            if array is not None:
+                return len(array)
+        return 0
+
+    def column(self, name: str) -> np.ndarray:
+        if name not in self.columns:
+            raise ValueError(f"no column {name!r}: the records have {sorted(self.columns)}")
+        return np.asarray(self.columns[name], dtype=np.float64)
+
+    def take(self, keep: np.ndarray) -> Records:
+        """The records at the indices `keep`."""
+
+        def cut(a: np.ndarray | None) -> np.ndarray | None:
+            return None if a is None else a[keep]
+
+        return Records(
+            {n: c[keep] for n, c in self.columns.items()},
+            cut(self.labels),
+            cut(self.time),
+            cut(self.event),
+            cut(self.units),
+        )
+
+
+def bounded(records: Records, max_records: int | None) -> Records:
+    """Each patient's first `max_records` records (all records where units are None):
+    contribution bounding, which makes a patient's influence at most `max_records`
+    records' whatever the data; a public, per-record rule, nothing fitted."""
+    if records.units is None:
+        return records
+    if max_records is None:
+        raise ValueError("patient-level statistics need [data] max_records (the records kept)")
+    order = np.argsort(records.units, kind="stable")
+    units = records.units[order]
+    starts = np.r_[0, np.flatnonzero(np.diff(units)) + 1]
+    rank = np.arange(len(units)) - np.repeat(starts, np.diff(np.r_[starts, len(units)]))
+    return records.take(np.sort(order[rank < max_records]))
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One released figure and the std of its DP noise (`interval`: a 95% interval where
+    the noise is not additive, e.g. a quantile or a survival probability)."""
+
+    statistic: str
+    name: str
+    value: float
+    std: float
+    interval: tuple[float, float] | None = None
+
+
+class Query(Protocol):
+    """A statistic: its title, each hospital's sum vector, the vector's L2 sensitivity
+    to one record, and the figures of the pooled noisy vector."""
+
+    @property
+    def title(self) -> str: ...
+
+    @property
+    def sensitivity(self) -> float: ...
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray: ...
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]: ...
+
+
+def release(
+    vector: np.ndarray,
+    sensitivity: float,
+    noise_multiplier: float,
+    *,
+    ledger: Ledger,
+    accounts: Sequence[str],
+    label: str,
+    rng: np.random.Generator,
+    neighbouring: events.Neighbouring = events.Neighbouring.ADD_REMOVE,
+) -> np.ndarray:
+    """A hospital's half: charge the Gaussian event to its `accounts` (one durable
+    transaction; refused past a budget, and then nothing is released), then add noise of
+    std noise_multiplier × sensitivity to every coordinate."""
+    if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
+        raise ValueError(f"noise_multiplier must be positive, got {noise_multiplier!r}")
+    event = events.gaussian(noise_multiplier, neighbouring=neighbouring)
+    ledger.record_many([(account, event) for account in accounts], label=label)
+    noisy: np.ndarray = vector + rng.normal(0.0, noise_multiplier * sensitivity, vector.shape)
+    return noisy
+
+
+def pooled(noisy: Mapping[str, np.ndarray], summing: SecureSum) -> np.ndarray:
+    """The server's half: the sum of the hospitals' noisy vectors through the study's
+    secure sum (masking or HE reveal the sum only)."""
+    vectors = {name: torch.from_numpy(np.asarray(v, dtype=np.float64)) for name, v in noisy.items()}
+    total = summing(vectors, at_least=len(vectors))
+    return np.asarray(total.total.numpy(), dtype=np.float64)
+
+
+@dataclass(frozen=True)
+class Count:
+    """Record counts: each hospital's (one-hot at its index), the pooled count, one per
+    declared class label, and one per declared category of each declared column (values
+    compared as numbers, a value not listed counted as "other"). One record moves its
+    hospital's, the pooled, its label's and one category per column's count by 1."""
+
+    classes: tuple[int, ...] = ()
+    categories: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    title: str = "counts"
+
+    @property
+    def sensitivity(self) -> float:
+        return math.sqrt(2 + bool(self.classes) + len(self.categories))
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
+        parts = [np.eye(hospitals)[hospital] * len(records), [len(records)]]
+        if self.classes:
+            if records.labels is None:
+                raise ValueError("counts per label: the records have no class labels")
+            parts.append([np.sum(records.labels == c) for c in self.classes])
+        for name, values in self.categories.items():
+            x = records.column(name)
+            listed = [np.sum(x == v) for v in values]
+            parts.append([*listed, len(x) - sum(listed)])
+        return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts])
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]:
+        labels = [f"hospital {n}" for n in names] + ["pooled"]
+        labels += [f"label {c}" for c in self.classes]
+        for name, values in self.categories.items():
+            labels += [f"{name} = {v:g}" for v in values] + [f"{name} = other"]
+        return [
+            Figure(self.title, label, float(v), std)
+            for label, v in zip(labels, pooled, strict=True)
+        ]
+
+
+def _check_edges(edges: Sequence[float], what: str) -> np.ndarray:
+    e = np.asarray(edges, dtype=np.float64)
+    if e.ndim != 1 or len(e) < 2 or not np.all(np.isfinite(e)) or np.any(np.diff(e) <= 0):
+        raise ValueError(f"{what}: bins must be at least two increasing finite edges")
+    return e
+
+
+def _histogram(x: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """Counts per bin, a value outside the edges counted in the end bin it is nearest."""
+    index = np.clip(np.searchsorted(edges, x, side="right") - 1, 0, len(edges) - 2)
+    return np.bincount(index, minlength=len(edges) - 1).astype(np.float64)
+
+
+@dataclass(frozen=True)
+class Histogram:
+    """Counts of a column over declared bin edges; one record moves one bin by 1."""
+
+    column: str
+    edges: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        _check_edges(self.edges, f"histogram of {self.column}")
+
+    @property
+    def title(self) -> str:
+        return f"histogram of {self.column}"
+
+    @property
+    def sensitivity(self) -> float:
+        return 1.0
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
+        return _histogram(records.column(self.column), np.asarray(self.edges))
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]:
+        e = self.edges
+        return [
+            Figure(self.title, f"[{e[i]:g}, {e[i + 1]:g})", float(v), std)
+            for i, v in enumerate(pooled)
+        ]
+
+
+@dataclass(frozen=True)
+class Mean:
+    """Mean and standard deviation of a column clipped to its declared range [a, b].
+
+    The vector is (n, Σz, Σ(z² − 1/2)) with z the clipped value mapped onto [−1, 1]: one
+    record moves it by (1, z, z² − 1/2), of L2 norm at most √(1 + 1 + 1/4) = 1.5. Mean and
+    variance are post-processed from the noisy sums (clamped to their possible ranges);
+    the mean's std is the delta method's on the noisy ratio."""
+
+    column: str
+    range: tuple[float, float]
+
+    def __post_init__(self) -> None:
+        low, high = self.range
+        if not (math.isfinite(low) and math.isfinite(high) and low < high):
+            raise ValueError(f"mean of {self.column}: bad public range {self.range!r}")
+
+    @property
+    def title(self) -> str:
+        return f"mean of {self.column}"
+
+    @property
+    def sensitivity(self) -> float:
+        return 1.5
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
+        low, high = self.range
+        x = np.clip(records.column(self.column), low, high)
+        z = (x - (low + high) / 2) / ((high - low) / 2)
+        return np.array([len(z), z.sum(), (z**2 - 0.5).sum()])
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]:
+        low, high = self.range
+        half, centre = (high - low) / 2, (low + high) / 2
+        n = max(float(pooled[0]), 1.0)
+        mean_z = float(np.clip(pooled[1] / n, -1, 1))
+        square_z = float(np.clip(pooled[2] / n + 0.5, 0, 1))
+        sd = half * math.sqrt(max(square_z - mean_z**2, 0.0))
+        mean_std = half * std * math.sqrt(1 + mean_z**2) / n
+        sd_std = half * std * math.sqrt(1 + (square_z - 0.5 - 2 * mean_z**2) ** 2) / n
+        return [
+            Figure(self.title, "count", float(pooled[0]), std),
+            Figure(self.title, "mean", centre + half * mean_z, mean_std),
+            Figure(self.title, "standard deviation", sd, sd_std),
+        ]
+
+
+@dataclass(frozen=True)
+class Quantiles:
+    """Quantiles of a column over its declared domain by a noisy-histogram search: the
+    Gaussian histogram over the declared fine bins (`Histogram`), its counts clamped at 0,
+    and each quantile read where the cumulative count crosses p of the total (linear
+    within the bin): post-processing of one DP histogram (Dwork, McSherry, Nissim & Smith
+    2006 for the histogram; the CDF-inversion estimator is the "histogram" baseline of
+    Gillenwater, Joseph & Kulesza, ICML 2021). Each quantile's 95% interval: the values
+    at which the noisy CDF ± Z95 stds crosses p."""
+
+    column: str
+    edges: tuple[float, ...]
+    probabilities: tuple[float, ...] = (0.01, 0.25, 0.5, 0.75, 0.99)
+
+    def __post_init__(self) -> None:
+        _check_edges(self.edges, f"quantiles of {self.column}")
+        if not all(0 < p < 1 for p in self.probabilities):
+            raise ValueError(f"quantiles of {self.column}: probabilities must be in (0, 1)")
+
+    @property
+    def title(self) -> str:
+        return f"quantiles of {self.column}"
+
+    @property
+    def sensitivity(self) -> float:
+        return 1.0
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
+        return _histogram(records.column(self.column), np.asarray(self.edges))
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]:
+        edges = np.asarray(self.edges)
+        counts = np.maximum(pooled, 0.0)
+        cdf = np.r_[0.0, np.cumsum(counts)]
+        total = max(cdf[-1], 1.0)
+        cdf_std = std * np.sqrt(np.arange(len(edges)))  # the noise of a cumulative count
+
+        upper = np.maximum.accumulate(np.minimum(cdf + Z95 * cdf_std, total))
+        lower = np.maximum.accumulate(np.maximum(cdf - Z95 * cdf_std, 0.0))
+        figures = []
+        for p in self.probabilities:
+            value = float(np.interp(p * total, cdf, edges))
+            low = float(np.interp(p * total, upper, edges))
+            high = float(np.interp(p * total, lower, edges))
+            spread = (high - low) / (2 * Z95)
+            name = f"quantile {p:g}"
+            figures.append(Figure(self.title, name, value, spread, (low, high)))
+        return figures
+
+
+@dataclass(frozen=True)
+class KaplanMeier:
+    """A Kaplan–Meier curve on public time bins: the vector is each bin's events and
+    censorings (a time past the last edge counted in the last bin), so one record moves
+    one coordinate by 1. The at-risk count at a bin's start is the pooled total less the
+    earlier bins' events and censorings (post-processing), S(t_b) = Π_{j≤b}(1 − d_j/n_j).
+    Its 95% band: ±Z95 × the square root of Greenwood's variance plus the DP noise's
+    (the variance of S over `draws` redraws of the declared noise on the released
+    counts, post-processing too)."""
+
+    edges: tuple[float, ...]
+    draws: int = 400
+
+    def __post_init__(self) -> None:
+        _check_edges(self.edges, "Kaplan–Meier")
+
+    @property
+    def title(self) -> str:
+        return "Kaplan–Meier"
+
+    @property
+    def sensitivity(self) -> float:
+        return 1.0
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
+        if records.time is None or records.event is None:
+            raise ValueError("Kaplan–Meier: the records have no time and event")
+        edges = np.asarray(self.edges)
+        died = records.event.astype(bool)
+        return np.concatenate(
+            [_histogram(records.time[died], edges), _histogram(records.time[~died], edges)]
+        )
+
+    @staticmethod
+    def curve(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """S at each bin's end and Greenwood's variance of it, from (events, censorings)
+        per bin (rows of `counts` may stack several draws)."""
+        counts = np.maximum(np.atleast_2d(counts), 0.0)
+        bins = counts.shape[1] // 2
+        d, c = counts[:, :bins], counts[:, bins:]
+        leaving = np.cumsum(d + c, axis=1)
+        at_risk = np.maximum(leaving[:, -1:] - np.c_[np.zeros(len(counts)), leaving[:, :-1]], 1.0)
+        d = np.minimum(d, at_risk)
+        s = np.cumprod(1 - d / at_risk, axis=1)
+        greenwood = s**2 * np.cumsum(d / (at_risk * np.maximum(at_risk - d, 1.0)), axis=1)
+        return s, greenwood
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]:
+        (s,), (greenwood,) = self.curve(pooled)
+        redrawn, _ = self.curve(pooled + rng.normal(0.0, std, (self.draws, len(pooled))))
+        spread = np.sqrt(greenwood + redrawn.var(axis=0))
+        return [
+            Figure(
+                self.title,
+                f"S({self.edges[b + 1]:g})",
+                float(s[b]),
+                float(spread[b]),
+                (float(max(s[b] - Z95 * spread[b], 0)), float(min(s[b] + Z95 * spread[b], 1))),
+            )
+            for b in range(len(s))
+        ]
+
+
+@dataclass(frozen=True)
+class Released:
+    """A stats run's figures, and per statistic the noise multiplier and the std of one
+    pooled coordinate's noise."""
+
+    figures: list[Figure]
+    noise: dict[str, float]
+
+
+def describe(
+    cohort: Mapping[str, Records],
+    queries: Sequence[Query],
+    noise_multiplier: float,
+    *,
+    ledger: Ledger,
+    accounts: Mapping[str, Sequence[str]],
+    summing: SecureSum,
+    rng: np.random.Generator,
+    max_records: int | None = None,
+) -> Released:
+    """Release every query: each hospital bounds its records (`bounded`), computes its
+    vector, charges its ledger accounts (`accounts[name]`) and adds its noise; the
+    server sums the noisy vectors and post-processes the figures. The pooled noise of a
+    coordinate has std σ·Δ·√K over K hospitals (Δ per patient: max_records × per record).
+    The whole plan (every query, every account) is checked against the ledger first: a
+    run past any hospital's budget is refused before anything is released."""
+    names = list(cohort)
+    patients = next(iter(cohort.values())).units is not None if cohort else False
+    neighbouring = (
+        events.Neighbouring.ADD_REMOVE_PATIENT if patients else events.Neighbouring.ADD_REMOVE
+    )
+    group = max_records if patients and max_records is not None else 1
+    plan = events.gaussian(noise_multiplier, count=len(queries), neighbouring=neighbouring)
+    refused = ledger.refusal([(a, plan) for name in names for a in accounts[name]])
+    if refused is not None:
+        raise BudgetExceededError(f"stats refused before any release: {refused}")
+    kept = {name: bounded(records, max_records) for name, records in cohort.items()}
+    figures: list[Figure] = []
+    noise: dict[str, float] = {}
+    for query in queries:
+        sensitivity = query.sensitivity * group
+        noisy = {
+            name: release(
+                query.vector(kept[name], k, len(names)),
+                sensitivity,
+                noise_multiplier,
+                ledger=ledger,
+                accounts=accounts[name],
+                label=f"stats: {query.title}",
+                rng=rng,
+                neighbouring=neighbouring,
+            )
+            for k, name in enumerate(names)
+        }
+        std = noise_multiplier * sensitivity * math.sqrt(len(names))
+        noise[query.title] = std
+        figures += query.figures(pooled(noisy, summing), std, names, rng)
+    return Released(figures, noise)

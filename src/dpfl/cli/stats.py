@@ -1,0 +1,50 @@
+"""`dpfl stats STUDY.toml`: the study's `[analytics]`, released under DP in the
+simulator, charged to each hospital's ledger (`dpfl.experiments.stats`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.markup import escape
+from rich.table import Table
+
+from .common import console, print_json, reported_errors
+
+
+def stats(
+    config: Annotated[Path, typer.Argument(help="The study file (with an [analytics] section).")],
+    out: Annotated[
+        Path,
+        typer.Option("--out", "-o", help="Folder for ledger.sqlite, stats.json and stats.html."),
+    ] = Path("stats"),
+    json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+) -> None:
+    """Release the study's DP statistics: each charged to every hospital's ledger first
+    (refused past a budget), summed by its secure aggregation, each figure with its noise."""
+    from dpfl.experiments.config import load
+    from dpfl.experiments.stats import STATS_HTML
+    from dpfl.experiments.stats import stats as release
+
+    with reported_errors():
+        study = load(config)
+        if len(study.points) > 1:
+            raise ValueError(f"{config} is a grid of {len(study.points)} points: stats take one")
+        run = release(study.points[0][1], out)
+    if json:
+        print_json(run.to_json())
+        return
+    table = Table(
+        title=f"{escape(run.study)}: DP statistics (σ = {run.noise_multiplier:.4g}, "
+        f"summed by {run.summing})"
+    )
+    for column in ("statistic", "figure", "value", "noise std", "95% interval"):
+        table.add_column(column)
+    for f in run.figures:
+        interval = "—" if f.interval is None else f"[{f.interval[0]:.4g}, {f.interval[1]:.4g}]"
+        table.add_row(
+            escape(f.statistic), escape(f.name), f"{f.value:.4g}", f"{f.std:.3g}", interval
+        )
+    console.print(table)
+    typer.echo(out / STATS_HTML)

@@ -1,0 +1,221 @@
+"""`dpfl stats`: a study's `[analytics]` released in the simulator (`dpfl.analytics`)
+over the same `[data]` and silos as its training, charged to each hospital's ledger
+accounts (one per trial, the study's budgets) and summed by its `secure_aggregation`;
+written as JSON and an HTML page in the report's style."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from html import escape
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from dpfl.analytics import (
+    Count,
+    Figure,
+    Histogram,
+    KaplanMeier,
+    Mean,
+    Quantiles,
+    Query,
+    Records,
+    describe,
+)
+from dpfl.engines.accounts import account
+from dpfl.experiments import datasets
+from dpfl.experiments.config import AnalyticsConfig, StudyConfig
+from dpfl.privacy import Budget, Ledger, calibrate_noise, events
+from dpfl.secure import by_name
+
+LEDGER = "ledger.sqlite"
+STATS_JSON = "stats.json"
+STATS_HTML = "stats.html"
+
+
+@dataclass(frozen=True)
+class StatsRun:
+    """What `dpfl stats` released: the figures, σ, each statistic's pooled noise std,
+    the secure sum, the hospitals and the ledger charged."""
+
+    study: str
+    hospitals: list[str]
+    noise_multiplier: float
+    noise: dict[str, float]
+    summing: str
+    ledger: str
+    figures: list[Figure]
+
+    def to_json(self) -> dict[str, Any]:
+        return {**asdict(self), "figures": [asdict(f) for f in self.figures]}
+
+
+def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
+    """The statistics the section declares, in a fixed order."""
+    found: list[Query] = []
+    if analytics.counts or analytics.categories:
+        categories = {c.column: tuple(c.values) for c in analytics.categories}
+        found.append(Count(tuple(classes) if analytics.counts else (), categories))
+    found += [Histogram(h.column, tuple(h.bins)) for h in analytics.histograms]
+    found += [Mean(m.column, m.range) for m in analytics.means]
+    found += [
+        Quantiles(q.column, tuple(q.bins), tuple(q.probabilities)) for q in analytics.quantiles
+    ]
+    if analytics.kaplan_meier:
+        found.append(KaplanMeier(tuple(analytics.kaplan_meier)))
+    return found
+
+
+def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
+    """Each hospital's records (all of its partition, train and test), in the simulator's
+    silo order and names, with the classes of the labels. A table's range column is read
+    back in its own units (the declared affine scaling undone; a log column stays on
+    [0, 1])."""
+    data = datasets.load_dataset(config.data, config.seed)
+    parts = datasets._partition(config.data, data, config.seed)
+    names = config.data.partition.names or datasets._site_names(data, config.data, len(parts))
+    declared = config.data.columns if config.data.dataset in datasets.TABLES else {}
+    columns = {}
+    for j, name in enumerate(data.feature_names):
+        x = np.asarray(data.features[:, j], dtype=np.float64)
+        spec = declared.get(name)
+        if spec is not None and spec.range is not None and not spec.log:
+            x = spec.range[0] + x * (spec.range[1] - spec.range[0])
+        columns[name] = x
+    survival = data.labels.ndim == 2
+    whole = Records(
+        columns,
+        labels=None if survival else data.labels,
+        time=data.labels[:, 0].astype(np.float64) if survival else None,
+        event=data.labels[:, 1] if survival else None,
+        units=data.units,
+    )
+    classes = () if survival else tuple(range(max(len(data.class_names), 2)))
+    return {name: whole.take(part) for name, part in zip(names, parts, strict=True)}, classes
+
+
+def stats(config: StudyConfig, out: Path) -> StatsRun:
+    """Release the study's `[analytics]`, charged to `out/ledger.sqlite` (reopened: a
+    second run spends from what the first spent, and is refused past a budget)."""
+    analytics = config.analytics
+    records, classes = cohort(config)
+    chosen = queries(analytics, classes)
+    if not chosen:
+        raise ValueError("[analytics] declares no statistic")
+    patients = config.data.unit is not None
+    neighbouring = (
+        events.Neighbouring.ADD_REMOVE_PATIENT if patients else events.Neighbouring.ADD_REMOVE
+    )
+    privacy = config.privacy
+    sigma = analytics.noise_multiplier
+    if sigma is None:
+        if analytics.epsilon is None:
+            raise ValueError("[analytics]: give `epsilon` or `noise_multiplier`")
+        sigma = calibrate_noise(
+            analytics.epsilon,
+            privacy.delta,
+            lambda s: events.gaussian(s, count=len(chosen), neighbouring=neighbouring),
+            accountant=privacy.accountant,
+        )
+    out.mkdir(parents=True, exist_ok=True)
+    accounts = {name: [account(name, t) for t in range(config.trials)] for name in records}
+    with Ledger(out / LEDGER, accountant=privacy.accountant) as book:
+        book.register_silos(_budgets(config, accounts, neighbouring))
+        released = describe(
+            records,
+            chosen,
+            sigma,
+            ledger=book,
+            accounts=accounts,
+            summing=_summing(config.summing),
+            rng=np.random.default_rng(config.seed),
+            max_records=config.data.max_records,
+        )
+    run = StatsRun(
+        config.name,
+        list(records),
+        sigma,
+        released.noise,
+        config.summing,
+        str(out / LEDGER),
+        released.figures,
+    )
+    (out / STATS_JSON).write_text(json.dumps(run.to_json(), indent=1), encoding="utf-8")
+    (out / STATS_HTML).write_text(render(run), encoding="utf-8")
+    return run
+
+
+def _budgets(
+    config: StudyConfig, accounts: Mapping[str, list[str]], neighbouring: events.Neighbouring
+) -> dict[str, Budget]:
+    """Each hospital's accounts with its study budget (none: recorded without limit)."""
+    privacy = config.privacy
+    budgets = {}
+    for name, names in accounts.items():
+        own = privacy.silos.get(name)
+        eps = own.epsilon if own else privacy.epsilon
+        delta = own.delta if own else privacy.delta
+        budget = Budget(math.inf if eps is None else eps, delta, neighbouring, None)
+        budgets.update(dict.fromkeys(names, budget))
+    return budgets
+
+
+def _summing(kind: str) -> Any:
+    """The study's secure sum; masking in a 64-bit ring wide enough for counts."""
+    if kind == "masking":
+        from dpfl.secure.masking import PairwiseMasking
+
+        return PairwiseMasking(bits=64, scale=2.0**16, clip=2.0**40)
+    return by_name(kind)
+
+
+def render(run: StatsRun) -> str:
+    """The HTML page in the report's style: a table per statistic (each figure with its
+    noise std and interval), the histograms as bars with ±1 std whiskers, and the
+    Kaplan–Meier curve with its band."""
+    from matplotlib.figure import Figure as Plot  # matplotlib only when writing
+
+    from dpfl.experiments.report.page import _document, _table, figure_html
+
+    body = [
+        f"<p>Hospitals: {escape(', '.join(run.hospitals))}; noise multiplier σ = "
+        f"{run.noise_multiplier:.4g}; summed by {escape(run.summing)}; charged to "
+        f"{escape(run.ledger)}. Each figure's noise std is beside it.</p>"
+    ]
+    for title in dict.fromkeys(f.statistic for f in run.figures):
+        shown = [f for f in run.figures if f.statistic == title]
+        body.append(f"<h2>{escape(title)}</h2>")
+        body.append(
+            _table(
+                ["figure", "value", "noise std", "95% interval"],
+                [[f.name, f"{f.value:.4g}", f"{f.std:.3g}", _interval(f)] for f in shown],
+            )
+        )
+        if title.startswith("histogram") or title == "Kaplan–Meier":
+            plot = Plot(figsize=(8, 3.6), layout="constrained")
+            ax = plot.add_subplot()
+            ax.set_title(title, fontsize="medium")
+            ax.grid(alpha=0.3)
+            x = np.arange(len(shown))
+            values = np.array([f.value for f in shown])
+            if title == "Kaplan–Meier":
+                low, high = zip(*(f.interval or (f.value, f.value) for f in shown), strict=True)
+                ax.step(x, values, where="post", label="DP Kaplan–Meier")
+                ax.fill_between(x, low, high, step="post", alpha=0.3, label="95% band")
+                ax.set_ylim(0, 1.02)
+                ax.legend()
+            else:
+                ax.bar(x, values, yerr=[f.std for f in shown], capsize=3)
+            ax.set_xticks(x, [f.name for f in shown], rotation=45, fontsize="small")
+            body.append(figure_html(plot, f"{title}: DP figures with their noise"))
+    return _document(f"{run.study}: DP statistics", "\n".join(body))
+
+
+def _interval(figure: Figure) -> str:
+    if figure.interval is None:
+        return "—"
+    return f"[{figure.interval[0]:.4g}, {figure.interval[1]:.4g}]"

@@ -1,0 +1,113 @@
+"""`dpfl stats`: a study's [analytics] charged to every hospital's ledger before release,
+refused past a budget, summed by the study's secure sum; a KM curve on FLamby
+TCGA-BRCA within its stated band of the exact pooled curve."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from dpfl.analytics import KaplanMeier
+from dpfl.cli import app
+from dpfl.experiments.config import StudyConfig, load
+from dpfl.experiments.stats import cohort, stats
+from dpfl.privacy import Ledger
+from dpfl.privacy.errors import BudgetExceededError
+from studies import breast_cancer_study
+
+ANALYTICS = {
+    "noise_multiplier": 8.0,
+    "histograms": [{"column": "mean radius", "bins": [0.0, 0.25, 0.5, 0.75, 1.0]}],
+    "means": [{"column": "mean radius", "range": [0.0, 1.0]}],
+}
+
+
+def _study(tmp_path: Path, **rest: object) -> StudyConfig:
+    path = tmp_path / "study.toml"
+    path.write_text(breast_cancer_study("s", rounds=1, **rest), encoding="utf-8")
+    return load(path).points[0][1]
+
+
+def _events(ledger: Path) -> dict[str, int]:
+    with Ledger(ledger, create=False) as book:
+        return {a.silo: a.events for a in book.accounts()}
+
+
+def test_a_stats_run_charges_every_hospitals_ledger_and_refuses_past_its_budget(
+    tmp_path: Path,
+) -> None:
+    config = _study(
+        tmp_path,
+        secure_aggregation="masking",
+        privacy={"epsilon": 1.0},
+        analytics=ANALYTICS,
+    )
+    run = stats(config, tmp_path / "out")
+    assert run.summing == "masking"
+    assert _events(tmp_path / "out" / "ledger.sqlite") == {
+        f"hospital-{k}/trial-0": 3 for k in range(3)
+    }
+    with pytest.raises(BudgetExceededError, match="before any release"):
+        stats(config, tmp_path / "out")  # 6 releases at σ = 8: ε 1.16 > 1
+    assert set(_events(tmp_path / "out" / "ledger.sqlite").values()) == {3}
+    assert json.loads((tmp_path / "out" / "stats.json").read_text())["figures"]
+    assert "<img" in (tmp_path / "out" / "stats.html").read_text()
+
+
+def test_analytics_enter_no_run_key_unless_set(tmp_path: Path) -> None:
+    plain = _study(tmp_path, privacy={"epsilon": 1.0})
+    with_stats = _study(tmp_path, privacy={"epsilon": 1.0}, analytics=ANALYTICS)
+    assert plain.key() != with_stats.key()
+    (tmp_path / "again").mkdir()
+    assert plain.key() == _study(tmp_path / "again", privacy={"epsilon": 1.0}).key()
+    assert "analytics" not in plain.model_dump(exclude_defaults=True)
+
+
+def test_dpfl_stats_prints_each_figure_with_its_noise(tmp_path: Path) -> None:
+    path = tmp_path / "study.toml"
+    path.write_text(
+        breast_cancer_study("s", rounds=1, privacy={"epsilon": 1.0}, analytics=ANALYTICS),
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, ["stats", str(path), "--out", str(tmp_path / "o"), "--json"])
+    assert result.exit_code == 0, result.output
+    figures = json.loads(result.output)["figures"]
+    assert {"statistic", "name", "value", "std"} <= set(figures[0])
+    assert all(f["std"] > 0 for f in figures)
+    refused = CliRunner().invoke(app, ["stats", str(tmp_path / "none.toml")])
+    assert refused.exit_code == 2 and "Traceback" not in refused.output
+
+
+def test_kaplan_meier_on_tcga_brca_is_within_its_band_of_the_exact_curve(
+    tmp_path: Path, shared_data: Path
+) -> None:
+    edges = [0.0, 365.0, 730.0, 1095.0, 1460.0, 1825.0, 2555.0, 3650.0, 7300.0]
+    config = StudyConfig.model_validate(
+        {
+            "rounds": 1,
+            "data": {
+                "dataset": "tcga_brca",
+                "path": str(shared_data / "fed_tcga_brca"),
+                "partition": {"kind": "natural"},
+                "split": "official",
+            },
+            "algorithm": {"name": "fedavg"},
+            "privacy": {"epsilon": 2.0},
+            "secure_aggregation": "masking",
+            "analytics": {"epsilon": 1.0, "counts": False, "kaplan_meier": edges},
+        }
+    )
+    run = stats(config, tmp_path)
+    records, _ = cohort(config)
+    query = KaplanMeier(tuple(edges))
+    exact, _ = query.curve(sum(query.vector(r, 0, 1) for r in records.values()))
+    assert len(run.figures) == len(edges) - 1
+    for figure, truth in zip(run.figures, exact[0], strict=True):
+        assert figure.interval is not None
+        assert figure.interval[0] <= truth <= figure.interval[1]
+    assert max(abs(f.value - t) for f, t in zip(run.figures, exact[0], strict=True)) < 0.1
+    assert np.all(np.diff([f.value for f in run.figures]) <= 1e-12)  # a survival curve
