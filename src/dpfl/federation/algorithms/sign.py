@@ -9,12 +9,15 @@ records); it needs only the sum of the votes. The sign and the tie-breaking coin
 post-processing of the DP-SGD output, so a silo's charge is its local DP-SGD steps, for
 the rounds it takes part in, as in FedAvg.
 
-`votes = "ternary"` is our fix for sparse inputs, which §3.1 lacks: a silo votes 0 where
-its update is exactly 0, so a weight that no silo's batch touched does not move. With
-binary votes, a code absent from every record of a batch (most of 24,419 sparse codes)
-gets a coin, and its weights random-walk by γ a round. A vote in {−1, 0, 1} costs 1.6
-bits (five to a byte). It is the same post-processing of the same update; under DP the
-noise leaves no coordinate exactly 0, so a DP silo's ternary votes equal its binary ones.
+`votes = "ternary"`: a silo votes 0 where its update is exactly 0, so a weight that no
+silo's batch touched does not move (with binary votes, a code absent from every record
+of a batch gets a coin, and its weights random-walk by γ a round). A vote in {−1, 0, 1}
+costs 1.6 bits (five to a byte). It is the same post-processing of the same update;
+under DP the noise leaves no coordinate exactly 0, so a DP silo's ternary votes equal
+its binary ones. On sparse records with rare positives it does not help: the sign drops
+the class weight of a weighted loss, and balanced batches (`sampling = "balanced"`,
+Kerkouche's Alg. 7) are what bring FL-SIGN(-DP) level with FL-STANDARD(-DP)
+(docs/reproductions/kerkouche.md).
 """
 
 from __future__ import annotations
