@@ -24,7 +24,7 @@ from dpfl.analytics import (
 )
 from dpfl.privacy import Budget, Ledger
 from dpfl.privacy.events import Neighbouring
-from dpfl.secure import InTheClear
+from dpfl.secure import InTheClear, by_name
 from dpfl.secure.masking import MaskedInput, PairwiseMasking
 
 QUERIES = [
@@ -140,3 +140,37 @@ def test_masking_reveals_only_the_pooled_vector() -> None:
     for message in words:  # the server holds no hospital's vector, only masked words
         assert not any(np.array_equal(message.words, p) for p in plain)
         assert np.abs(message.words.astype(np.float64) / 2.0**16).min() > 1e4
+
+
+def test_a_quantiles_interval_covers_its_noiseless_value(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    cohort = {name: _records(rng, n=200) for name in ("a", "b", "c")}
+    query = Quantiles("age", tuple(np.linspace(0, 120, 25)), (0.25, 0.5, 0.75))
+    exact = sum(query.vector(r, 0, 3) for r in cohort.values())
+    truth = [f.value for f in query.figures(exact, 0.0, [], rng)]
+    ages = np.concatenate([r.column("age") for r in cohort.values()])
+    assert truth[1] == pytest.approx(np.median(ages), abs=5.0)  # the bins' resolution
+    covered = []
+    with _ledger(tmp_path, list(cohort)) as book:
+        for seed in range(100):
+            run = describe(
+                cohort,
+                [query],
+                3.0,
+                ledger=book,
+                accounts={n: [n] for n in cohort},
+                summing=InTheClear(),
+                rng=np.random.default_rng(seed),
+            )
+            covered += [
+                f.interval[0] <= t <= f.interval[1]
+                for f, t in zip(run.figures, truth, strict=True)
+                if f.interval is not None
+            ]
+    assert len(covered) == 300 and np.mean(covered) >= 0.9
+
+
+def test_he_sums_the_noisy_vectors() -> None:
+    rng = np.random.default_rng(6)
+    noisy = {name: rng.normal(500.0, 100.0, 7) for name in ("a", "b", "c")}
+    np.testing.assert_allclose(pooled(noisy, by_name("he")), sum(noisy.values()), atol=1e-6)

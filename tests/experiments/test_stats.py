@@ -17,6 +17,7 @@ from dpfl.experiments.config import StudyConfig, load
 from dpfl.experiments.stats import cohort, stats
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
+from dpfl.privacy.events import Neighbouring
 from studies import breast_cancer_study
 
 ANALYTICS = {
@@ -111,3 +112,43 @@ def test_kaplan_meier_on_tcga_brca_is_within_its_band_of_the_exact_curve(
         assert figure.interval[0] <= truth <= figure.interval[1]
     assert max(abs(f.value - t) for f, t in zip(run.figures, exact[0], strict=True)) < 0.1
     assert np.all(np.diff([f.value for f in run.figures]) <= 1e-12)  # a survival curve
+
+
+def test_a_patient_level_table_is_charged_per_patient_in_its_own_units(tmp_path: Path) -> None:
+    rng = np.random.default_rng(5)
+    rows = ["patient_nbr,hospital,age,readmitted"]
+    for patient in range(300):
+        age = int(rng.integers(18, 96))
+        rows += [f"{patient},{['north', 'south'][patient % 2]},{age},{int(age > 60)}"] * int(
+            rng.integers(1, 6)
+        )
+    (tmp_path / "cohort.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = StudyConfig.model_validate(
+        {
+            "rounds": 1,
+            "data": {
+                "dataset": "table",
+                "path": str(tmp_path / "cohort.csv"),
+                "label": "readmitted",
+                "site": "hospital",
+                "features": ["age"],
+                "columns": {"age": {"range": [0, 100]}},
+                "sites": {"north": 100, "south": 100},
+                "unit": "patient_nbr",
+                "max_records": 2,
+            },
+            "algorithm": {"name": "fedavg"},
+            "privacy": {"epsilon": 3.0},
+            "analytics": {"noise_multiplier": 5.0, "means": [{"column": "age", "range": [0, 100]}]},
+        }
+    )
+    run = stats(config, tmp_path / "out")
+    with Ledger(tmp_path / "out" / "ledger.sqlite", create=False) as book:
+        charged = [e for silo in book.silos() for e in book.entries(silo)]
+    assert len(charged) == 4  # two hospitals, counts and the mean
+    assert {e.event.neighbouring for e in charged} == {Neighbouring.ADD_REMOVE_PATIENT}
+    mean = next(f for f in run.figures if f.statistic == "mean of age" and f.name == "mean")
+    assert mean.std > 0
+    assert run.noise["mean of age"] == pytest.approx(5.0 * 1.5 * 2 * np.sqrt(2))
+    ages = np.array([float(r.split(",")[2]) for r in rows[1:]])
+    assert 30 < mean.value < 80 and abs(mean.value - ages.mean()) < 5 * mean.std + 2
