@@ -152,3 +152,14 @@ def test_a_patient_level_table_is_charged_per_patient_in_its_own_units(tmp_path:
     assert run.noise["mean of age"] == pytest.approx(5.0 * 1.5 * 2 * np.sqrt(2))
     ages = np.array([float(r.split(",")[2]) for r in rows[1:]])
     assert 30 < mean.value < 80 and abs(mean.value - ages.mean()) < 5 * mean.std + 2
+
+
+def test_a_shared_ledgers_dataset_cap_binds_the_stats_too(tmp_path: Path) -> None:
+    shared = tmp_path / "hospital.sqlite"
+    with Ledger(shared) as book:
+        book.cap_dataset("hospital-0", epsilon=0.3, delta=1e-5)
+    config = _study(tmp_path, privacy={"epsilon": 5.0}, analytics=ANALYTICS)
+    with pytest.raises(BudgetExceededError, match="hospital-0"):
+        stats(config, tmp_path / "out", shared)
+    with Ledger(shared, create=False) as book:
+        assert all(a.events == 0 for a in book.accounts())

@@ -19,6 +19,13 @@ def stats(
         Path,
         typer.Option("--out", "-o", help="Folder for ledger.sqlite, stats.json and stats.html."),
     ] = Path("stats"),
+    ledger: Annotated[
+        Path | None,
+        typer.Option(
+            help="Charge this ledger (e.g. one shared by the hospitals' studies, with dataset "
+            "caps) instead of OUT/ledger.sqlite."
+        ),
+    ] = None,
     json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
 ) -> None:
     """Release the study's DP statistics: each charged to every hospital's ledger first
@@ -31,7 +38,7 @@ def stats(
         study = load(config)
         if len(study.points) > 1:
             raise ValueError(f"{config} is a grid of {len(study.points)} points: stats take one")
-        run = release(study.points[0][1], out)
+        run = release(study.points[0][1], out, ledger)
     if json:
         print_json(run.to_json())
         return

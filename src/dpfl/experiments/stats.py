@@ -29,6 +29,7 @@ from dpfl.analytics import (
 from dpfl.engines.accounts import account
 from dpfl.experiments import datasets
 from dpfl.experiments.config import AnalyticsConfig, StudyConfig
+from dpfl.federation.messages import SecureSum
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
 from dpfl.secure import by_name
 
@@ -98,9 +99,11 @@ def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
     return {name: whole.take(part) for name, part in zip(names, parts, strict=True)}, classes
 
 
-def stats(config: StudyConfig, out: Path) -> StatsRun:
+def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRun:
     """Release the study's `[analytics]`, charged to `out/ledger.sqlite` (reopened: a
-    second run spends from what the first spent, and is refused past a budget)."""
+    second run spends from what the first spent, and is refused past a budget), or to
+    `ledger`, a ledger shared by studies (the study's accounts under its name, and where
+    it caps a dataset of a hospital's name, that cap too)."""
     analytics = config.analytics
     records, classes = cohort(config)
     chosen = queries(analytics, classes)
@@ -123,8 +126,9 @@ def stats(config: StudyConfig, out: Path) -> StatsRun:
         )
     out.mkdir(parents=True, exist_ok=True)
     accounts = {name: [account(name, t) for t in range(config.trials)] for name in records}
-    with Ledger(out / LEDGER, accountant=privacy.accountant) as book:
-        book.register_silos(_budgets(config, accounts, neighbouring))
+    path, study = (out / LEDGER, None) if ledger is None else (ledger, config.name)
+    with Ledger(path, accountant=privacy.accountant, study=study) as book:
+        book.register_silos(_budgets(config, accounts, neighbouring, book))
         released = describe(
             records,
             chosen,
@@ -141,7 +145,7 @@ def stats(config: StudyConfig, out: Path) -> StatsRun:
         sigma,
         released.noise,
         config.summing,
-        str(out / LEDGER),
+        str(path),
         released.figures,
     )
     (out / STATS_JSON).write_text(json.dumps(run.to_json(), indent=1), encoding="utf-8")
@@ -150,21 +154,27 @@ def stats(config: StudyConfig, out: Path) -> StatsRun:
 
 
 def _budgets(
-    config: StudyConfig, accounts: Mapping[str, list[str]], neighbouring: events.Neighbouring
+    config: StudyConfig,
+    accounts: Mapping[str, list[str]],
+    neighbouring: events.Neighbouring,
+    book: Ledger,
 ) -> dict[str, Budget]:
-    """Each hospital's accounts with its study budget (none: recorded without limit)."""
+    """Each hospital's accounts with its study budget (none: recorded without limit),
+    spending from the ledger's cap of a dataset of the hospital's name where it has one
+    (as training's accounts do, `engines.accounts.register_accounts`)."""
     privacy = config.privacy
     budgets = {}
     for name, names in accounts.items():
         own = privacy.silos.get(name)
         eps = own.epsilon if own else privacy.epsilon
         delta = own.delta if own else privacy.delta
-        budget = Budget(math.inf if eps is None else eps, delta, neighbouring, None)
+        dataset = name if book.cap(name) is not None else None
+        budget = Budget(math.inf if eps is None else eps, delta, neighbouring, None, dataset)
         budgets.update(dict.fromkeys(names, budget))
     return budgets
 
 
-def _summing(kind: str) -> Any:
+def _summing(kind: str) -> SecureSum:
     """The study's secure sum; masking in a 64-bit ring wide enough for counts."""
     if kind == "masking":
         from dpfl.secure.masking import PairwiseMasking
