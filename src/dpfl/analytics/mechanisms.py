@@ -92,6 +92,8 @@ class Figure:
     value: float
     std: float
     interval: tuple[float, float] | None = None
+    at: float | None = None
+    """Where a curve's point lies (a Kaplan–Meier figure: its bin's end time)."""
 
 
 class Query(Protocol):
@@ -386,6 +388,7 @@ class KaplanMeier:
                 float(s[b]),
                 float(spread[b]),
                 (float(max(s[b] - Z95 * spread[b], 0)), float(min(s[b] + Z95 * spread[b], 1))),
+                self.edges[b + 1],
             )
             for b in range(len(s))
         ]

@@ -213,14 +213,18 @@ def render(run: StatsRun) -> str:
             x = np.arange(len(shown))
             values = np.array([f.value for f in shown])
             if title == "Kaplan–Meier":
+                times = [0.0] + [f.at or 0.0 for f in shown]
                 low, high = zip(*(f.interval or (f.value, f.value) for f in shown), strict=True)
-                ax.step(x, values, where="post", label="DP Kaplan–Meier")
-                ax.fill_between(x, low, high, step="post", alpha=0.3, label="95% band")
+                ax.step(times, [1.0, *values], where="post", label="DP Kaplan–Meier")
+                ax.fill_between(
+                    times, [1.0, *low], [1.0, *high], step="post", alpha=0.3, label="95% band"
+                )
                 ax.set_ylim(0, 1.02)
+                ax.set_xlabel("time")
                 ax.legend()
             else:
                 ax.bar(x, values, yerr=[f.std for f in shown], capsize=3)
-            ax.set_xticks(x, [f.name for f in shown], rotation=45, fontsize="small")
+                ax.set_xticks(x, [f.name for f in shown], rotation=45, fontsize="small")
             body.append(figure_html(plot, f"{title}: DP figures with their noise"))
     return _document(f"{run.study}: DP statistics", "\n".join(body))
 
