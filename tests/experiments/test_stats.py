@@ -163,3 +163,16 @@ def test_a_shared_ledgers_dataset_cap_binds_the_stats_too(tmp_path: Path) -> Non
         stats(config, tmp_path / "out", shared)
     with Ledger(shared, create=False) as book:
         assert all(a.events == 0 for a in book.accounts())
+
+
+def test_an_unknown_column_is_one_line_and_charges_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "study.toml"
+    bad = {**ANALYTICS, "histograms": [{"column": "nope", "bins": [0.0, 1.0]}]}
+    path.write_text(
+        breast_cancer_study("s", rounds=1, privacy={"epsilon": 1.0}, analytics=bad),
+        encoding="utf-8",
+    )
+    result = CliRunner().invoke(app, ["stats", str(path), "--out", str(tmp_path / "o")])
+    assert result.exit_code == 2
+    assert "no column 'nope'" in result.output and "Traceback" not in result.output
+    assert set(_events(tmp_path / "o" / "ledger.sqlite").values()) == {0}

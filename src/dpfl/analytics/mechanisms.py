@@ -431,13 +431,17 @@ def describe(
     if refused is not None:
         raise BudgetExceededError(f"stats refused before any release: {refused}")
     kept = {name: bounded(records, max_records) for name, records in cohort.items()}
+    vectors = [  # every vector first: a bad column is refused before anything is charged
+        {name: query.vector(kept[name], k, len(names)) for k, name in enumerate(names)}
+        for query in queries
+    ]
     figures: list[Figure] = []
     noise: dict[str, float] = {}
-    for query in queries:
+    for query, own in zip(queries, vectors, strict=True):
         sensitivity = query.sensitivity * group
         noisy = {
             name: release(
-                query.vector(kept[name], k, len(names)),
+                own[name],
                 sensitivity,
                 noise_multiplier,
                 ledger=ledger,
@@ -446,7 +450,7 @@ def describe(
                 rng=rng,
                 neighbouring=neighbouring,
             )
-            for k, name in enumerate(names)
+            for name in names
         }
         std = noise_multiplier * sensitivity * math.sqrt(len(names))
         noise[query.title] = std
