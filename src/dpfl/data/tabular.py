@@ -376,6 +376,59 @@ def diabetes130(
     if not 0 < patients_fraction <= 1:
         raise ValueError(f"patients_fraction must lie in (0, 1], got {patients_fraction}")
     path = require_file(Path(directory) / "dataset_diabetes.zip")
+    where = Path(f"{path}:{DIABETES_MEMBER}")
+    column, n_raw = _diabetes_columns(path, where, proxy_site_column)
+    lines = np.arange(2, n_raw + 2)
+    keep = np.arange(n_raw)
+    if patients_fraction < 1:
+        keep = keep[_hashed(column["patient_nbr"]) < patients_fraction]
+    if one_encounter_per_patient or max_records is not None:
+        cap = 1 if one_encounter_per_patient else max_records
+        keep = keep[_encounter_index(column["patient_nbr"][keep]) < cap]
+    column = {name: values[keep] for name, values in column.items()}
+    lines = lines[keep]
+    patients, first, units = np.unique(
+        column["patient_nbr"], return_index=True, return_inverse=True
+    )
+    if max_records is not None and proxy_site_column is not None:
+        column[proxy_site_column] = column[proxy_site_column][first][units]
+    readmitted = column["readmitted"]
+    _check_values(readmitted, ("NO", ">30", "<30"), where, "readmitted", lines)
+    features, names = _diabetes_features(column, where, lines)
+    site_ids, site_names, site_note = _diabetes_sites(column, proxy_site_column)
+    removed = n_raw - len(readmitted)
+    unit = (
+        f"{removed} repeat encounters of a patient removed (first in file order kept)"
+        if one_encounter_per_patient
+        else "all encounters kept: a patient may be several records"
+        if max_records is None
+        else f"{len(patients)} patients' first {max_records} encounters in file order kept "
+        f"({removed} removed), each patient at their first encounter's site"
+    )
+    if patients_fraction < 1:
+        unit += f"; patients subsampled by a hash of patient_nbr < {patients_fraction:g}"
+    return Dataset(
+        name="diabetes130",
+        features=features,
+        labels=(readmitted == "<30").astype(np.int64),
+        feature_names=names,
+        class_names=("not readmitted <30d", "readmitted <30d"),
+        site_ids=site_ids,
+        site_names=site_names,
+        description=(
+            f"Diabetes 130-US hospitals 1999-2008 (UCI 296): {n_raw} encounters; {unit}; "
+            f"label readmitted '<30'; age = decade midpoint. {site_note}"
+        ),
+        units=units.astype(np.int64) if patient_unit else None,
+        max_records=max_records if patient_unit else None,
+    )
+
+
+def _diabetes_columns(
+    path: Path, where: Path, proxy_site_column: str | None
+) -> tuple[dict[str, np.ndarray], int]:
+    """The columns diabetes130 reads (and the proxy site's), by name, checked for shape;
+    and the number of encounters in the file."""
     try:
         with zipfile.ZipFile(path) as archive, archive.open(DIABETES_MEMBER) as raw:
             reader = csv.reader(io.TextIOWrapper(raw, encoding="utf-8", newline=""))
@@ -383,7 +436,6 @@ def diabetes130(
             rows = list(reader)
     except (KeyError, zipfile.BadZipFile) as exc:
         raise DataFormatError(path, f"cannot read {DIABETES_MEMBER}: {exc}") from exc
-    where = Path(f"{path}:{DIABETES_MEMBER}")
     require_records(where, len(rows), "encounters")
     needed = ("patient_nbr", "age", "readmitted", *DIABETES_NUMERIC, *DIABETES_CATEGORIES)
     absent = [c for c in needed if c not in header]
@@ -401,23 +453,14 @@ def diabetes130(
     }
     if proxy_site_column == "admission_source_group":
         column[proxy_site_column] = _admission_group(column["admission_source_id"])
-    n_raw = len(rows)
-    lines = np.arange(2, n_raw + 2)
-    keep = np.arange(n_raw)
-    if patients_fraction < 1:
-        keep = keep[_hashed(column["patient_nbr"]) < patients_fraction]
-    if one_encounter_per_patient or max_records is not None:
-        cap = 1 if one_encounter_per_patient else max_records
-        keep = keep[_encounter_index(column["patient_nbr"][keep]) < cap]
-    column = {name: values[keep] for name, values in column.items()}
-    lines = lines[keep]
-    patients, first, units = np.unique(
-        column["patient_nbr"], return_index=True, return_inverse=True
-    )
-    if max_records is not None and proxy_site_column is not None:
-        column[proxy_site_column] = column[proxy_site_column][first][units]
-    readmitted = column["readmitted"]
-    _check_values(readmitted, ("NO", ">30", "<30"), where, "readmitted", lines)
+    return column, len(rows)
+
+
+def _diabetes_features(
+    column: dict[str, np.ndarray], where: Path, lines: np.ndarray
+) -> tuple[np.ndarray, tuple[str, ...]]:
+    """Age (its decade's midpoint), the numeric columns and the declared categories'
+    one-hot columns, every cell checked, and their names."""
     ages = column["age"]
     _check_values(ages, tuple(f"[{10 * i}-{10 * i + 10})" for i in range(10)), where, "age", lines)
     blocks = [np.char.partition(np.char.lstrip(ages, "["), "-")[:, 0].astype(np.float32) + 5]
@@ -428,43 +471,23 @@ def diabetes130(
     names = ["age", *DIABETES_NUMERIC] + [
         f"{c}={v}" for c, values in DIABETES_CATEGORIES.items() for v in values
     ]
-    site_ids: np.ndarray | None = None
-    site_names: tuple[str, ...] = ()
-    site_note = "No hospital id: any site split of these records is synthetic."
-    if proxy_site_column is not None:
-        values, inverse = np.unique(column[proxy_site_column], return_inverse=True)
-        site_ids = inverse.astype(np.int64)
-        site_names = tuple(f"{proxy_site_column}={v}" for v in values)
-        site_note = (
-            f"PROXY site split by {proxy_site_column} ({len(site_names)} groups): not real "
-            "hospitals (the data have no hospital id)."
-        )
-    removed = n_raw - len(readmitted)
-    unit = (
-        f"{removed} repeat encounters of a patient removed (first in file order kept)"
-        if one_encounter_per_patient
-        else "all encounters kept: a patient may be several records"
-        if max_records is None
-        else f"{len(patients)} patients' first {max_records} encounters in file order kept "
-        f"({removed} removed), each patient at their first encounter's site"
+    return np.stack(blocks, axis=1), tuple(names)
+
+
+def _diabetes_sites(
+    column: dict[str, np.ndarray], proxy_site_column: str | None
+) -> tuple[np.ndarray | None, tuple[str, ...], str]:
+    """The proxy site of every record, the sites' names and what the split is (the data
+    have no hospital id)."""
+    if proxy_site_column is None:
+        return None, (), "No hospital id: any site split of these records is synthetic."
+    values, inverse = np.unique(column[proxy_site_column], return_inverse=True)
+    names = tuple(f"{proxy_site_column}={v}" for v in values)
+    note = (
+        f"PROXY site split by {proxy_site_column} ({len(names)} groups): not real "
+        "hospitals (the data have no hospital id)."
     )
-    if patients_fraction < 1:
-        unit += f"; patients subsampled by a hash of patient_nbr < {patients_fraction:g}"
-    return Dataset(
-        name="diabetes130",
-        features=np.stack(blocks, axis=1),
-        labels=(readmitted == "<30").astype(np.int64),
-        feature_names=tuple(names),
-        class_names=("not readmitted <30d", "readmitted <30d"),
-        site_ids=site_ids,
-        site_names=site_names,
-        description=(
-            f"Diabetes 130-US hospitals 1999-2008 (UCI 296): {n_raw} encounters; {unit}; "
-            f"label readmitted '<30'; age = decade midpoint. {site_note}"
-        ),
-        units=units.astype(np.int64) if patient_unit else None,
-        max_records=max_records if patient_unit else None,
-    )
+    return inverse.astype(np.int64), names, note
 
 
 def _source_column(proxy_site_column: str | None) -> str | None:

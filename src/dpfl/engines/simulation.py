@@ -313,10 +313,8 @@ def simulate(
             budget is what its plan spends.
         delta: Every silo's δ, unless `budgets` names it.
         budgets: Per silo name, its (ε, δ).
-        calibrate: True or "common" gives every silo the σ of the most constrained one;
-            "per-silo" gives each silo the least σ for its own budget (for algorithms
-            whose silos' noise is their own). The σ keeps each silo's scheduled rounds
-            within its budget.
+        calibrate: True or "common": every silo gets the most constrained silo's σ;
+            "per-silo": each the least σ that keeps its scheduled rounds in its budget.
         ledger: The privacy ledger, or its path (None: a new one in a temporary folder).
         research_noise: Seeded noise (reproducible, for research); False draws a silo's
             noise and batches from the CSPRNG and the OS.
@@ -331,12 +329,9 @@ def simulate(
         init: "per-trial": trial 0 from the model as given, every other from its own
             seeded initialisation; "shared": every trial from the model as given.
         threads: torch's thread count during the run, restored after (None keeps it).
-        cross_silo: Also score the final models of every silo on every silo's test set
-            (`SimulationResult.cross_silo`); nothing else changes.
-        observe: Called after every exchange as `observe(round, exchange, states,
-            replies, revealed)` with every trial's server state and replies and whether
-            the server saw them (False: a secure sum gave it their sum only), for audits
-            (`dpfl.audit`); it reads them and copies what it keeps.
+        cross_silo: Also score every silo's final model on every silo's test set.
+        observe: For audits (`dpfl.audit`): called after every exchange as
+            `observe(round, exchange, states, replies, revealed)`; it copies what it keeps.
         threshold: Binary models' decision threshold: a public number, or a
             `BalancedThreshold` released (and charged) at every evaluation.
         device: Where local training runs (`dpfl.local.device`): "cpu", "cuda" (refused
@@ -347,8 +342,7 @@ def simulate(
             without an ε budget are then held to this one only.
 
     Returns:
-        The finished run, or the rounds completed before a Ctrl-C (`interrupted`) or
-        before the budget ran out (`stopped_by_budget`).
+        The run, or its rounds before a Ctrl-C (`interrupted`) or the budget's end.
     """
     with torch_threads(threads), training_device(device):
         _check_run(silos, rounds, trials, eval_every)
