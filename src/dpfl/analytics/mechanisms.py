@@ -277,7 +277,7 @@ class Mean:
 
 
 @dataclass(frozen=True)
-class Quantiles:
+class Quantiles(Histogram):
     """Quantiles of a column over its declared domain by a noisy-histogram search: the
     Gaussian histogram over the declared fine bins (`Histogram`), its counts clamped at 0,
     and each quantile read where the cumulative count crosses p of the total (linear
@@ -286,8 +286,6 @@ class Quantiles:
     Gillenwater, Joseph & Kulesza, ICML 2021). Each quantile's 95% interval: the values
     at which the noisy CDF ± Z95 stds crosses p."""
 
-    column: str
-    edges: tuple[float, ...]
     probabilities: tuple[float, ...] = (0.01, 0.25, 0.5, 0.75, 0.99)
 
     def __post_init__(self) -> None:
@@ -298,13 +296,6 @@ class Quantiles:
     @property
     def title(self) -> str:
         return f"quantiles of {self.column}"
-
-    @property
-    def sensitivity(self) -> float:
-        return 1.0
-
-    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
-        return _histogram(records.column(self.column), np.asarray(self.edges))
 
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
