@@ -362,6 +362,13 @@ class PrivacyConfig(_Strict):
     consortium_epsilon: float | None = Field(None, gt=0)
     """A budget on that consortium-level ε at `delta`: σ is calibrated to meet it (and
     `epsilon`, where given, too)."""
+    ledger: str | None = None
+    """A ledger shared by several studies' runs (a hospital's; in a study file relative
+    to its folder) instead of each run's own: a run's accounts go under `study/run id`,
+    and `caps` hold every study over a hospital's records together."""
+    caps: dict[str, SiloBudget] = Field(default_factory=dict)
+    """By hospital (silo) name: the (ε, δ) every study's run over its records may spend
+    together from `ledger` (`Ledger.cap_dataset`); a run past it is refused."""
 
     @model_validator(mode="after")
     def _private_needs_noise_or_budget(self) -> PrivacyConfig:
@@ -383,6 +390,8 @@ class PrivacyConfig(_Strict):
             raise ValueError("a non-private run takes no noise_multiplier or silo budgets")
         if self.calibration == "per-silo" and self.noise_multiplier is not None:
             raise ValueError("per-silo calibration sets each silo's σ: give no noise_multiplier")
+        if self.caps and self.ledger is None:
+            raise ValueError("caps are kept in a shared ledger: give privacy.ledger")
         return self
 
 
@@ -724,7 +733,8 @@ class Study:
 
 def load(path: str | Path) -> Study:
     """Read and validate a study file; errors name the file, the key and the reason.
-    A relative `data.path` is read from the file's folder, wherever dpfl runs."""
+    A relative `data.path` or `privacy.ledger` is read from the file's folder, wherever
+    dpfl runs."""
     path = Path(path)
     try:
         raw = tomllib.loads(path.read_text(encoding="utf-8"))
@@ -740,6 +750,9 @@ def load(path: str | Path) -> Study:
             if isinstance(folders, list)
             else _beside(path, folders)
         )
+    privacy = raw.get("privacy")
+    if isinstance(privacy, dict) and "ledger" in privacy:
+        privacy["ledger"] = _beside(path, privacy["ledger"])
     model = raw.get("model")
     if isinstance(model, dict) and "factory" in model:
         factories = model["factory"]

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -47,12 +47,13 @@ from dpfl.allocator import keep_freed_memory
 from dpfl.data.dataset import DataFormatError
 from dpfl.engines.accounts import UnaffordablePlan
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.config import Study, StudyConfig, grid_pairs
+from dpfl.experiments.config import SiloBudget, Study, StudyConfig, grid_pairs
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.datasheet import datasheet
 from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.experiments.study_dir import claim
+from dpfl.federation.silo import Silo
 from dpfl.local.device import DeviceError
 from dpfl.local.device import resolve as resolve_device
 from dpfl.models.factories import ModelError
@@ -278,7 +279,8 @@ def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
     and build its results; what any worker runs. An error is returned as the point's
     failure; Ctrl-C and a damaged ledger are raised, leaving the point to resume."""
     key = config.key()
-    ledger_file = Path("ledgers") / f"{key}.sqlite"
+    shared = config.privacy.ledger
+    ledger_file = Path("ledgers") / f"{key}.sqlite" if shared is None else Path(shared)
     checkpoint = _checkpoint(out, key)
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
@@ -428,8 +430,13 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             "accounted by RDP only: set privacy.accountant = 'rdp'"
         )
     fixed_noise = privacy.noise_multiplier is not None or algorithm.sets_own_noise
-    with Ledger(ledger, accountant=privacy.accountant) as book, _in_study_terms():
-        book.claim(key)  # readers refuse this ledger for any other run
+    with (
+        Ledger(ledger, accountant=privacy.accountant, study=_study_book(config, key)) as book,
+        _in_study_terms(),
+    ):
+        if privacy.ledger is None:
+            book.claim(key)  # readers refuse this ledger for any other run
+        _cap_hospitals(book, privacy.caps, silos)
         return simulate(
             algorithm,
             silos,
@@ -455,6 +462,24 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             if privacy.consortium_epsilon is None or privacy.hospitals_per_patient is None
             else (privacy.hospitals_per_patient, privacy.consortium_epsilon),
         )
+
+
+def _study_book(config: StudyConfig, key: str) -> str | None:
+    """The run's accounts' name in a shared ledger (`privacy.ledger`): `study/run id`, so
+    that a cap's refusal names the study, and a resume or its trials reopen their own
+    accounts (None: the run's own ledger, claimed with its id)."""
+    return None if config.privacy.ledger is None else f"{config.name}/{key}"
+
+
+def _cap_hospitals(book: Ledger, caps: Mapping[str, SiloBudget], silos: Sequence[Silo]) -> None:
+    """Cap each named hospital's records in the shared ledger (the same cap again: a
+    no-op; another: refused), under its silo's neighbouring relation, so that every
+    trial's account over them spends from the cap (`register_accounts`)."""
+    relation = {s.name: s.neighbouring for s in silos}
+    for name, cap in caps.items():
+        if name not in relation:
+            raise ValueError(f"privacy.caps: no hospital {name!r} (the silos: {sorted(relation)})")
+        book.cap_dataset(name, epsilon=cap.epsilon, delta=cap.delta, neighbouring=relation[name])
 
 
 @contextmanager
@@ -494,7 +519,13 @@ def _results(
     own = Accountant(config.privacy.accountant)
     other = Accountant.RDP if own is Accountant.PLD else Accountant.PLD
     privacy = []
-    with owned_ledger(result.ledger_path, key) as book:
+    study = _study_book(config, key)
+    opened = (
+        owned_ledger(result.ledger_path, key)
+        if study is None
+        else Ledger(result.ledger_path, create=False, study=study)
+    )
+    with opened as book:
         for trial, accounts in enumerate(result.accounts):
             for silo, views in accounts.items():
                 for view, name in views.items():
