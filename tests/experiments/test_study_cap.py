@@ -64,3 +64,13 @@ def test_a_second_study_file_past_a_hospitals_cap_is_refused_naming_the_first(
                 independent.compose(entry.event.dp_event)
     assert cap.spent.epsilon == pytest.approx(independent.get_epsilon(1e-5), rel=1e-6)
     assert cap.spent.epsilon <= 4.0
+
+
+def test_a_run_on_a_shared_ledger_is_re_read_at_another_delta(tmp_path: Path) -> None:
+    assert "finished" in _sweep(tmp_path, "s1", rounds=2)
+    with ResultsStore(tmp_path / "s1" / "out" / "results.sqlite") as store:
+        (run,) = store.runs()
+        at_study_delta = store.epsilon_by_silo(run).by_silo
+        looser = store.epsilon_by_silo(run, delta=1e-3).by_silo
+    assert looser.keys() == at_study_delta.keys()
+    assert all(0 < looser[s] < at_study_delta[s] for s in looser)  # a larger δ, a smaller ε

@@ -526,7 +526,9 @@ class ResultsStore:
         if delta is not None and rows:
             from dpfl.engines.simulation import account  # imports torch: only when needed
 
-            with Ledger(self.ledger_of(run), create=False) as book:
+            shared = run.config.get("privacy", {}).get("ledger") is not None
+            book_of = f"{run.study}/{run.id}" if shared else None  # runner._study_book's
+            with Ledger(self.ledger_of(run), create=False, study=book_of) as book:
                 rows = [
                     (
                         silo,
