@@ -75,8 +75,7 @@ def test_a_cohort_naming_an_outsider_is_refused_before_training(
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
     grid = InProcessGrid(nodes.values())
-    silos = build_silos(study_point(study).data, 3)
-    fields = public_fields(study, [s.name for s in silos], [s.declared_size for s in silos])
+    fields = public_fields(study)
     reply = asked(grid, 2, "train", {**fields, "cohort": ["hospital-0", "invented-0"]})
     assert "the cohort names ['invented-0']" in reply["refused"]
     twice = asked(grid, 2, "train", {**fields, "cohort": ["hospital-0", "hospital-0"]})
@@ -89,9 +88,8 @@ def test_a_hospital_refuses_an_exchange_its_algorithm_does_not_have(
 ) -> None:
     nodes = hospitals(study, tmp_path / "hospitals")
     grid = InProcessGrid(nodes.values())
-    silos = build_silos(study_point(study).data, 3)
-    fields = public_fields(study, [s.name for s in silos], [s.declared_size for s in silos])
-    cohort = [s.name for s in silos]
+    fields = public_fields(study)
+    cohort = list(fields["silos"])
     fields["params"] = encode(Encoding.FLOAT32, torch.zeros(31))
     assert "epsilon" in asked(grid, 2, "train", {**fields, "round": 2, "cohort": cohort})
     # FedAvg has one exchange a round: the "already paid" shortcut must not let this by

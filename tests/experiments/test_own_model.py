@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.experiments.config import load
 from dpfl.experiments.runner import STORE
+from studies import breast_cancer_study
 
 runner = CliRunner()
 
@@ -25,20 +26,14 @@ def build(n_features, n_outputs):
     )
 """
 BATCHNORM = GROUPNORM.replace("nn.GroupNorm(2, 8)", "nn.BatchNorm1d(8)")
-STUDY = """
-name = "own-model"
-rounds = 2
-[data]
-dataset = "breast_cancer"
-partition = { kind = "iid", silos = 2 }
-[model]
-factory = "my_model.py:build"
-[algorithm]
-name = "fedavg"
-learning_rate = [0.5, 1.0]
-[privacy]
-noise_multiplier = 1.0
-"""
+STUDY = breast_cancer_study(
+    "own-model",
+    rounds=2,
+    silos=2,
+    model={"factory": "my_model.py:build"},
+    algorithm={"learning_rate": [0.5, 1.0]},
+    privacy={"noise_multiplier": 1.0},
+)
 
 
 def _study(tmp_path: Path, model: str, text: str = STUDY) -> Path:

@@ -17,22 +17,15 @@ from dpfl.experiments.config import load
 from dpfl.experiments.runner import STORE, run_study
 from dpfl.experiments.store import DamagedStoreError, ResultsStore, StoreError
 from privacy.test_ledger_files import BESIDE, FAULTS, damage, one_line_naming
+from studies import breast_cancer_study
 
-TINY = """
-name = "tiny"
-rounds = 2
-trials = 1
-[data]
-dataset = "breast_cancer"
-partition = { kind = "iid", silos = 3 }
-[algorithm]
-name = "fedavg"
-learning_rate = 1.0
-[privacy]
-noise_multiplier = [1.0, 3.0]
-delta = 1e-5
-accountant = "rdp"
-"""
+TINY = breast_cancer_study(
+    "tiny",
+    rounds=2,
+    trials=1,
+    algorithm={"learning_rate": 1.0},
+    privacy={"noise_multiplier": [1.0, 3.0], "delta": 1e-5, "accountant": "rdp"},
+)
 SOME = ["truncated to half", "page size overwritten", "a page overwritten", "a page appended"]
 
 

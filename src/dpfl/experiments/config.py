@@ -742,25 +742,19 @@ def load(path: str | Path) -> Study:
         raise ConfigError(f"{path}: no such file") from exc
     except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
-    data = raw.get("data")
-    if isinstance(data, dict) and "path" in data:
-        folders = data["path"]
-        data["path"] = (
-            [_beside(path, f) for f in folders]
-            if isinstance(folders, list)
-            else _beside(path, folders)
-        )
-    privacy = raw.get("privacy")
-    if isinstance(privacy, dict) and "ledger" in privacy:
-        privacy["ledger"] = _beside(path, privacy["ledger"])
-    model = raw.get("model")
-    if isinstance(model, dict) and "factory" in model:
-        factories = model["factory"]
-        model["factory"] = (
-            [_factory_beside(path, f) for f in factories]
-            if isinstance(factories, list)
-            else _factory_beside(path, factories)
-        )
+    for section, key, resolve in (
+        ("data", "path", _beside),
+        ("privacy", "ledger", _beside),
+        ("model", "factory", _factory_beside),
+    ):
+        table = raw.get(section)
+        if isinstance(table, dict) and key in table:  # a list of them is a grid axis
+            value = table[key]
+            table[key] = (
+                [resolve(path, v) for v in value]
+                if isinstance(value, list)
+                else resolve(path, value)
+            )
     return Study(raw, str(path))
 
 
