@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from html import escape
@@ -30,6 +31,7 @@ from dpfl.engines.accounts import account
 from dpfl.experiments import datasets
 from dpfl.experiments.config import AnalyticsConfig, StudyConfig
 from dpfl.federation.messages import SecureSum
+from dpfl.files import replacing
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
 from dpfl.secure import by_name
 
@@ -148,8 +150,13 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
         str(path),
         released.figures,
     )
-    (out / STATS_JSON).write_text(json.dumps(run.to_json(), indent=1), encoding="utf-8")
-    (out / STATS_HTML).write_text(render(run), encoding="utf-8")
+    for name, text in (
+        (STATS_JSON, json.dumps(run.to_json(), indent=1)),
+        (STATS_HTML, render(run)),
+    ):
+        target = out / name  # two runs at once: each file whole, the later run's
+        with replacing(target, target.with_name(f"{name}.{os.getpid()}.partial")) as partial:
+            partial.write_text(text, encoding="utf-8")
     return run
 
 
