@@ -54,8 +54,8 @@ from dpfl.engines.flower_protocol import (
     DeploymentOf,
     fields_of,
     record,
-    score_counts,
     silos_of,
+    union_counts,
 )
 from dpfl.engines.roster import PREFIX, RosterError, public_text, read_identity
 from dpfl.engines.simulation import _count_noise
@@ -459,8 +459,8 @@ class _Hospital:
             scores = predictions(algorithm.model, model, silo.x_test, silo.survival)
         metrics: dict[str, float] = row["silos"][self.me.name]
         out = {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
-        if scores.ndim == 1 and not silo.survival:  # a binary model: its part of the union
-            out |= {"records": len(scores), **score_counts(silo.y_test.numpy(), scores)}
+        labels = silo.y_test.numpy()  # its part of the union, counted (`union_counts`)
+        out |= {"records": len(scores), **union_counts(labels, scores, algorithm.loss)}
         LOG.info("%s: scored the final model on its %d test records", self.me.name, len(scores))
         return out
 

@@ -9,6 +9,7 @@ what the rest of dpfl uses of them.
 from __future__ import annotations
 
 import logging
+import math
 import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -16,13 +17,18 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import sklearn
 from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
+from sklearn import metrics as skm
 
 from dpfl.engines.evaluation import metrics
 from dpfl.engines.roster import Roster
 from dpfl.federation.algorithms.base import Algorithm
+from dpfl.federation.metrics import balanced_accuracy
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.federation.survival_metrics import risk_scores
+from dpfl.local.losses import Loss, time_cuts
 
 PROTOCOL = 1
 """Version of the messages below; a hospital on another version is refused."""
@@ -136,8 +142,16 @@ Ask = Callable[[str, Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]
 
 
 SCORE_BINS = 10_000
-"""Bins of [0, 1] in which a hospital counts its binary model's test scores, by label,
-for the union of the test sets: 0.5, the decision threshold, is a bin edge."""
+"""Bins of [0, 1] in which a hospital counts its model's test scores, by label, for the
+union of the test sets: 0.5, the decision threshold, is a bin edge."""
+TIME_BINS = 100
+"""Bins per unit of log(1 + time) in which a survival hospital counts its test records'
+times (about 1% of a time wide), a public rule that reads nothing from the records."""
+RISK_BINS = 1_000
+"""Bins per unit of asinh(risk) in which it counts its model's risk scores (about 0.1%
+of a risk wide; any monotone map keeps the concordance's order)."""
+RISK_SPAN = 1 << 21
+"""Risk bins a survival cell spans: every finite float's (|asinh| < 711)."""
 
 
 def score_counts(labels: np.ndarray, scores: np.ndarray) -> dict[str, list[int]]:
@@ -145,24 +159,142 @@ def score_counts(labels: np.ndarray, scores: np.ndarray) -> dict[str, list[int]]
     nonzero cells only: what the server combines into metrics of the union of the test
     sets (`union_metrics`), instead of the scores themselves. A score's bin keeps its
     side of the threshold, so the thresholded metrics of the union are exact."""
+    cells = labels.astype(np.int64) * SCORE_BINS + _score_bins(scores)
+    return _counted(cells)
+
+
+def _score_bins(scores: np.ndarray) -> np.ndarray:
     index = np.minimum((scores * SCORE_BINS).astype(np.int64), SCORE_BINS - 1)
     half = SCORE_BINS // 2
-    index = np.where(scores >= 0.5, np.maximum(index, half), np.minimum(index, half - 1))
-    cells, counts = np.unique(labels.astype(np.int64) * SCORE_BINS + index, return_counts=True)
+    return np.where(scores >= 0.5, np.maximum(index, half), np.minimum(index, half - 1))
+
+
+def _counted(cells: np.ndarray) -> dict[str, list[int]]:
+    """The nonzero cells of a histogram and their counts."""
+    cells, counts = np.unique(cells, return_counts=True)
     return {"cells": cells.tolist(), "counts": counts.tolist()}
 
 
+def union_counts(labels: np.ndarray, predicted: np.ndarray, loss: Loss | None) -> dict[str, Any]:
+    """What a hospital sends for the union of the test sets (`union_metrics`), never its
+    scores: a binary model's `score_counts`; a multi-class model's confusion matrix and,
+    per class, its one-vs-rest scores counted as a binary model's (class c's cells offset
+    by 2·c·SCORE_BINS); a survival model's Harrell pair counts within its own test set
+    (concordant, discordant, tied risk) and its records counted by (time bin, event, risk
+    bin) on the public `TIME_BINS` and `RISK_BINS`, for the pairs across hospitals."""
+    if labels.ndim == 2:
+        return _survival_counts(
+            labels, risk_scores(predicted, None if loss is None else time_cuts(loss))
+        )
+    if predicted.ndim == 1:
+        return score_counts(labels, predicted)
+    classes = predicted.shape[1]
+    confusion = labels.astype(np.int64) * classes + predicted.argmax(axis=1)
+    per_class = [
+        2 * c * SCORE_BINS + (labels == c) * SCORE_BINS + _score_bins(predicted[:, c])
+        for c in range(classes)
+    ]
+    matrix = np.bincount(confusion, minlength=classes * classes)
+    return {"confusion": matrix.tolist(), **_counted(np.concatenate(per_class))}
+
+
+def _survival_counts(labels: np.ndarray, risk: np.ndarray) -> dict[str, Any]:
+    time, event = labels[:, 0], labels[:, 1].astype(bool)
+    times = np.floor(np.log1p(np.maximum(time, 0.0)) * TIME_BINS).astype(np.int64)
+    risks = np.floor(np.arcsinh(risk) * RISK_BINS).astype(np.int64)
+    cells = (times * 2 + event) * RISK_SPAN + risks + RISK_SPAN // 2
+    return {"pairs": _harrell(time, event, risk), **_counted(cells)}
+
+
+def _harrell(time: np.ndarray, event: np.ndarray, risk: np.ndarray) -> list[int]:
+    """Harrell's (concordant, discordant, tied risk) pair counts; zeros where no pair is
+    comparable."""
+    from sksurv.metrics import concordance_index_censored
+
+    if not event.any():
+        return [0, 0, 0]
+    _, concordant, discordant, tied, _ = concordance_index_censored(event, time, risk)
+    return [int(concordant), int(discordant), int(tied)]
+
+
 def union_metrics(
-    counted: Sequence[Mapping[str, Sequence[int]]], losses: Sequence[tuple[float, int]]
+    counted: Sequence[Mapping[str, Any]], losses: Sequence[tuple[float, int]]
 ) -> dict[str, float]:
-    """Metrics of the union of the hospitals' test sets from their `score_counts` and
-    their (mean loss, test records): counts and accuracy-like metrics exactly as the
-    simulator's union, AUROC and AUPRC on the binned scores (ties within a bin of width
-    1/SCORE_BINS), the loss as the records' mean."""
-    cells = np.concatenate([np.asarray(c["cells"], dtype=np.int64) for c in counted])
-    counts = np.concatenate([np.asarray(c["counts"], dtype=np.int64) for c in counted])
-    labels = np.repeat(cells // SCORE_BINS, counts)
-    scores = np.repeat((cells % SCORE_BINS + 0.5) / SCORE_BINS, counts)
-    union = metrics(labels, scores, None)
+    """Metrics of the union of the hospitals' test sets from their `union_counts` and
+    their (mean loss, test records), named as the simulator's union metrics.
+
+    Binary: counts and accuracy-like metrics exactly as the simulator's union, AUROC and
+    AUPRC on the binned scores (ties within a bin of width 1/SCORE_BINS). Multi-class:
+    accuracy, balanced accuracy, macro precision and recall exactly (the confusion
+    matrix), macro one-vs-rest AUROC and AUPRC on the binned scores. The loss: the
+    records' mean. Survival: `c_index` only, Harrell's concordance of the union, its
+    pairs within each hospital exact and the pairs across hospitals counted on the
+    binned (time, risk): a pair in one time bin or one risk bin counts as tied there
+    (`_cross_pairs`). Uno's C, td-AUC and the IBS need the union's censoring
+    distribution: they stay per hospital."""
+    if "pairs" in counted[0]:
+        return _union_c_index(counted)
+    if "confusion" in counted[0]:
+        union = _union_multiclass(counted)
+    else:
+        labels, scores = _binned_scores(counted, 0)
+        union = metrics(labels, scores, None)
     union["loss"] = sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
     return union
+
+
+def _binned_scores(counted: Sequence[Mapping[str, Any]], column: int) -> tuple[np.ndarray, ...]:
+    """One score column's (labels, bin centres) over every hospital's cells."""
+    cells = np.concatenate([np.asarray(c["cells"], dtype=np.int64) for c in counted])
+    counts = np.concatenate([np.asarray(c["counts"], dtype=np.int64) for c in counted])
+    mine = cells // (2 * SCORE_BINS) == column
+    cells, counts = cells[mine] % (2 * SCORE_BINS), counts[mine]
+    labels = np.repeat(cells // SCORE_BINS, counts)
+    return labels, np.repeat((cells % SCORE_BINS + 0.5) / SCORE_BINS, counts)
+
+
+def _union_multiclass(counted: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    matrix = np.sum([np.asarray(c["confusion"], dtype=np.int64) for c in counted], axis=0)
+    classes = math.isqrt(len(matrix))
+    cells = np.arange(len(matrix))
+    labels, predicted = np.repeat(cells // classes, matrix), np.repeat(cells % classes, matrix)
+    present = len(np.unique(labels)) == classes
+    columns = [_binned_scores(counted, c) for c in range(classes)]
+    with sklearn.config_context(skip_parameter_validation=True):
+        auroc = [skm.roc_auc_score(y, s) for y, s in columns] if present else [math.nan]
+        auprc = [skm.average_precision_score(y, s) for y, s in columns] if present else [math.nan]
+        return {
+            "accuracy": float(skm.accuracy_score(labels, predicted)),
+            "balanced_accuracy": balanced_accuracy(labels, predicted),
+            "auroc": float(np.mean(auroc)),
+            "auprc": float(np.mean(auprc)),
+            "precision": float(
+                skm.precision_score(labels, predicted, average="macro", zero_division=0)
+            ),
+            "recall": float(skm.recall_score(labels, predicted, average="macro", zero_division=0)),
+        }
+
+
+def _union_c_index(counted: Sequence[Mapping[str, Any]]) -> dict[str, float]:
+    within = np.sum([c["pairs"] for c in counted], axis=0)
+    concordant, discordant, tied = within + _cross_pairs(counted)
+    comparable = concordant + discordant + tied
+    return {"c_index": (concordant + tied / 2) / comparable if comparable else math.nan}
+
+
+def _cross_pairs(counted: Sequence[Mapping[str, Any]]) -> np.ndarray:
+    """Harrell's pair counts over pairs of records of different hospitals, on bin
+    centres: the binned union's counts less each hospital's binned counts (a pair's count
+    depends on its two records only)."""
+    records = [_centres(c) for c in counted]
+    union = _harrell(*(np.concatenate(parts) for parts in zip(*records, strict=True)))
+    cross: np.ndarray = np.asarray(union) - np.sum([_harrell(*r) for r in records], axis=0)
+    return cross
+
+
+def _centres(counted: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A hospital's (time, event, risk) records at the centres of their bins."""
+    cells = np.repeat(np.asarray(counted["cells"], np.int64), counted["counts"])
+    risks, rest = cells % RISK_SPAN - RISK_SPAN // 2, cells // RISK_SPAN
+    time = np.expm1((rest // 2 + 0.5) / TIME_BINS)
+    return time, (rest % 2).astype(bool), np.sinh((risks + 0.5) / RISK_BINS)

@@ -619,6 +619,7 @@ class _Serving:
             losses = [
                 (self.result.metrics[name]["loss"], int(fields["records"]))
                 for name, fields in scored.items()
+                if "loss" in self.result.metrics[name]
             ]
             self.result.union = union_metrics(counted, losses)
 

@@ -51,7 +51,7 @@ def _binary(labels: np.ndarray, p: np.ndarray, threshold: float | np.ndarray) ->
     both = len(np.unique(labels)) == 2
     return {
         "accuracy": float(skm.accuracy_score(labels, predicted)),
-        "balanced_accuracy": _balanced_accuracy(labels, predicted),
+        "balanced_accuracy": balanced_accuracy(labels, predicted),
         "auroc": float(skm.roc_auc_score(labels, p)) if both else math.nan,
         "auprc": float(skm.average_precision_score(labels, p)) if both else math.nan,
         "precision": float(skm.precision_score(labels, predicted, zero_division=0)),
@@ -70,7 +70,7 @@ def _multiclass(labels: np.ndarray, p: np.ndarray) -> dict[str, float]:
     onehot = labels[:, None] == classes[None, :]
     return {
         "accuracy": float(skm.accuracy_score(labels, predicted)),
-        "balanced_accuracy": _balanced_accuracy(labels, predicted),
+        "balanced_accuracy": balanced_accuracy(labels, predicted),
         "auroc": (
             float(skm.roc_auc_score(labels, p, multi_class="ovr", labels=classes))
             if all_present
@@ -85,7 +85,7 @@ def _multiclass(labels: np.ndarray, p: np.ndarray) -> dict[str, float]:
     }
 
 
-def _balanced_accuracy(labels: np.ndarray, predicted: np.ndarray) -> float:
+def balanced_accuracy(labels: np.ndarray, predicted: np.ndarray) -> float:
     """Mean recall over the classes present in `labels` (a silo's test set may lack one;
     scikit-learn then warns about classes it cannot score, which is expected)."""
     with warnings.catch_warnings():

@@ -28,7 +28,13 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import sklearn
 
-__all__ = ["SURVIVAL_METRICS", "expected_survival", "survival_curves", "survival_metrics"]
+__all__ = [
+    "SURVIVAL_METRICS",
+    "expected_survival",
+    "risk_scores",
+    "survival_curves",
+    "survival_metrics",
+]
 
 SURVIVAL_METRICS = ("c_index", "c_index_uno", "td_auc", "ibs")
 
@@ -60,6 +66,15 @@ def expected_survival(logits: np.ndarray, cuts: Sequence[float]) -> np.ndarray:
     return result
 
 
+def risk_scores(outputs: np.ndarray, cuts: Sequence[float] | None) -> np.ndarray:
+    """What the concordance ranks: a risk score itself, or hazard logits' negative
+    expected survival time."""
+    if outputs.shape[1] == 1:
+        return np.asarray(outputs[:, 0], np.float64)
+    assert cuts is not None
+    return -expected_survival(outputs, cuts)
+
+
 def survival_metrics(
     labels: np.ndarray, outputs: np.ndarray, cuts: Sequence[float] | None
 ) -> dict[str, float]:
@@ -79,11 +94,7 @@ def survival_metrics(
     curves = outputs.shape[1] > 1
     if curves and (cuts is None or len(cuts) != outputs.shape[1] - 1):
         raise ValueError(f"{outputs.shape[1]} hazard logits need {outputs.shape[1] - 1} cuts")
-    if curves:
-        assert cuts is not None
-        risk = -expected_survival(outputs, cuts)
-    else:
-        risk = outputs[:, 0]
+    risk = risk_scores(outputs, cuts)
     # td-AUC and the IBS at the cut points inside the follow-up (where they are defined);
     # a risk score has none: td-AUC at the quartiles of the observed event times
     if cuts:

@@ -1,0 +1,97 @@
+"""The union of the hospitals' test sets in a deployment: each hospital sends counts
+(`flower_protocol.union_counts`), never its scores, and the server's metrics of the union
+(`union_metrics`) are the simulator's (`evaluation.evaluate`) on the same model and test
+sets: counts exactly, ranking metrics to their bins' error."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+
+from dpfl.engines.evaluation import evaluate, metrics, predictions
+from dpfl.engines.flower_protocol import union_counts, union_metrics
+from dpfl.federation.silo import Silo
+from dpfl.local.losses import Loss, logistic_hazard
+
+SIZES = (150, 200, 250)
+
+
+def silos(labels: str) -> list[Silo]:
+    """Three hospitals' test sets of 5 features, seeded, each shifted from the others:
+    `labels` "classes" (3 classes) or "survival" ((time, event), times scaled by
+    hospital, so the pairs across hospitals weigh in the union's concordance)."""
+    generator = torch.Generator().manual_seed(5)
+    out = []
+    for k, n in enumerate(SIZES):
+        x = torch.randn(n, 5, generator=generator) + 0.3 * k
+        if labels == "classes":
+            y = torch.randint(0, 3, (n,), generator=generator)
+        else:
+            scale = torch.exp(-x[:, 0]) * (1.0 + k)
+            time = -torch.log(torch.rand(n, generator=generator)) * scale * 100
+            event = (torch.rand(n, generator=generator) < 0.7).float()
+            y = torch.stack([time, event], dim=1)
+        out.append(Silo(f"hospital-{k}", x[:10], y[:10], x_test=x, y_test=y))
+    return out
+
+
+def deployed(model: nn.Module, tested: list[Silo], loss: Loss | None) -> dict[str, float]:
+    """The deployment's union: each hospital's counts and its own loss, combined."""
+    params = dict(model.named_parameters())
+    counted, losses = [], []
+    for silo in tested:
+        assert silo.x_test is not None and silo.y_test is not None
+        labels = silo.y_test.numpy()
+        scores = predictions(model, params, silo.x_test, silo.survival)
+        counted.append(union_counts(labels, scores, loss))
+        own = metrics(labels, scores, loss)
+        losses += [(own["loss"], len(labels))] if "loss" in own else []
+    return union_metrics(counted, losses)
+
+
+def simulated(model: nn.Module, tested: list[Silo], loss: Loss | None) -> dict[str, float]:
+    params = dict(model.named_parameters())
+    (row,) = evaluate(model, [[params]] * len(tested), tested, 0, loss)
+    union: dict[str, float] = row["metrics"]
+    return union
+
+
+def test_a_multiclass_union_is_the_simulators() -> None:
+    torch.manual_seed(0)
+    model, tested = nn.Linear(5, 3), silos("classes")
+    union, simulator = deployed(model, tested, None), simulated(model, tested, None)
+    assert union.keys() == simulator.keys()
+    for metric in ("accuracy", "balanced_accuracy", "precision", "recall"):
+        assert union[metric] == simulator[metric]  # the confusion matrix: exact
+    assert union["loss"] == pytest.approx(simulator["loss"], rel=1e-12)
+    for metric in ("auroc", "auprc"):  # one-vs-rest on scores binned to 1e-4
+        assert union[metric] == pytest.approx(simulator[metric], abs=1e-3)
+        assert not math.isnan(union[metric])
+
+
+@pytest.mark.parametrize("outputs", [1, 4], ids=["risk-score", "hazard-logits"])
+def test_a_survival_union_c_index_is_the_simulators_to_its_bins(outputs: int) -> None:
+    """The pairs within a hospital exactly, those across hospitals on bins of about 1% of
+    a time and 0.1% of a risk: within 1e-3 of the union's, where the within-hospital
+    pairs alone (the stratified concordance) are not."""
+    torch.manual_seed(0)
+    model, tested = nn.Linear(5, outputs), silos("survival")
+    loss = logistic_hazard([50.0, 100.0, 200.0]) if outputs > 1 else None
+    union, simulator = deployed(model, tested, loss), simulated(model, tested, loss)
+    assert union.keys() == {"c_index"}
+    assert union["c_index"] == pytest.approx(simulator["c_index"], abs=1e-3)
+    pairs = np.sum([_pairs(silo, model, loss) for silo in tested], axis=0)
+    stratified = (pairs[0] + pairs[2] / 2) / pairs.sum()
+    assert abs(stratified - simulator["c_index"]) > 5e-3  # the cross pairs matter here
+
+
+def _pairs(silo: Silo, model: nn.Module, loss: Loss | None) -> list[int]:
+    assert silo.x_test is not None and silo.y_test is not None
+    params = dict(model.named_parameters())
+    scores = predictions(model, params, silo.x_test, True)
+    pairs: list[int] = union_counts(silo.y_test.numpy(), scores, loss)["pairs"]
+    return pairs
