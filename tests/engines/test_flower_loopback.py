@@ -19,12 +19,14 @@ import pytest
 import torch
 
 from dpfl.engines import loopback
-from dpfl.engines.flower import DeploymentResult
+from dpfl.engines.flower import DeploymentResult, serve
 from dpfl.engines.loopback import Cluster, LoopbackError
+from dpfl.experiments.deploy import deployment_of
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import LedgerError
 
-from .test_flower import entries, flower_installed, hospitals, simulated, study
+from .test_flower import InProcessGrid, entries, flower_installed, hospitals, simulated, study
+from .test_flower_dataset_budget import capped_hospitals, second_study_refused
 from .test_flower_secure import DOPAMINE
 from .test_flower_table import STUDY as TABLE_STUDY
 from .test_flower_table import flower_study, table_hospitals, table_study
@@ -200,3 +202,28 @@ def test_on_loopback_hospitals_read_their_own_csv_and_calibrate_to_their_own_bud
             spent[name] = book.spent(f"{name}/trial-0").epsilon
     assert all(0 < spent[name] <= budgets[name] for name in nodes), spent
     assert spent["east"] > 0.99 * budgets["east"], spent
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
+def test_on_loopback_a_second_study_past_a_hospitals_dataset_cap_is_refused(
+    study: Path, tmp_path: Path
+) -> None:
+    """`dpfl deploy hospital --dataset-budget 3.5` for each hospital, whose ledgers hold a
+    first one-round study (run in process: it is not what is tested): the second study's
+    hospitals refuse it before round 0, each in one line of its own log naming the
+    first, and charge nothing; `dpfl deploy server` ends with one line and status 1."""
+    nodes, second = capped_hospitals(study, tmp_path / "hospitals")
+    assert serve(InProcessGrid(nodes.values()), deployment_of(study)).rounds_completed == 1
+    first = deployment_of(study).key
+    for node in nodes.values():
+        node["study"] = str(second)
+    output, out, logs = loopback.deploy(second, nodes, tmp_path, cli=True, timeout=60)
+    assert "Traceback" not in output, output
+    assert "the deployment stopped after 0 rounds: hospital-0 refused: " in output, output
+    assert DeploymentResult.load(out).rounds_completed == 0
+    for name in nodes:
+        log = (logs / f"{name}.log").read_text()
+        refused = [line for line in log.splitlines() if f"{name}: round 0: refused" in line]
+        assert len(refused) == 1 and f"by {first} (ε=" in refused[0], log[-3000:]
+    second_study_refused(nodes, first, deployment_of(second).key)

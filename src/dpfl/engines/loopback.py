@@ -249,6 +249,8 @@ def cluster(
                 "--superlink", fleet,
                 "--root-certificates", str(ca), "--port", str(runtime[name]),
                 "--auth-key", str(auth[name]),
+                *(["--dataset-budget", str(node["dataset-budget"])]
+                  if "dataset-budget" in node else []),
             ]
             if cli
             else [
