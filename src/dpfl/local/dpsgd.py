@@ -35,6 +35,7 @@ from dpfl.local.clipping import (
     column_major_weights,
 )
 from dpfl.local.device import Placement, current
+from dpfl.local.lazy_noise import DeferredRows
 from dpfl.local.losses import Loss
 from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.local.threads import torch_threads
@@ -251,8 +252,11 @@ class DPSGD:
         std = cfg.noise_multiplier * cfg.clip_norm
         member_size = sum(v[0].numel() for v in params.values())
         work = len(samplers) * max(s.expected_batch_size for s in samplers) * member_size
+        deferred = self._deferred(params, transposed, datasets, samplers, noises, std)
         with torch_threads(1 if work < ONE_THREAD_BELOW else None):
-            self._steps(params, velocity, datasets, samplers, noises, steps, pool, scales, std)
+            self._steps(
+                params, velocity, datasets, samplers, noises, steps, pool, scales, std, deferred
+            )
         for k in transposed:  # handed back row-major, as they came (velocity as it is)
             params[k] = params[k].contiguous()
         if not self.placement.on_cpu:  # handed back where the server half works
@@ -300,9 +304,12 @@ class DPSGD:
         pool: _Pool | None,
         scales: Params,
         std: float,
+        deferred: DeferredRows | None = None,
     ) -> None:
         """`steps` DP-SGD steps, updating `params` and `velocity` in place (with Adam,
-        `velocity` is the first moment m; the second moment lives for this call only)."""
+        `velocity` is the first moment m; the second moment lives for this call only).
+        The `deferred` weight's noise is drawn by `deferred` (see `_deferred`), and its
+        velocity, which would lack that noise, is not handed back."""
         cfg = self.config
         clip_norm, rate, momentum = cfg.clip_norm, cfg.learning_rate, cfg.momentum
         adam = cfg.optimizer == "adam"
@@ -319,21 +326,26 @@ class DPSGD:
         # with noise, one buffer [members, parameters]: each step, each member draws the
         # noise of all its parameters into its row at once (one draw, not one per tensor);
         # per parameter: its members' rows, their normalisers and its columns of the buffer
-        width = sum(v[0].numel() for v in own.values())
+        lazy = None if deferred is None else deferred.name
+        width = sum(v[0].numel() for k, v in own.items() if k != lazy)
         device = self.placement.device
         buffer = torch.empty(members, width, dtype=dtype, device=device) if cfg.private else None
         rows = [] if buffer is None else list(zip(buffer.unbind(0), noises, strict=True))
         updates, offset = [], 0
         for name, value in own.items():
-            size = value[0].numel()
+            size = 0 if name == lazy else value[0].numel()
             noise = (
-                None if buffer is None else _laid_out_as(buffer[:, offset : offset + size], value)
+                None
+                if buffer is None or name == lazy
+                else _laid_out_as(buffer[:, offset : offset + size], value)
             )
             updates.append((name, value, scales[name], noise))
             offset += size
         stacked = self.clipped_sum.stacked
         for t in range(1, steps + 1):
             indices = [s.sample() for s in samplers]
+            if deferred is not None:  # the pending noise of the rows this batch reads
+                deferred.materialise(indices[0], t - 1)
             if pool is None:  # member by member, each on its own batch as it is
                 units = [s.units for s in samplers]
                 sums = self._one_by_one(params, datasets, indices, dtype, clip_norm, units)
@@ -362,9 +374,35 @@ class DPSGD:
                     g.add_(velocity[name], alpha=momentum)
                 velocity[name] = g
                 value.sub_(g, alpha=rate)
+        if deferred is not None:
+            deferred.flush(steps)
+            velocity.pop(deferred.name, None)
         if own is not params:
             for name, value in own.items():
                 params[name].copy_(value)
+
+    def _deferred(
+        self,
+        params: Params,
+        transposed: list[str],
+        datasets: Sequence[tuple[Tensor, Tensor]],
+        samplers: Sequence[BatchSampler],
+        noises: Sequence[NoiseSource],
+        std: float,
+    ) -> DeferredRows | None:
+        """The deferred noise of the first weight's untouched rows (`lazy_noise`) where
+        that is exact: a lone member's private plain SGD (no momentum, no Adam, no weight
+        decay) with a first `nn.Linear` over sparse records (`transposed`), whose loss
+        reads only the model's outputs and which nothing reads between steps (a
+        proximal pull acts between one-step runs, after the flush). None elsewhere."""
+        cfg = self.config
+        if not (cfg.private and cfg.optimizer == "sgd" and not cfg.momentum):
+            return None
+        if len(transposed) != 1 or len(datasets) != 1:
+            return None
+        name = transposed[0]
+        step_std = cfg.learning_rate * std / samplers[0].expected_batch_size
+        return DeferredRows(name, params[name][0].t(), datasets[0][0], noises[0], step_std)
 
     def _one_by_one(
         self,
