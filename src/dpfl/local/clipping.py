@@ -41,13 +41,14 @@ import math
 import weakref
 from collections.abc import Callable
 from functools import partial
-from typing import cast
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 from torch.nn.grad import conv2d_weight
+from torch.nn.modules.utils import _pair
 
 from dpfl.local.losses import Loss, couples_examples, output_gradient
 from dpfl.models import check_per_example
@@ -317,7 +318,7 @@ class ClippedGradientSum:
             h, saved, probe = x, [], iter(probes or [])
             for _, module, own in owned:
                 if not own:
-                    h = module(h)
+                    h = _without_parameters(module, h, under_vmap)
                     continue
                 saved.append(h)
                 h = _forward(module, own, h)
@@ -432,10 +433,68 @@ def _forward(module: nn.Module, own: Params, h: Tensor) -> Tensor:
     if h.is_sparse and isinstance(module, nn.Linear):
         out: Tensor = torch.sparse.mm(h, own["weight"].t())
         return out + own["bias"] if "bias" in own else out
-    if type(module) is nn.Linear:  # its forward, without functional_call's parameter swap
+    # the forwards of these exact types, without functional_call's parameter swap
+    if type(module) is nn.Linear:
         return F.linear(h, own["weight"], own.get("bias"))
+    if type(module) is nn.Conv2d:
+        convolved: Tensor = module._conv_forward(h, own["weight"], own.get("bias"))
+        return convolved
+    if type(module) is nn.GroupNorm and module.affine:
+        return F.group_norm(h, module.num_groups, own["weight"], own["bias"], module.eps)
     result: Tensor = functional_call(module, own, (h,))
     return result
+
+
+def _without_parameters(module: nn.Module, h: Tensor, under_vmap: bool) -> Tensor:
+    """A layer without parameters on a batch; a max pooling of a 4-D batch on the CPU by
+    `_ChannelsLastMaxPool` (outside `vmap`, which it does not support)."""
+    if (
+        type(module) is nn.MaxPool2d
+        and not module.return_indices
+        and h.dim() == 4
+        and h.device.type == "cpu"
+        and not under_vmap
+    ):
+        pooled: Tensor = _ChannelsLastMaxPool.apply(h, module)  # type: ignore[no-untyped-call]
+        return pooled
+    result: Tensor = module(h)
+    return result
+
+
+class _ChannelsLastMaxPool(torch.autograd.Function):
+    """`nn.MaxPool2d` on a contiguous batch, computed channels-last and handed back
+    contiguous, its backward torch's own on contiguous tensors. torch's CPU kernel for a
+    channels-first batch took 4 ms for the small CNN's first pooling, channels-last 0.5
+    ms (benchmarks/README.md): the same maxima and the same chosen positions, so the
+    same gradients. Without the hand-written backward, autograd would hand the layers
+    below a channels-last gradient, whose mixed-layout kernels cost more than this saves."""
+
+    @staticmethod
+    def forward(ctx: Any, h: Tensor, module: nn.MaxPool2d) -> Tensor:
+        kernel, stride, padding, dilation = (
+            list(_pair(value))
+            for value in (module.kernel_size, module.stride, module.padding, module.dilation)
+        )
+        pooled, positions = F.max_pool2d(
+            h.contiguous(memory_format=torch.channels_last),
+            kernel,
+            stride,
+            padding,
+            dilation,
+            ceil_mode=module.ceil_mode,
+            return_indices=True,
+        )
+        ctx.save_for_backward(h, positions)
+        ctx.settings = (kernel, stride, padding, dilation, module.ceil_mode)
+        return pooled.contiguous()
+
+    @staticmethod
+    def backward(ctx: Any, grad_out: Tensor) -> tuple[Tensor, None]:
+        h, positions = ctx.saved_tensors
+        grad_in: Tensor = torch.ops.aten.max_pool2d_with_indices_backward(
+            grad_out.contiguous(), h, *ctx.settings, positions.contiguous()
+        )
+        return grad_in, None
 
 
 def _outer_product(module: nn.Module, a: Tensor) -> bool:
