@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from dp_accounting import get_sigma_gaussian
@@ -14,13 +15,15 @@ from dpfl.local.noise import SeededNoise
 from dpfl.local.output_perturbation import (
     AOPConfig,
     approximate_minimizer,
+    capped,
     clip_rows,
+    noise_std,
     output_perturbation,
     paper_noise_std,
     sensitivity,
 )
 from dpfl.models import logistic_regression, mlp
-from dpfl.privacy import events
+from dpfl.privacy import Neighbouring, events
 
 R = 2.0
 
@@ -163,3 +166,86 @@ def test_refuses_what_the_derivation_does_not_cover() -> None:
     model = mlp(4, (3,))
     with pytest.raises(ValueError, match="logistic regression"):
         approximate_minimizer(model, parameters_of(model), x, y, bce, config, 10)  # type: ignore[arg-type]
+
+
+K = 4
+"""The declared cap on a patient's records (max_records) in the patient-level tests."""
+
+
+def _patients(seed: int) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
+    """12 patients of 1 to 2K records each (some above the cap), records in shuffled
+    order; patient 0, the one removed, has 3K records far out on the wrong side."""
+    g = torch.Generator().manual_seed(seed)
+    counts = [3 * K, *torch.randint(1, 2 * K + 1, (11,), generator=g).tolist()]
+    units = np.repeat(np.arange(12), counts)
+    x = torch.randn(len(units), 4, generator=g, dtype=torch.float64)
+    y = (torch.rand(len(units), generator=g, dtype=torch.float64) < 0.5).double()
+    x[units == 0] = torch.tensor([-R, 0.0, 0.0, 0.0], dtype=torch.float64)
+    y[torch.as_tensor(units == 0)] = 1.0
+    order = torch.randperm(len(units), generator=g)
+    return x[order], y[order], units[order.numpy()]
+
+
+def test_a_patients_records_move_the_minimiser_by_at_most_the_capped_sensitivity() -> None:
+    """D and D' differ by patient 0 (3K records, capped to K), both normalised by the
+    public number of patients P = 12: θ̂ moves by at most (KL + 2Pγ)/Λ (γ = 1e-7, nearly
+    the exact minimiser, and 1e-3), and by more than a record's Δ, so a record-level σ
+    would not cover a patient; without the cap it moves by more than the bound."""
+    moved = []
+    for seed in range(4):
+        x, y, units = _patients(seed)
+        for tolerance in (1e-7, 1e-3):
+            config = AOPConfig(1.0, 1e-5, 200.0, tolerance, feature_norm_bound=R)
+            model = logistic_regression(4).double()
+            init = parameters_of(model)
+            with_, without = (
+                approximate_minimizer(
+                    model, init, *capped((x[keep], y[keep]), units[keep], K), bce, config, 12
+                )
+                for keep in (units >= 0, units != 0)
+            )
+            distance = _distance(with_, without)
+            assert distance <= sensitivity(12, bce, config, records=K)
+            moved.append(distance / sensitivity(12, bce, config))
+    assert max(moved) > 1
+
+
+def test_capped_keeps_each_patients_first_records() -> None:
+    x = torch.arange(7, dtype=torch.float64)[:, None]
+    units = np.array([3, 1, 3, 3, 1, 3, 2])
+    xs, ys = capped((x, x[:, 0]), units, 2)
+    assert xs[:, 0].tolist() == [0.0, 1.0, 2.0, 4.0, 6.0]
+    assert ys.tolist() == xs[:, 0].tolist()
+
+
+def test_patient_level_noise_covers_k_records_at_the_public_patient_count() -> None:
+    """σ_K = (KL + 2nγ)/Λ·σ₁: K times the Lipschitz term of one record's, the same
+    approximation term (n = the public number of patients, as the record count is for a
+    record); the release declares the patient relation."""
+    x, y, units = _patients(0)
+    config = AOPConfig(1.0, 1e-5, regularization=2.0, gradient_tolerance=1e-4, feature_norm_bound=R)
+    lip, multiplier = math.sqrt(R**2 + 1), get_sigma_gaussian(1.0, 1e-5)
+    record, patient = (noise_std(12, bce, config, records) for records in (1, K))
+    assert patient - record == pytest.approx((K - 1) * lip / 2.0 * multiplier, rel=1e-9)
+    assert patient == pytest.approx((K * lip + 2 * 12 * 1e-4) / 2.0 * multiplier, rel=1e-9)
+    assert record < patient <= K * record
+    model = logistic_regression(4).double()
+    result = output_perturbation(
+        model,
+        parameters_of(model),
+        (x, y),
+        bce,
+        config,
+        12,
+        SeededNoise(0),
+        units=units,
+        max_records=K,
+    )
+    assert result.metadata["noise_std"] == pytest.approx(patient, rel=1e-12)
+    assert result.event == events.approximate_dp(
+        1.0, 1e-5, neighbouring=Neighbouring.ADD_REMOVE_PATIENT
+    )
+    with pytest.raises(ValueError, match=r"declared cap .*data\.max_records"):
+        output_perturbation(
+            model, parameters_of(model), (x, y), bce, config, 12, SeededNoise(0), units=units
+        )

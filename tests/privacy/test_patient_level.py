@@ -5,6 +5,7 @@ record-level datasheet of data with patients shows the group-privacy figure."""
 from __future__ import annotations
 
 import csv
+import html
 import json
 import math
 from pathlib import Path
@@ -20,10 +21,13 @@ from dpfl.cli import app
 from dpfl.data.sampling import PatientPoissonSampler
 from dpfl.experiments.datasheet import group_privacy
 from dpfl.experiments.store import ResultsStore
+from dpfl.federation.algorithms.aop import AOP
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.losses import bce
-from dpfl.privacy import Neighbouring
+from dpfl.local.output_perturbation import AOPConfig
+from dpfl.models import logistic_regression
+from dpfl.privacy import Neighbouring, events
 from dpfl.privacy.events import PrivacyEvent
 
 
@@ -103,11 +107,18 @@ def test_group_privacy_is_vadhans_bound() -> None:
     assert group_privacy(0.5, 1e-5, 4) == pytest.approx((2.0, 4 * math.exp(1.5) * 1e-5))
 
 
-def test_aop_refuses_a_patient_level_silo() -> None:
-    from dpfl.federation.algorithms.base import record_level
-
-    with pytest.raises(ValueError, match="no declared cap"):
-        record_level("AOP", SiloInfo("a", 100, patient_level=True))
+def test_aop_takes_a_capped_patient_and_refuses_an_uncapped_one() -> None:
+    aop = AOP(logistic_regression(3), bce, AOPConfig(2.0, 1e-5, 1.0, 1e-4, 1.0), epochs=2)
+    capped = SiloInfo("a", 100, patient_level=True, max_records=4)
+    assert aop.participation_event(capped, [capped]) == events.approximate_dp(
+        1.0, 5e-6, neighbouring=Neighbouring.ADD_REMOVE_PATIENT
+    )
+    record = SiloInfo("b", 100)
+    assert aop.participation_event(record, [record]) == events.approximate_dp(1.0, 5e-6)
+    with pytest.raises(ValueError, match=r"^aop: silo 'a' .*no declared cap .*max_records"):
+        aop.participation_event(SiloInfo("a", 100, patient_level=True), [capped])
+    with pytest.raises(ValueError, match="node-level"):
+        aop.participation_event(SiloInfo("c", 100, appearances=3), [record])
 
 
 STUDY = """
@@ -129,9 +140,7 @@ sites = {{ north = 60, south = 60 }}
 range = [0, 100]
 
 [algorithm]
-name = "fedavg"
-learning_rate = 1.0
-expected_batch_size = 8
+{algorithm}
 
 [privacy]
 epsilon = 2.0
@@ -151,15 +160,24 @@ def _cohort(folder: Path) -> None:
                 out.writerow([9000 + patient, ["north", "south"][patient % 2], age, int(age > 60)])
 
 
+FEDAVG = 'name = "fedavg"\nlearning_rate = 1.0\nexpected_batch_size = 8'
+PATIENTS = 'unit = "patient_nbr"\nmax_records = 4'
+
+
 @pytest.mark.parametrize(
-    ("unit", "patient_level"),
-    [('unit = "patient_nbr"\nmax_records = 4', True), ("max_records = 5", False)],
+    ("unit", "algorithm", "patient_level"),
+    [
+        (PATIENTS, FEDAVG, True),
+        ("max_records = 5", FEDAVG, False),
+        (PATIENTS, 'name = "aop"\nregularization = 1.0', True),
+    ],
 )
 def test_a_patient_level_study_runs_end_to_end(
-    tmp_path: Path, unit: str, patient_level: bool
+    tmp_path: Path, unit: str, algorithm: str, patient_level: bool
 ) -> None:
+    """Patient-level and record-level runs, and the ledger and report say which."""
     _cohort(tmp_path)
-    (tmp_path / "study.toml").write_text(STUDY.format(unit=unit))
+    (tmp_path / "study.toml").write_text(STUDY.format(unit=unit, algorithm=algorithm))
     runs = tmp_path / "runs"
     result = CliRunner().invoke(
         app, ["sweep", str(tmp_path / "study.toml"), "--out", str(runs), "-j", "1", "--json"]
@@ -170,6 +188,7 @@ def test_a_patient_level_study_runs_end_to_end(
     with ResultsStore(runs / "results.sqlite", create=False) as store:
         sheet = store.runs()[0].datasheet
     silos = sheet["silos"]
+    _says_its_unit(runs, patient_level)
     if patient_level:
         assert sheet["unit"].startswith("one patient with all their records")
         assert all("one patient's records" in e for s in silos.values() for e in s["events"])
@@ -179,3 +198,22 @@ def test_a_patient_level_study_runs_end_to_end(
         assert figure["records"] == 5 and 0 < eps <= 2.0
         assert figure["epsilon"] == pytest.approx(5 * eps)
         assert figure["delta"] == pytest.approx(min(1, 5 * math.exp(4 * eps) * 1e-5))
+
+
+def _says_its_unit(runs: Path, patient_level: bool) -> None:
+    """`dpfl privacy ledger` (table and JSON) and `dpfl report` name the run's relation."""
+    said, unsaid = ("one patient's records", "add/remove one record")
+    if not patient_level:
+        said, unsaid = unsaid, said
+    (ledger,) = (runs / "ledgers").iterdir()
+    table = CliRunner().invoke(app, ["privacy", "ledger", str(ledger)])
+    assert table.exit_code == 0, table.output
+    assert said in table.output and unsaid not in table.output
+    listed = CliRunner().invoke(app, ["privacy", "ledger", str(ledger), "--json"])
+    relation = "add_remove_patient" if patient_level else "add_remove"
+    assert {a["neighbouring"] for a in json.loads(listed.stdout)} == {relation}
+    report = CliRunner().invoke(app, ["report", str(runs), "--json"])
+    assert report.exit_code == 0, report.output
+    page = html.unescape(Path(json.loads(report.stdout)["report"]).read_text())
+    unit = "one patient with all their records" if patient_level else "one patient record:"
+    assert unit in page and said in page and unsaid not in page

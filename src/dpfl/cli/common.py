@@ -58,7 +58,7 @@ def accounts_table(title: str, accounts: list[SiloAccount], rdp: list[SiloAccoun
     for account, by_rdp in zip(accounts, rdp, strict=True):
         table.add_row(
             account.silo,
-            account.budget.neighbouring.description.removesuffix(" record"),
+            account.budget.neighbouring.description,
             _bound(account.budget.epsilon),
             f"{account.budget.delta:.2g}",
             str(account.events),

@@ -73,12 +73,17 @@ NODE_LEVEL_UNIT = (
 )
 
 
-PATIENT_LEVEL_UNIT = (
+PATIENT_LEVEL = (
     "one patient with all their records (patient-level): neighbouring datasets differ by "
-    "adding or removing one patient; each batch Poisson-samples patients and clips the mean "
-    "gradient of a sampled patient's records to C as one (user-level sampling, Chua et al. "
-    "2024), so the public sizes count patients"
+    "adding or removing one patient; {bound}, so the public sizes count patients"
 )
+"""The unit of a patient-level run, with how its algorithm bounds a patient."""
+USER_LEVEL_SAMPLING = (
+    "each batch Poisson-samples patients and clips the mean gradient of a sampled patient's "
+    "records to C as one (user-level sampling, Chua et al. 2024)"
+)
+PATIENT_LEVEL_UNIT = PATIENT_LEVEL.format(bound=USER_LEVEL_SAMPLING)
+"""A patient-level DP-SGD run's unit."""
 PATIENT_ASSUMPTION = (
     "Each patient is identified by the study's unit column within a hospital (patient-level "
     "DP there; a patient seen by several hospitals is protected by each hospital's guarantee "
@@ -132,7 +137,7 @@ def datasheet(
     if first.neighbouring is Neighbouring.REPLACE_ONE:
         sheet["unit"] = NODE_LEVEL_UNIT
     elif first.neighbouring is Neighbouring.ADD_REMOVE_PATIENT:
-        sheet["unit"] = PATIENT_LEVEL_UNIT
+        sheet["unit"] = PATIENT_LEVEL.format(bound=kind.patient_bound or USER_LEVEL_SAMPLING)
         sheet["assumptions"] = [PATIENT_ASSUMPTION, *ASSUMPTIONS[1:]]
     records = config.data.max_records if first.neighbouring is Neighbouring.ADD_REMOVE else None
     for silo in result.accounts[0]:

@@ -34,6 +34,21 @@ Let F_D = n·J_D = Σ_i ℓ(θ; d_i) + (Λ/2)‖θ‖², which is Λ-strongly co
    Gaussian mechanism (Balle & Wang 2018), exactly (ε, δ)-DP for every ε. A*STAR's
    factor (1 + √(2 ln 1/δ))/ε is larger, and valid only for ε ≤ 2(1 + √(2 ln 1/δ)).
 
+Patient-level (add/remove one patient with all their records). Each patient keeps their
+first k = max_records records (`dpfl.analytics.bounded`, the contribution bounding of
+dpfl's statistics: a rule over the patient's own records, blind to every other patient),
+so D' = D ∪ {d_1, …, d_m} with m ≤ k. Then F_D' = F_D + Σ_j ℓ(·; d_j), whose added part
+is mL-Lipschitz, and step 2 gives ‖θ*_D' − θ*_D‖ ≤ kL/Λ; step 1 is unchanged, so
+
+    Δ_k = (kL + 2nγ)/Λ ≤ k·Δ,
+
+tighter than k single-record steps by the triangle inequality (each of which would pay
+the approximation 2nγ/Λ again). n is the public number of patients P (declared, or a DP
+count of patients): the proof needs the same n for D and D' (it fixes the stopping rule
+‖∇F‖ ≤ nγ; θ* does not depend on n), so n must be public, and the record count, up to
+kP, is private. The objective is the sum of the kept records' losses over n: not a mean
+of records, and it need not be one.
+
 For logistic regression on rows clipped to ‖x‖ ≤ R (a per-record map, free of privacy
 cost), the gradient of ℓ with respect to (W, b) is (p − y) ⊗ (x, 1), so L = √(R² + 1)
 for binary BCE (|p − y| ≤ 1) and √2·√(R² + 1) for multinomial CE (‖p − e_y‖ ≤ √2).
@@ -45,19 +60,22 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 from torch import Tensor, nn
 
+from dpfl.analytics.mechanisms import Records, bounded
 from dpfl.local.clipping import Params
 from dpfl.local.losses import Loss, bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise
-from dpfl.privacy import events, gaussian_noise_multiplier
+from dpfl.privacy import Neighbouring, events, gaussian_noise_multiplier
 
 __all__ = [
     "AOPConfig",
     "AOPResult",
     "ConvergenceError",
     "approximate_minimizer",
+    "capped",
     "output_perturbation",
     "paper_noise_std",
 ]
@@ -103,16 +121,18 @@ def lipschitz(loss: Loss, feature_norm_bound: float) -> float:
     return _LIPSCHITZ_PER_UNIT_NORM[loss] * math.sqrt(feature_norm_bound**2 + 1.0)
 
 
-def sensitivity(n: int, loss: Loss, config: AOPConfig) -> float:
-    """Δ = (L + 2nγ)/Λ, n the public size: how far θ̂ can move when one record is added
-    or removed."""
+def sensitivity(n: int, loss: Loss, config: AOPConfig, records: int = 1) -> float:
+    """Δ_k = (kL + 2nγ)/Λ, n the public size: how far θ̂ can move when one unit of at most
+    k = `records` records (a record, or a patient's capped records) is added or removed."""
     lip = lipschitz(loss, config.feature_norm_bound)
-    return (lip + 2 * n * config.gradient_tolerance) / config.regularization
+    return (records * lip + 2 * n * config.gradient_tolerance) / config.regularization
 
 
-def noise_std(n: int, loss: Loss, config: AOPConfig) -> float:
-    """σ that makes θ̂ + N(0, σ²I) (ε, δ)-DP (step 4 of the derivation)."""
-    return sensitivity(n, loss, config) * gaussian_noise_multiplier(config.epsilon, config.delta)
+def noise_std(n: int, loss: Loss, config: AOPConfig, records: int = 1) -> float:
+    """σ that makes θ̂ + N(0, σ²I) (ε, δ)-DP for units of at most `records` records
+    (step 4 of the derivation)."""
+    multiplier = gaussian_noise_multiplier(config.epsilon, config.delta)
+    return sensitivity(n, loss, config, records) * multiplier
 
 
 def paper_noise_std(n: int, config: AOPConfig) -> float:
@@ -125,6 +145,19 @@ def clip_rows(x: Tensor, bound: float) -> Tensor:
     """Scale each record to ‖x‖ ≤ R: a per-record map, so it costs no privacy."""
     norms = x.norm(dim=1, keepdim=True)
     return x * torch.clamp(bound / (norms + 1e-12), max=1.0)
+
+
+def capped(
+    data: tuple[Tensor, Tensor], units: np.ndarray, max_records: int
+) -> tuple[Tensor, Tensor]:
+    """Each patient's first `max_records` records (`units`: each record's patient), by the
+    statistics' contribution bounding: a patient then moves θ* by at most that many
+    records' L/Λ."""
+    x, y = data
+    index = np.arange(len(units))
+    kept = bounded(Records({"index": index}, units=np.asarray(units)), max_records)
+    keep = torch.as_tensor(kept.columns["index"])
+    return x[keep], y[keep]
 
 
 def approximate_minimizer(
@@ -185,28 +218,44 @@ def output_perturbation(
     config: AOPConfig,
     public_size: int,
     noise: NoiseSource | None = None,
+    *,
+    units: np.ndarray | None = None,
+    max_records: int | None = None,
 ) -> AOPResult:
     """A*STAR's AOP with σ calibrated to the full sensitivity: one (ε, δ)-DP release;
     `public_size` is the silo's public record count (σ must not depend on the true one).
+    With `units` (each record's patient) the unit is the patient: each keeps their first
+    `max_records` records, σ covers that many, and `public_size` counts patients.
 
     Noise is cryptographically secure unless a `SeededNoise` is passed (research mode).
     """
     noise = noise or SecureNoise()
+    records, relation = 1, Neighbouring.ADD_REMOVE
+    if units is not None:
+        if max_records is None:
+            raise ValueError(
+                "patient-level output perturbation needs a declared cap on a patient's "
+                "records (data.max_records): each record moves the minimiser, so an "
+                "uncapped patient moves it without bound"
+            )
+        data = capped(data, units, max_records)
+        records, relation = max_records, Neighbouring.ADD_REMOVE_PATIENT
     x, y = data
     n = public_size
     minimizer = approximate_minimizer(model, init, x, y, loss, config, n)
-    std = noise_std(n, loss, config)
+    std = noise_std(n, loss, config, records)
     # Noise in float64 first, then the cast: rounding θ̂ before the noise would move it by
     # a data-dependent amount the sensitivity does not cover; after, it is post-processing.
     params = {
         k: (v + noise.normal(tuple(v.shape), std, v.dtype)).to(init[k].dtype)
         for k, v in minimizer.items()
     }
-    event = events.approximate_dp(config.epsilon, config.delta)
+    event = events.approximate_dp(config.epsilon, config.delta, neighbouring=relation)
     metadata = {
         "mechanism": "approximate-output-perturbation",
         "noise_std": std,
-        "sensitivity": sensitivity(n, loss, config),
+        "sensitivity": sensitivity(n, loss, config, records),
+        "records_per_unit": records,
         "paper_noise_std": paper_noise_std(n, config),
         "event": event.describe(),
         **noise.metadata(),

@@ -293,9 +293,16 @@ def node_gaussian(
     return PrivacyEvent(_repeat(step, steps), Neighbouring.REPLACE_ONE)
 
 
-def approximate_dp(epsilon: float, delta: float, *, count: int = 1) -> PrivacyEvent:
-    """`count` mechanisms each (ε, δ)-DP, composed by basic composition (A*STAR Alg. 3)."""
-    return PrivacyEvent(_repeat(ApproximateDpEvent(epsilon, delta), count), Neighbouring.ADD_REMOVE)
+def approximate_dp(
+    epsilon: float,
+    delta: float,
+    *,
+    count: int = 1,
+    neighbouring: Neighbouring = Neighbouring.ADD_REMOVE,
+) -> PrivacyEvent:
+    """`count` mechanisms each (ε, δ)-DP, composed by basic composition (A*STAR Alg. 3);
+    `neighbouring`: the relation the (ε, δ) holds under (one record, or one patient)."""
+    return PrivacyEvent(_repeat(ApproximateDpEvent(epsilon, delta), count), neighbouring)
 
 
 def client_sampled(client_rate: float, round_event: PrivacyEvent) -> PrivacyEvent:

@@ -8,7 +8,9 @@ composition, as the paper does (§3.5): after T epochs a silo has spent (ε, δ)
 
 dpfl's `output_perturbation` calibrates σ to a sensitivity that holds, Δ = (L + 2nγ)/Λ
 with n the silo's public size, not the paper's nγ/Λ (see that module); it supports
-logistic regression (`nn.Linear`) with `bce` or `cross_entropy` only.
+logistic regression (`nn.Linear`) with `bce` or `cross_entropy` only. Under a patient unit
+with a declared cap k (max_records) each patient keeps their first k records and
+Δ = (kL + 2nγ)/Λ, n the public number of patients; without a cap it refuses.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ class AOP(Algorithm):
     )
     sets_own_noise: ClassVar[bool] = True
     needs_linear_model: ClassVar[bool] = True
+    patient_bound: ClassVar[str] = (
+        "each patient keeps their first max_records = k records and each release's noise "
+        "covers them: sensitivity (kL + 2nγ)/Λ, n the public number of patients"
+    )
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -83,15 +89,13 @@ class AOP(Algorithm):
         )
 
     def participation_event(self, silo: SiloInfo, silos: Sequence[SiloInfo]) -> events.PrivacyEvent:
-        """One (ε/T, δ/T) release per round, for every silo."""
+        """One (ε/T, δ/T) release per round, for every silo, under its unit: a record, or
+        a patient with at most max_records records (refused without that cap)."""
         record_level(
-            self.name,
-            silo,
-            group_bound="each move the minimiser by up to Δ (the sensitivity becomes that "
-            "count times Δ, by the triangle inequality)",
+            self.name, silo, group_bound="each move the minimiser by up to L/Λ", capped=True
         )
         release = self.epoch_config
-        return events.approximate_dp(release.epsilon, release.delta)
+        return events.approximate_dp(release.epsilon, release.delta, neighbouring=silo.neighbouring)
 
     def configure(
         self,
@@ -120,6 +124,8 @@ class AOP(Algorithm):
                 self.epoch_config,
                 m.silo.declared_size,
                 noise=m.ctx.noise(),
+                units=m.silo.units,
+                max_records=m.silo.max_records,
             )
             m.ctx.charge(result.event)
             outcomes.append((Reply(flat(result.params)), m.state))

@@ -111,11 +111,21 @@ def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction
     return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
 
 
-def record_level(algorithm: str, silo: SiloInfo, *, group_bound: str = "") -> None:
+def record_level(
+    algorithm: str, silo: SiloInfo, *, group_bound: str = "", capped: bool = False
+) -> None:
     """Refuse a silo whose persons are in several records, for an algorithm whose events
     are analysed for one record per person; `group_bound` says what the algorithm's
-    sensitivity would become for one patient's records."""
-    if silo.patient_level:
+    sensitivity would become for one patient's records. `capped`: the algorithm
+    calibrates to a patient's declared cap (max_records), so it refuses a patient-level
+    silo only without one."""
+    if capped and silo.patient_level and silo.max_records is None:
+        raise ValueError(
+            f"{algorithm}: silo {silo.name!r} protects a patient, whose records {group_bound}, "
+            "with no declared cap on their number (data.max_records = k), so a patient moves "
+            "it without bound: declare one"
+        )
+    if silo.patient_level and not capped:
         cap = (
             f"up to max_records = {silo.max_records} records"
             if silo.max_records is not None
@@ -178,6 +188,9 @@ class Algorithm(ABC):
     set or calibrate, and no non-private form."""
     needs_linear_model: ClassVar[bool] = False
     """True: the mechanism's guarantee holds for a linear (convex) model only."""
+    patient_bound: ClassVar[str] = ""
+    """How the algorithm bounds one patient's records, for the datasheet, where it is not
+    DP-SGD's user-level sampling."""
     model: nn.Module
     loss: Loss
 
