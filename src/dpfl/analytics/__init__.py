@@ -11,6 +11,7 @@ figure with the standard deviation of its noise beside it.
 """
 
 from dpfl.analytics.mechanisms import (
+    STATS_MASKING,
     Count,
     Figure,
     Histogram,
@@ -22,11 +23,18 @@ from dpfl.analytics.mechanisms import (
     Released,
     bounded,
     describe,
+    figures_of,
+    group,
+    neighbouring_of,
+    plan_refusal,
     pooled,
     release,
+    released,
+    vectors,
 )
 
 __all__ = [
+    "STATS_MASKING",
     "Count",
     "Figure",
     "Histogram",
@@ -38,6 +46,12 @@ __all__ = [
     "Released",
     "bounded",
     "describe",
+    "figures_of",
+    "group",
+    "neighbouring_of",
+    "plan_refusal",
     "pooled",
     "release",
+    "released",
+    "vectors",
 ]

@@ -20,11 +20,15 @@ import torch
 
 from dpfl.privacy import events
 from dpfl.privacy.errors import BudgetExceededError
+from dpfl.secure.masking import PairwiseMasking
 
 if TYPE_CHECKING:
     from dpfl.federation.messages import SecureSum
+    from dpfl.local.noise import NoiseSource
     from dpfl.privacy import Ledger
 
+STATS_MASKING = PairwiseMasking(bits=64, scale=2.0**16, clip=2.0**40)
+"""Pairwise masking of the statistics' vectors: a 64-bit ring wide enough for counts."""
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile: the bands are ±Z95 standard deviations."""
 
@@ -108,6 +112,10 @@ class Query(Protocol):
 
     def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray: ...
 
+    def length(self, hospitals: int) -> int:
+        """The vector's length (a public fact: what a secure sum is set up for)."""
+        ...
+
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]: ...
@@ -121,17 +129,23 @@ def release(
     ledger: Ledger,
     accounts: Sequence[str],
     label: str,
-    rng: np.random.Generator,
+    rng: np.random.Generator | NoiseSource,
     neighbouring: events.Neighbouring = events.Neighbouring.ADD_REMOVE,
 ) -> np.ndarray:
     """A hospital's half: charge the Gaussian event to its `accounts` (one durable
     transaction; refused past a budget, and then nothing is released), then add noise of
-    std noise_multiplier × sensitivity to every coordinate."""
+    std noise_multiplier × sensitivity to every coordinate, drawn from `rng` (a
+    deployment's hospital: the CSPRNG, `SecureNoise`)."""
     if not (math.isfinite(noise_multiplier) and noise_multiplier > 0):
         raise ValueError(f"noise_multiplier must be positive, got {noise_multiplier!r}")
     event = events.gaussian(noise_multiplier, neighbouring=neighbouring)
     ledger.record_many([(account, event) for account in accounts], label=label)
-    noisy: np.ndarray = vector + rng.normal(0.0, noise_multiplier * sensitivity, vector.shape)
+    std = noise_multiplier * sensitivity
+    if isinstance(rng, np.random.Generator):
+        drawn = rng.normal(0.0, std, vector.shape)
+    else:
+        drawn = rng.normal(tuple(vector.shape), std, torch.float64).numpy()
+    noisy: np.ndarray = vector + drawn
     return noisy
 
 
@@ -169,6 +183,9 @@ class Count:
             listed = [np.sum(x == v) for v in values]
             parts.append([*listed, len(x) - sum(listed)])
         return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts])
+
+    def length(self, hospitals: int) -> int:
+        return hospitals + 1 + len(self.classes) + sum(len(v) + 1 for v in self.categories.values())
 
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
@@ -217,6 +234,9 @@ class Histogram:
     def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
         return _histogram(records.column(self.column), np.asarray(self.edges))
 
+    def length(self, hospitals: int) -> int:
+        return len(self.edges) - 1
+
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]:
@@ -257,6 +277,9 @@ class Mean:
         x = np.clip(records.column(self.column), low, high)
         z = (x - (low + high) / 2) / ((high - low) / 2)
         return np.array([len(z), z.sum(), (z**2 - 0.5).sum()])
+
+    def length(self, hospitals: int) -> int:
+        return 3
 
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
@@ -352,6 +375,9 @@ class KaplanMeier:
             [_histogram(records.time[died], edges), _histogram(records.time[~died], edges)]
         )
 
+    def length(self, hospitals: int) -> int:
+        return 2 * (len(self.edges) - 1)
+
     @staticmethod
     def curve(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """S at each bin's end and Greenwood's variance of it, from (events, censorings)
@@ -394,6 +420,91 @@ class Released:
     noise: dict[str, float]
 
 
+def neighbouring_of(records: Records) -> events.Neighbouring:
+    """Patient-level neighbours where the records name their patients, else records'."""
+    if records.units is None:
+        return events.Neighbouring.ADD_REMOVE
+    return events.Neighbouring.ADD_REMOVE_PATIENT
+
+
+def plan_refusal(
+    ledger: Ledger,
+    accounts: Sequence[str],
+    queries: Sequence[Query],
+    noise_multiplier: float,
+    neighbouring: events.Neighbouring,
+) -> str | None:
+    """Why releasing every query would pass a budget of one of `accounts` (None: it
+    fits): the whole plan checked before anything is released."""
+    plan = events.gaussian(noise_multiplier, count=len(queries), neighbouring=neighbouring)
+    return ledger.refusal([(a, plan) for a in accounts])
+
+
+def vectors(
+    records: Records,
+    queries: Sequence[Query],
+    hospital: int,
+    hospitals: int,
+    max_records: int | None,
+) -> list[np.ndarray]:
+    """A hospital's vector of each query over its bounded records (`bounded`): computed
+    before anything is charged, so that a bad column is refused first."""
+    kept = bounded(records, max_records)
+    return [query.vector(kept, hospital, hospitals) for query in queries]
+
+
+def group(records: Records, max_records: int | None) -> int:
+    """The records a unit may hold: `max_records` for patients, else 1."""
+    return max_records if records.units is not None and max_records is not None else 1
+
+
+def released(
+    own: Sequence[np.ndarray],
+    queries: Sequence[Query],
+    noise_multiplier: float,
+    units: int,
+    *,
+    ledger: Ledger,
+    accounts: Sequence[str],
+    rng: np.random.Generator | NoiseSource,
+    neighbouring: events.Neighbouring,
+) -> list[np.ndarray]:
+    """A hospital's half of every query: each vector `release`d at sensitivity × `units`
+    (the records a unit may hold), its event charged to `accounts` first."""
+    return [
+        release(
+            vector,
+            query.sensitivity * units,
+            noise_multiplier,
+            ledger=ledger,
+            accounts=accounts,
+            label=f"stats: {query.title}",
+            rng=rng,
+            neighbouring=neighbouring,
+        )
+        for query, vector in zip(queries, own, strict=True)
+    ]
+
+
+def figures_of(
+    queries: Sequence[Query],
+    summed: Sequence[np.ndarray],
+    noise_multiplier: float,
+    units: int,
+    names: Sequence[str],
+    rng: np.random.Generator,
+) -> Released:
+    """The server's half: each query's figures post-processed from its pooled noisy
+    vector, whose noise has std σ·Δ·√K over the K hospitals `names`."""
+    figures: list[Figure] = []
+    noise: dict[str, float] = {}
+    for query, total in zip(queries, summed, strict=True):
+        std = noise_multiplier * query.sensitivity * units * math.sqrt(len(names))
+        noise[query.title] = std
+        figures += query.figures(total, std, names, rng)
+    return Released(figures, noise)
+
+
 def describe(
     cohort: Mapping[str, Records],
     queries: Sequence[Query],
@@ -404,46 +515,44 @@ def describe(
     summing: SecureSum,
     rng: np.random.Generator,
     max_records: int | None = None,
+    noise: Mapping[str, np.random.Generator | NoiseSource] | None = None,
 ) -> Released:
     """Release every query: each hospital bounds its records (`bounded`), computes its
-    vector, charges its ledger accounts (`accounts[name]`) and adds its noise; the
-    server sums the noisy vectors and post-processes the figures. The pooled noise of a
-    coordinate has std σ·Δ·√K over K hospitals (Δ per patient: max_records × per record).
-    The whole plan (every query, every account) is checked against the ledger first: a
-    run past any hospital's budget is refused before anything is released."""
+    vector, charges its ledger accounts (`accounts[name]`) and adds its noise (from
+    `noise[name]`, or `rng`); the server sums the noisy vectors and post-processes the
+    figures (with `rng`). The pooled noise of a coordinate has std σ·Δ·√K over K
+    hospitals (Δ per patient: max_records × per record). The whole plan (every query,
+    every account) is checked against the ledger first: a run past any hospital's
+    budget is refused before anything is released. A deployment runs the same halves
+    on each machine (`dpfl.engines.flower_stats`)."""
     names = list(cohort)
-    patients = next(iter(cohort.values())).units is not None if cohort else False
-    neighbouring = (
-        events.Neighbouring.ADD_REMOVE_PATIENT if patients else events.Neighbouring.ADD_REMOVE
+    first = next(iter(cohort.values()), Records({}))
+    neighbouring, units = neighbouring_of(first), group(first, max_records)
+    refused = plan_refusal(
+        ledger,
+        [a for name in names for a in accounts[name]],
+        queries,
+        noise_multiplier,
+        neighbouring,
     )
-    group = max_records if patients and max_records is not None else 1
-    plan = events.gaussian(noise_multiplier, count=len(queries), neighbouring=neighbouring)
-    refused = ledger.refusal([(a, plan) for name in names for a in accounts[name]])
     if refused is not None:
         raise BudgetExceededError(f"stats refused before any release: {refused}")
-    kept = {name: bounded(records, max_records) for name, records in cohort.items()}
-    vectors = [  # every vector first: a bad column is refused before anything is charged
-        {name: query.vector(kept[name], k, len(names)) for k, name in enumerate(names)}
-        for query in queries
-    ]
-    figures: list[Figure] = []
-    noise: dict[str, float] = {}
-    for query, own in zip(queries, vectors, strict=True):
-        sensitivity = query.sensitivity * group
-        noisy = {
-            name: release(
-                own[name],
-                sensitivity,
-                noise_multiplier,
-                ledger=ledger,
-                accounts=accounts[name],
-                label=f"stats: {query.title}",
-                rng=rng,
-                neighbouring=neighbouring,
-            )
-            for name in names
-        }
-        std = noise_multiplier * sensitivity * math.sqrt(len(names))
-        noise[query.title] = std
-        figures += query.figures(pooled(noisy, summing), std, names, rng)
-    return Released(figures, noise)
+    own = {  # every vector first: a bad column is refused before anything is charged
+        name: vectors(records, queries, k, len(names), max_records)
+        for k, (name, records) in enumerate(cohort.items())
+    }
+    noisy = {
+        name: released(
+            own[name],
+            queries,
+            noise_multiplier,
+            units,
+            ledger=ledger,
+            accounts=accounts[name],
+            rng=rng if noise is None else noise[name],
+            neighbouring=neighbouring,
+        )
+        for name in names
+    }
+    summed = [pooled({n: noisy[n][q] for n in names}, summing) for q in range(len(queries))]
+    return figures_of(queries, summed, noise_multiplier, units, names, rng)

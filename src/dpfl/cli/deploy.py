@@ -218,15 +218,28 @@ def server(
         Path | None,
         typer.Option(help="The run's public HE key file (secure_aggregation 'he')."),
     ] = None,
+    stats: Annotated[
+        bool,
+        typer.Option(
+            "--stats",
+            help="Release the study's [analytics] instead of training (docs/analytics.md): "
+            "OUT/stats.json, OUT/stats.html and a table, as `dpfl stats`.",
+        ),
+    ] = False,
 ) -> None:
     """Run the study on its roster's hospitals: the result goes to OUT/result.pt and to
     OUT's results store (`dpfl report OUT`). The server checkpoints each round in OUT: run
-    it again with the same OUT to resume."""
+    it again with the same OUT to resume. With --stats, the hospitals release the study's
+    statistics instead, each charged to its own ledger."""
     from dpfl.experiments.deploy import deployment_of, unfinished, write_app
     from dpfl.experiments.runner import owning
 
     with reported_errors():
-        deployment_of(study)
+        if deployment_of(study).analytics is None and stats:
+            raise ValueError(
+                f"{study} declares no [analytics] a deployment releases (a table study's, "
+                "each hospital reading its own file)"
+            )
         transport = _transport(insecure, root_certificates)
         if missing not in ("stop", "continue"):
             raise ValueError(f"--missing must be 'stop' or 'continue', got {missing!r}")
@@ -236,18 +249,45 @@ def server(
     run_config = (
         f'study="{study.resolve()}" out="{out.resolve()}" '
         f'wait={float(wait)} timeout={float(timeout)} missing="{missing}" '
-        f'he-keys="{"" if he_keys is None else he_keys.resolve()}"'
+        f'he-keys="{"" if he_keys is None else he_keys.resolve()}" '
+        f'task="{"stats" if stats else "train"}"'
     )
     command = [_flower("flwr"), "run", str(write_app(home / "app")), "dpfl", "--stream"]
     command += ["--run-config", run_config]
+    started = time.time()
     code = _run(command, env={**os.environ, "FLWR_HOME": str(home)})
     if code != 0:
         raise typer.Exit(code)
+    if stats:
+        _released(out, started)
+        return
     with reported_errors():
         why = unfinished(study, out)
     if why is not None:
         errors.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True)
         raise typer.Exit(1)
+
+
+def _released(out: Path, started: float) -> None:
+    """The statistics the server wrote in OUT since `started`, as a table; or exit 1 with
+    why none were (a hospital refused or failed: its line, as the server wrote it)."""
+    from dpfl.experiments.deploy import STATS_ERROR
+    from dpfl.experiments.stats import STATS_JSON, StatsRun
+
+    from .stats import show
+
+    def new(name: str) -> bool:
+        return (out / name).is_file() and (out / name).stat().st_mtime >= started
+
+    if new(STATS_ERROR):
+        why = (out / STATS_ERROR).read_text(encoding="utf-8").strip()
+    elif not new(STATS_JSON):
+        why = f"the server wrote no statistics in {out}: see its log above"
+    else:
+        show(StatsRun.read(out / STATS_JSON), out)
+        return
+    errors.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True)
+    raise typer.Exit(1)
 
 
 @app.command("certs")

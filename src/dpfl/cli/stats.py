@@ -4,13 +4,16 @@ simulator, charged to each hospital's ledger (`dpfl.experiments.stats`)."""
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
 from .common import console, print_json, reported_errors
+
+if TYPE_CHECKING:
+    from dpfl.experiments.stats import StatsRun
 
 
 def stats(
@@ -31,7 +34,6 @@ def stats(
     """Release the study's DP statistics: each charged to every hospital's ledger first
     (refused past a budget), summed by its secure aggregation, each figure with its noise."""
     from dpfl.experiments.config import load
-    from dpfl.experiments.stats import STATS_HTML
     from dpfl.experiments.stats import stats as release
 
     with reported_errors():
@@ -42,6 +44,13 @@ def stats(
     if json:
         print_json(run.to_json())
         return
+    show(run, out)
+
+
+def show(run: StatsRun, out: Path) -> None:
+    """The figures as a table, each with its noise, then the HTML page's path."""
+    from dpfl.experiments.stats import STATS_HTML
+
     table = Table(
         title=f"{escape(run.study)}: DP statistics (σ = {run.noise_multiplier:.4g}, "
         f"summed by {run.summing})"

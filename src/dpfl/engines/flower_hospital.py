@@ -34,6 +34,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
+from dpfl.analytics import STATS_MASKING
 from dpfl.engines import flower_he, flower_masking
 from dpfl.engines.accounts import (
     Calibration,
@@ -241,10 +242,17 @@ class _Hospital:
         return flower_he.read_key_file(self.me.he_keys)
 
     def masking(self, fields: Mapping[str, Any]) -> flower_masking.HospitalSide:
-        """This hospital's side of the exchange's masking session."""
-        algorithm, silos = self.algorithm(fields)
-        length = flat(parameters_of(algorithm.model)).numel()
-        fewest = algorithm.fewest_replies(len(silos))
+        """This hospital's side of the exchange's masking session; a stats exchange's
+        (`flower_stats`: its plan's vector, in the statistics' ring, unmasked only as the
+        sum of every hospital's) where the server states a plan."""
+        masking = flower_masking.MASKING
+        if "plan" in fields and self.run.analytics is not None:
+            fewest = len(fields["silos"])
+            length, masking = self.run.analytics.length(fewest), STATS_MASKING
+        else:
+            algorithm, silos = self.algorithm(fields)
+            length = flat(parameters_of(algorithm.model)).numel()
+            fewest = algorithm.fewest_replies(len(silos))
         return flower_masking.HospitalSide(
             self.state,
             self.me.name,
@@ -252,6 +260,7 @@ class _Hospital:
             fewest,
             read_identity(self.me.identity),
             self.run.roster,
+            masking,
         )
 
     def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
@@ -659,14 +668,16 @@ def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any
     """The key holder decrypts one sum of at least what its own algorithm assumes."""
     if not isinstance(hospital.protection, _Encrypted) or hospital.me.he_keys is None:
         raise DeploymentError("this hospital holds no key to decrypt with")
-    algorithm, silos = hospital.algorithm(fields)
     side = flower_he.KeyHolderSide(hospital.me.he_keys, hospital.run.roster)
+    if "plan" in fields:  # the statistics' sum (`flower_stats`): every hospital's
+        return side.decrypt(fields, len(fields["silos"]))
+    algorithm, silos = hospital.algorithm(fields)
     return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
 
 
 def client_app(deployment_of: DeploymentOf) -> ClientApp:
-    """The hospital half: answers hello, calibrate, plan, train and evaluate messages (and
-    a secure study's own), for the study
+    """The hospital half: answers hello, calibrate, plan, train and evaluate messages, a
+    secure study's own and the statistics' (`flower_stats`), for the study
     file its node config names, read by `deployment_of`."""
     app = ClientApp()
     app.query("hello")(_handler(_hello, deployment_of))
@@ -678,6 +689,10 @@ def client_app(deployment_of: DeploymentOf) -> ClientApp:
         work = _secagg(getattr(flower_masking.HospitalSide, step))
         app.query(f"secagg_{step}")(_handler(work, deployment_of))
     app.evaluate()(_handler(_evaluate, deployment_of))
+    from dpfl.engines import flower_stats  # it builds on this module: imported once built
+
+    for kind, work in flower_stats.HOSPITAL.items():
+        app.query(kind)(_handler(work, deployment_of))
     return app
 
 

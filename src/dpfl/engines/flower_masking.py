@@ -71,10 +71,17 @@ STATE = "dpfl.secagg"
 """The hospital's context-state record holding its client between messages."""
 
 
-def session_setup(fields: Mapping[str, Any], roster: Roster, length: int, fewest: int) -> Setup:
+def session_setup(
+    fields: Mapping[str, Any],
+    roster: Roster,
+    length: int,
+    fewest: int,
+    masking: PairwiseMasking = MASKING,
+) -> Setup:
     """The session's setup from the server's announcement (its id, the cohort's names, the
     server's key) and what each party knows itself: the cohort's identity keys from the
-    roster, the vector's length, the fewest inputs its algorithm's events assume."""
+    roster, the vector's length, the fewest inputs its algorithm's events assume, the
+    protocol's parameters (a stats exchange's: `dpfl.analytics.STATS_MASKING`)."""
     names = tuple(str(n) for n in fields["names"])
     try:
         roster.check(names, "the masking session")
@@ -84,8 +91,8 @@ def session_setup(fields: Mapping[str, Any], roster: Roster, length: int, fewest
         session=bytes(fields["session"]),
         names=names,
         identities={name: roster.identities[name] for name in names},
-        threshold=MASKING.threshold_for(len(names)),
-        codec=MASKING.codec,
+        threshold=masking.threshold_for(len(names)),
+        codec=masking.codec,
         length=length,
         server_public=bytes(fields["server-public"]),
         min_inputs=fewest,
@@ -106,6 +113,7 @@ class HospitalSide:
     identity: Ed25519PrivateKey
     """The key the roster lists for this hospital: it signs its advertised keys."""
     roster: Roster
+    masking: PairwiseMasking = MASKING
 
     def _keep(self, announced: Mapping[str, Any], client: Client) -> None:
         self.state.config_records[STATE] = ConfigRecord(
@@ -120,14 +128,14 @@ class HospitalSide:
             )
         kept = dict(self.state.config_records[STATE])
         announced = {k.removeprefix("setup."): v for k, v in kept.items() if k.startswith("setup.")}
-        setup = session_setup(announced, self.roster, self.length, self.fewest)
+        setup = session_setup(announced, self.roster, self.length, self.fewest, self.masking)
         client = Client(setup, self.name, self.identity, os.urandom, saved=kept)
         return announced, client
 
     def keys(self, fields: Mapping[str, Any]) -> dict[str, Any]:
         """Round 0: a new session's client; its signed public keys."""
         announced = {k: fields[k] for k in ("session", "names", "server-public")}
-        setup = session_setup(announced, self.roster, self.length, self.fewest)
+        setup = session_setup(announced, self.roster, self.length, self.fewest, self.masking)
         if self.name not in setup.names:
             raise SecureAggregationError(f"{self.name}: a masking session without me")
         client = Client(setup, self.name, self.identity, os.urandom)
@@ -225,7 +233,7 @@ class MaskedSum:
         return cls.open
 
     @classmethod
-    def open(cls, exchange: Exchange) -> MaskedSum:
+    def open(cls, exchange: Exchange, masking: PairwiseMasking = MASKING) -> MaskedSum:
         """Rounds 0 and 1 with the exchange's cohort (in order), keys from the roster."""
         ask, key = exchange.ask, X25519PrivateKey.generate()
         announced = {
@@ -233,7 +241,7 @@ class MaskedSum:
             "names": list(exchange.names),
             "server-public": key.public_key().public_bytes_raw(),
         }
-        setup = session_setup(announced, exchange.roster, exchange.length, exchange.fewest)
+        setup = session_setup(announced, exchange.roster, exchange.length, exchange.fewest, masking)
         server = Server(setup, key)
         adverts = ask("query.secagg_keys", {n: announced for n in setup.names})
         keyed = server.collect_keys(

@@ -22,6 +22,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.common.constant import ErrorCode
 from sklearn import metrics as skm
 
+from dpfl.analytics import Query, Records
 from dpfl.engines.evaluation import metrics
 from dpfl.engines.roster import Roster
 from dpfl.federation.algorithms.base import Algorithm
@@ -89,6 +90,42 @@ class Deployment:
     """How a hospital reads its own file through the study's schema into its silo (name,
     file), with its test set and no public size; None: the study reads no such file (a
     hospital gives a folder holding train.npz)."""
+    analytics: Analytics | None = None
+    """The study's statistics (`dpfl deploy server --stats`); None: it declares none a
+    deployment can release."""
+
+
+@dataclass(frozen=True)
+class Analytics:
+    """A study's `[analytics]` as a deployment releases it (`flower_stats`): the public
+    plan both halves build from the study file, and how a hospital reads its records."""
+
+    queries: tuple[Query, ...]
+    noise_multiplier: float
+    records: Callable[[str, Path], Records]
+    """How a hospital reads its own file (name, file) into the records its statistics
+    read, as the simulator's `dpfl stats` reads its silo."""
+    max_records: int | None = None
+    """The records a patient may hold (`bounded`); None: each record is its own unit."""
+
+    def length(self, hospitals: int) -> int:
+        """The length of a hospital's reply: every query's vector, end to end."""
+        return sum(q.length(hospitals) for q in self.queries)
+
+    def plan(self, hospitals: int) -> list[str]:
+        """The plan in words, as the server states it and each hospital checks it."""
+        return [
+            *(
+                f"{q.title}: sensitivity {q.sensitivity!r}, {q.length(hospitals)} values"
+                for q in self.queries
+            ),
+            f"noise multiplier {self.noise_multiplier!r}, "
+            + (
+                "a record a unit"
+                if self.max_records is None
+                else f"a patient's first {self.max_records} records"
+            ),
+        ]
 
 
 DeploymentOf = Callable[[Path], Deployment]

@@ -16,7 +16,7 @@ from numpy.random.bit_generator import ISeedSequence
 
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 
-__all__ = ["Streams", "member_rng", "stream_noise", "stream_rng"]
+__all__ = ["Streams", "member_rng", "stats_noise", "stream_noise", "stream_rng"]
 
 _T = TypeVar("_T")
 
@@ -98,3 +98,10 @@ def stream_noise(research: bool, key: tuple[int, ...]) -> NoiseSource:
         return SecureNoise()
     # torch's CPU generator seeds its Mersenne Twister with 32 bits: give it exactly those
     return SeededNoise(int.from_bytes(_digest((*key, 1), 4), "little"))
+
+
+def stats_noise(research: bool, seed: int, hospital: int) -> NoiseSource:
+    """A hospital's noise for its statistics (`dpfl stats`, simulated or deployed): from
+    the study's seed and its index among the run's hospitals with research noise, so that
+    a deployment repeats the simulator's release; else the CSPRNG."""
+    return stream_noise(research, (seed, -1, hospital))

@@ -18,10 +18,10 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
-from dpfl.engines import flower
+from dpfl.engines import flower, flower_stats
 from dpfl.engines.flower_protocol import LOG
 from dpfl.engines.roster import Roster
-from dpfl.experiments import datasets
+from dpfl.experiments import datasets, stats
 from dpfl.experiments.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
 from dpfl.experiments.factory import build_algorithm
@@ -109,6 +109,7 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         read=None
         if declared is None
         else partial(datasets.own_silo, config.data, config.seed, sorted(roster.identities)),
+        analytics=stats.deployed(config),
     )
 
 
@@ -134,7 +135,8 @@ def server_app() -> ServerApp:
     results store and the server's checkpoint, resumed from when the server runs
     again), `wait` and `timeout` (seconds for the hospitals to connect and to reply),
     `missing` ("stop" or "continue": `flower.serve`), `he-keys` (the run's public HE key
-    file, for an encrypted study)."""
+    file, for an encrypted study), `task` ("stats": release the study's `[analytics]`,
+    `serve_stats_study`, instead of training)."""
     app = ServerApp()
 
     @app.main()
@@ -143,6 +145,9 @@ def server_app() -> ServerApp:
         one line, no traceback: the results store keeps why, and `dpfl deploy server`
         reads it there and exits with 1."""
         try:
+            if context.run_config.get("task") == "stats":
+                serve_stats_study(grid, context.run_config)
+                return
             result = serve_study(grid, context.run_config)
         except flower.DeploymentError as exc:
             LOG.error("the deployment failed: %s", exc)
@@ -195,6 +200,44 @@ def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
         result.save(out)
         record(store, key, config, result, time.perf_counter() - started)
     return result
+
+
+def serve_stats_study(grid: Grid, run: Mapping[str, Any]) -> stats.StatsRun:
+    """The study's statistics released by its roster's hospitals (`flower_stats`),
+    written as `dpfl stats` writes them: OUT/stats.json and OUT/stats.html; or, where a
+    hospital refuses or fails, OUT/stats.error, its one line, and DeploymentError."""
+    config = study_point(Path(str(run["study"])))
+    out = Path(str(run["out"]))
+    out.mkdir(parents=True, exist_ok=True)
+    he_keys, deployed = str(run.get("he-keys", "")), deployment(config)
+    try:
+        served = flower_stats.serve_stats(
+            grid,
+            deployed,
+            wait=float(run["wait"]),
+            timeout=float(run["timeout"]),
+            he_keys=Path(he_keys) if he_keys else None,
+        )
+    except flower.DeploymentError as exc:
+        (out / STATS_ERROR).write_text(f"the statistics were not released: {exc}\n")
+        raise
+    released = served.released
+    result = stats.StatsRun(
+        config.name,
+        served.hospitals,
+        served.noise_multiplier,
+        released.noise,
+        config.summing,
+        "each hospital's own ledger: ε "
+        + ", ".join(f"{n} {e:.4g}" for n, e in sorted(served.epsilon.items())),
+        released.figures,
+    )
+    stats.write(result, out)
+    return result
+
+
+STATS_ERROR = "stats.error"
+"""Why a deployment's statistics were not released, in one line."""
 
 
 def unfinished(study: Path, out: Path) -> str | None:
@@ -316,6 +359,7 @@ wait = 60.0
 timeout = 600.0
 missing = "stop"
 he-keys = ""
+task = "train"
 """
 APP_MODULE = """\
 \"\"\"dpfl's Flower app: every hospital's SuperNode needs dpfl installed.\"\"\"

@@ -10,6 +10,7 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import partial
 from html import escape
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from dpfl.analytics import (
+    STATS_MASKING,
     Count,
     Figure,
     Histogram,
@@ -27,7 +29,10 @@ from dpfl.analytics import (
     Records,
     describe,
 )
+from dpfl.data.dataset import Dataset
 from dpfl.engines.accounts import account
+from dpfl.engines.flower_protocol import Analytics
+from dpfl.engines.streams import stats_noise
 from dpfl.experiments import datasets
 from dpfl.experiments.config import AnalyticsConfig, StudyConfig
 from dpfl.federation.messages import SecureSum
@@ -56,6 +61,16 @@ class StatsRun:
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "figures": [asdict(f) for f in self.figures]}
 
+    @staticmethod
+    def read(path: Path) -> StatsRun:
+        """A run's stats.json, as `to_json` wrote it."""
+        saved = json.loads(path.read_text(encoding="utf-8"))
+        figures = [
+            Figure(**{**f, "interval": None if f["interval"] is None else tuple(f["interval"])})
+            for f in saved.pop("figures")
+        ]
+        return StatsRun(**saved, figures=figures)
+
 
 def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
     """The statistics the section declares, in a fixed order."""
@@ -75,12 +90,31 @@ def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
 
 def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
     """Each hospital's records (all of its partition, train and test), in the simulator's
-    silo order and names, with the classes of the labels. A table's range column is read
-    back in its own units (the declared affine scaling undone; a log column stays on
-    [0, 1])."""
+    silo order and names, with the classes of the labels."""
     data = datasets.load_dataset(config.data, config.seed)
     parts = datasets._partition(config.data, data, config.seed)
     names = config.data.partition.names or datasets._site_names(data, config.data, len(parts))
+    whole = _records(config, data)
+    classes = () if whole.labels is None else tuple(range(max(len(data.class_names), 2)))
+    return {name: whole.take(part) for name, part in zip(names, parts, strict=True)}, classes
+
+
+def own_records(config: StudyConfig, name: str, path: Path) -> Records:
+    """A deployed hospital's records from its own table file (all of it, train and test):
+    read through the study's schema as `datasets.own_silo` reads it, the records its
+    silo holds in the simulator's `cohort`."""
+    names = list(datasets.declared_sizes(config.data)) or sorted(config.roster)
+    if name not in names:
+        raise ValueError(f"{name!r} is not one of the study's silos {names}")
+    sites = list(config.data.sites or names)
+    own = config.data.model_copy(update={"path": path})
+    return _records(config, datasets._table(own, own_site=sites[names.index(name)]))
+
+
+def _records(config: StudyConfig, data: Dataset) -> Records:
+    """A dataset's records as the statistics read them. A table's range column is read
+    back in its own units (the declared affine scaling undone; a log column stays on
+    [0, 1])."""
     declared = config.data.columns if config.data.dataset in datasets.TABLES else {}
     columns = {}
     for j, name in enumerate(data.feature_names):
@@ -90,15 +124,53 @@ def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
             x = spec.range[0] + x * (spec.range[1] - spec.range[0])
         columns[name] = x
     survival = data.labels.ndim == 2
-    whole = Records(
+    return Records(
         columns,
         labels=None if survival else data.labels,
         time=data.labels[:, 0].astype(np.float64) if survival else None,
         event=data.labels[:, 1] if survival else None,
         units=data.units,
     )
-    classes = () if survival else tuple(range(max(len(data.class_names), 2)))
-    return {name: whole.take(part) for name, part in zip(names, parts, strict=True)}, classes
+
+
+def noise_multiplier(config: StudyConfig, count: int) -> float:
+    """σ of every statistic: the section's, or calibrated so that its `count` releases
+    cost each hospital at most its `epsilon` at `[privacy] delta`."""
+    analytics, privacy = config.analytics, config.privacy
+    if analytics.noise_multiplier is not None:
+        return analytics.noise_multiplier
+    if analytics.epsilon is None:
+        raise ValueError("[analytics]: give `epsilon` or `noise_multiplier`")
+    neighbouring = (
+        events.Neighbouring.ADD_REMOVE_PATIENT
+        if config.data.unit is not None
+        else events.Neighbouring.ADD_REMOVE
+    )
+    return calibrate_noise(
+        analytics.epsilon,
+        privacy.delta,
+        lambda s: events.gaussian(s, count=count, neighbouring=neighbouring),
+        accountant=privacy.accountant,
+    )
+
+
+def deployed(config: StudyConfig) -> Analytics | None:
+    """The study's `[analytics]` as a deployment releases it (`dpfl deploy server
+    --stats`): a table study's, whose hospitals each read their own file; None where the
+    study sets no such section, or reads no table."""
+    declared = datasets.declared_input(config.data)
+    if "analytics" not in config.model_fields_set or declared is None:
+        return None
+    classes = declared[1]
+    chosen = queries(config.analytics, () if classes is None else range(max(classes, 2)))
+    if not chosen:
+        return None
+    return Analytics(
+        tuple(chosen),
+        noise_multiplier(config, len(chosen)),
+        partial(own_records, config),
+        config.data.max_records if config.data.unit is not None else None,
+    )
 
 
 def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRun:
@@ -116,16 +188,7 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
         events.Neighbouring.ADD_REMOVE_PATIENT if patients else events.Neighbouring.ADD_REMOVE
     )
     privacy = config.privacy
-    sigma = analytics.noise_multiplier
-    if sigma is None:
-        if analytics.epsilon is None:
-            raise ValueError("[analytics]: give `epsilon` or `noise_multiplier`")
-        sigma = calibrate_noise(
-            analytics.epsilon,
-            privacy.delta,
-            lambda s: events.gaussian(s, count=len(chosen), neighbouring=neighbouring),
-            accountant=privacy.accountant,
-        )
+    sigma = noise_multiplier(config, len(chosen))
     out.mkdir(parents=True, exist_ok=True)
     accounts = {name: [account(name, t) for t in range(config.trials)] for name in records}
     path, study = (out / LEDGER, None) if ledger is None else (ledger, config.name)
@@ -140,6 +203,10 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
             summing=_summing(config.summing),
             rng=np.random.default_rng(config.seed),
             max_records=config.data.max_records,
+            noise={
+                name: stats_noise(config.research_noise, config.seed, k)
+                for k, name in enumerate(records)
+            },
         )
     run = StatsRun(
         config.name,
@@ -150,14 +217,20 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
         str(path),
         released.figures,
     )
+    write(run, out)
+    return run
+
+
+def write(run: StatsRun, out: Path) -> None:
+    """`out/stats.json` and `out/stats.html`, each written whole (two runs at once: each
+    file the later run's)."""
     for name, text in (
         (STATS_JSON, json.dumps(run.to_json(), indent=1)),
         (STATS_HTML, render(run)),
     ):
-        target = out / name  # two runs at once: each file whole, the later run's
-        with replacing(target, target.with_name(f"{name}.{os.getpid()}.partial")) as partial:
-            partial.write_text(text, encoding="utf-8")
-    return run
+        target = out / name
+        with replacing(target, target.with_name(f"{name}.{os.getpid()}.partial")) as part:
+            part.write_text(text, encoding="utf-8")
 
 
 def _budgets(
@@ -183,11 +256,7 @@ def _budgets(
 
 def _summing(kind: str) -> SecureSum:
     """The study's secure sum; masking in a 64-bit ring wide enough for counts."""
-    if kind == "masking":
-        from dpfl.secure.masking import PairwiseMasking
-
-        return PairwiseMasking(bits=64, scale=2.0**16, clip=2.0**40)
-    return by_name(kind)
+    return STATS_MASKING if kind == "masking" else by_name(kind)
 
 
 def render(run: StatsRun) -> str:

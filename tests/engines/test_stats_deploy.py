@@ -1,0 +1,161 @@
+"""A study's [analytics] released by a deployment (`dpfl.engines.flower_stats`), in
+process: each hospital reads its own CSV, checks the server's plan against its own copy
+of the study and its whole plan against its own ledger, charges it with the simulator's
+events and adds its own noise; the server pools the sum (masked: the sum alone) into the
+simulator's `dpfl stats` figures, for the same seed."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from flwr.app import Message
+from typer.testing import CliRunner
+
+from dpfl.cli import app
+from dpfl.engines.flower import DeploymentError
+from dpfl.engines.flower_stats import serve_stats
+from dpfl.experiments.deploy import STATS_ERROR, deployment_of, serve_stats_study, study_point
+from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
+from dpfl.privacy import Ledger
+
+from .test_flower import InProcessGrid, entries
+from .test_flower_table import STUDY, flower_study, table_hospitals, table_study
+
+__all__ = ["flower_study", "table_study"]  # the fixtures, used by name
+
+ANALYTICS = """
+[analytics]
+noise_multiplier = 6.0
+histograms = [{ column = "age", bins = [0, 40, 60, 80, 100] }]
+means = [{ column = "medications", range = [0, 80] }]
+quantiles = [{ column = "age", bins = [0, 20, 40, 50, 60, 70, 80, 100] }]
+"""
+
+
+class RecordingGrid(InProcessGrid):
+    """The in-process grid, keeping every reply the server pulls."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
+        super().__init__(nodes)
+        self.seen: list[Message] = []
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        pulled = list(super().pull_messages(message_ids))
+        self.seen += pulled
+        return pulled
+
+
+def _stats_study(path: Path, summing: str = "none") -> Path:
+    text = STUDY.replace("seed = 5\n", f'seed = 5\nsecure_aggregation = "{summing}"\n')
+    path.write_text(text + ANALYTICS, encoding="utf-8")
+    return path
+
+
+def _charged(ledger: Path) -> dict[str, list[str]]:
+    with Ledger(ledger, create=False) as book:
+        return {a.silo: [e.event.to_json() for e in book.entries(a.silo)] for a in book.accounts()}
+
+
+@pytest.mark.parametrize("summing", ["none", "masking"])
+def test_deployed_stats_are_the_simulators_and_charge_each_ledger_once(
+    table_study: Path, tmp_path: Path, summing: str
+) -> None:
+    study = _stats_study(table_study, summing)
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    grid = RecordingGrid(nodes.values())
+    served = serve_stats(grid, deployment_of(study))
+    simulated = stats(study_point(study), tmp_path / "simulated")
+    assert served.hospitals == simulated.hospitals == ["east", "north", "south"]
+    assert served.released.noise == simulated.noise
+    assert served.released.figures == simulated.figures  # the same noise, the same sums
+    assert len(simulated.figures) > 10
+    book = _charged(tmp_path / "simulated" / "ledger.sqlite")
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert len(mine) == 4 and mine == book[f"{name}/trial-0"]
+        assert 0 < served.epsilon[name] <= 10.0
+    replies = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "query.stats"]
+    assert len(replies) == 3
+    if summing == "masking":  # the server holds masked words only, no hospital's value
+        assert all("vector" not in r and "words" in r for r in replies)
+        words = np.frombuffer(bytes(replies[0]["words"]), "<i8") / 2.0**16
+        assert np.abs(words[:4]).min() > 1e6  # its count is ~150
+    else:
+        assert all("vector" in r for r in replies)
+
+
+def test_a_hospital_over_its_budget_refuses_before_anything_is_charged(
+    table_study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    study = _stats_study(table_study)
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    nodes["north"]["epsilon"] = 0.2
+    why = r"silo 'north/trial-0': 4 × Gaussian\(σ=6\) .* > budget 0\.2"
+    with pytest.raises(DeploymentError, match=f"^north refused: {why}"):
+        serve_stats(InProcessGrid(nodes.values()), deployment_of(study))
+    assert any(  # said in its own log
+        r.levelname == "WARNING" and r.getMessage().startswith("north: statistics refused")
+        for r in caplog.records
+    )
+    for name, node in nodes.items():
+        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+
+
+def test_a_plan_other_than_the_hospitals_study_is_refused(
+    table_study: Path, tmp_path: Path
+) -> None:
+    study = _stats_study(table_study)
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    run = deployment_of(study)
+    assert run.analytics is not None
+    other = dataclasses.replace(run.analytics, noise_multiplier=0.5)
+    with pytest.raises(
+        DeploymentError, match=r"east refused: the server asks for .*noise multiplier 0\.5"
+    ):
+        serve_stats(InProcessGrid(nodes.values()), dataclasses.replace(run, analytics=other))
+    for name, node in nodes.items():
+        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+
+
+def test_a_study_without_analytics_releases_nothing(table_study: Path, tmp_path: Path) -> None:
+    nodes = table_hospitals(table_study, tmp_path / "hospitals")
+    with pytest.raises(DeploymentError, match=r"declares no \[analytics\]"):
+        serve_stats(InProcessGrid(nodes.values()), deployment_of(table_study))
+
+
+def test_the_server_app_writes_the_simulators_files_or_one_line_why_not(
+    table_study: Path, tmp_path: Path
+) -> None:
+    study = _stats_study(table_study, "masking")
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    for node in nodes.values():
+        node["epsilon"] = 1.5  # one run costs 1.27
+    out = tmp_path / "out"
+    run = {"study": str(study), "out": str(out), "wait": 5.0, "timeout": 60.0}
+    served = serve_stats_study(InProcessGrid(nodes.values()), run)
+    again = StatsRun.read(out / STATS_JSON)
+    assert again == served and again.figures == stats(study_point(study), tmp_path / "s").figures
+    assert "<img" in (out / "stats.html").read_text(encoding="utf-8")
+    with pytest.raises(DeploymentError):  # a second run would pass every budget
+        serve_stats_study(InProcessGrid(nodes.values()), run)
+    why = (out / STATS_ERROR).read_text(encoding="utf-8")
+    assert why.startswith("the statistics were not released: east refused: ")
+    assert why.count("\n") == 1
+
+
+def test_dpfl_deploy_server_stats_refuses_a_study_without_analytics_in_one_line(
+    table_study: Path, tmp_path: Path
+) -> None:
+    table_hospitals(table_study, tmp_path / "hospitals")
+    result = CliRunner().invoke(
+        app,
+        ["deploy", "server", str(table_study), "--stats", "--superlink", "127.0.0.1:1",
+         "--out", str(tmp_path / "out"), "--insecure"],
+    )  # fmt: skip
+    assert result.exit_code == 2 and "declares no [analytics]" in result.output
+    assert "Traceback" not in result.output
