@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.flower import DeploymentError
+from dpfl.engines.flower_he import make_key_files
 from dpfl.engines.flower_stats import serve_stats
 from dpfl.experiments.deploy import STATS_ERROR, deployment_of, serve_stats_study, study_point
 from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
@@ -159,3 +160,21 @@ def test_dpfl_deploy_server_stats_refuses_a_study_without_analytics_in_one_line(
     )  # fmt: skip
     assert result.exit_code == 2 and "declares no [analytics]" in result.output
     assert "Traceback" not in result.output
+
+
+def test_encrypted_stats_are_the_simulators_and_the_server_holds_ciphertexts_only(
+    table_study: Path, tmp_path: Path
+) -> None:
+    study = _stats_study(table_study, "he")
+    secret, public = make_key_files(tmp_path / "keys")
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    for name, node in nodes.items():
+        node["he-keys"] = str(secret if name == "east" else public)
+    grid = RecordingGrid(nodes.values())
+    served = serve_stats(grid, deployment_of(study), he_keys=public)
+    simulated = stats(study_point(study), tmp_path / "simulated")
+    for mine, theirs in zip(served.released.figures, simulated.figures, strict=True):
+        assert (mine.statistic, mine.name) == (theirs.statistic, theirs.name)
+        assert mine.value == pytest.approx(theirs.value, rel=1e-4, abs=1e-3)
+    replies = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "query.stats"]
+    assert len(replies) == 3 and all(set(r) == {"epsilon", "ciphertext"} for r in replies)
