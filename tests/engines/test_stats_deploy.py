@@ -7,16 +7,19 @@ simulator's `dpfl stats` figures, for the same seed."""
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
+import typer
 from flwr.app import Message
 from typer.testing import CliRunner
 
 from dpfl.cli import app
+from dpfl.cli.deploy import _released
 from dpfl.engines.flower import DeploymentError
 from dpfl.engines.flower_he import make_key_files
 from dpfl.engines.flower_stats import serve_stats
@@ -130,7 +133,7 @@ def test_a_study_without_analytics_releases_nothing(table_study: Path, tmp_path:
 
 
 def test_the_server_app_writes_the_simulators_files_or_one_line_why_not(
-    table_study: Path, tmp_path: Path
+    table_study: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     study = _stats_study(table_study, "masking")
     nodes = table_hospitals(study, tmp_path / "hospitals")
@@ -142,11 +145,19 @@ def test_the_server_app_writes_the_simulators_files_or_one_line_why_not(
     again = StatsRun.read(out / STATS_JSON)
     assert again == served and again.figures == stats(study_point(study), tmp_path / "s").figures
     assert "<img" in (out / "stats.html").read_text(encoding="utf-8")
+    started = time.time()
     with pytest.raises(DeploymentError):  # a second run would pass every budget
         serve_stats_study(InProcessGrid(nodes.values()), run)
     why = (out / STATS_ERROR).read_text(encoding="utf-8")
     assert why.startswith("the statistics were not released: east refused: ")
     assert why.count("\n") == 1
+    capsys.readouterr()
+    with pytest.raises(typer.Exit) as stopped:  # what `dpfl deploy server --stats` then says
+        _released(out, started)
+    assert stopped.value.exit_code == 1
+    said = capsys.readouterr().err
+    assert said.startswith("error: the statistics were not released: east refused: ")
+    assert said.count("\n") == 1
 
 
 def test_dpfl_deploy_server_stats_refuses_a_study_without_analytics_in_one_line(
