@@ -12,7 +12,8 @@ from scipy import stats
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler, ShuffledSampler
-from dpfl.local.clipping import column_major_copy
+from dpfl.local import dpsgd as dpsgd_module
+from dpfl.local.clipping import ClippedGradientSum, column_major_copy
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
@@ -204,6 +205,42 @@ def test_update_is_clipped_sum_over_expected_batch_size_with_momentum(sparse: bo
         torch.testing.assert_close(result.velocity[k], velocity[k], rtol=1e-10, atol=1e-12)
         assert result.params[k].is_contiguous()
         assert torch.equal(start[k], before[k])
+
+
+@pytest.mark.parametrize("members", [1, 3])
+def test_pool_batches_are_the_chunks_of_the_batches_drawn_step_by_step(
+    members: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`_Pool.batches` draws a block of steps' batches ahead and gathers them at once: the
+    same batches, in the same draw order (samplers sharing one generator), and the same
+    chunks as `_Pool.chunks` step by step, for blocks of several steps and for steps
+    whose batches overflow one chunk."""
+    monkeypatch.setattr(dpsgd_module, "GATHER_ELEMENTS", 7 * 2 * members * 4 * 6)  # 7 steps
+    model = logistic_regression(6).double()
+    datasets = [_data(20 + 5 * m, 6, m) for m in range(members)]
+    clipped = ClippedGradientSum(model, bce)
+    pool = dpsgd_module._Pool(
+        datasets, 4, torch.float64, clipped, stack([parameters_of(model)] * members)
+    )
+
+    def samplers() -> list[PoissonSampler]:
+        rng = np.random.default_rng(3)  # shared: the order of the draws matters
+        return [PoissonSampler(len(y), 0.2, rng, public_size=len(y)) for _, y in datasets]
+
+    steps = 20
+    ahead = list(pool.batches(samplers(), steps))
+    replay = samplers()
+    assert len(ahead) == steps
+    overflowing = 0
+    for indices, chunks in ahead:
+        drawn = [s.sample() for s in replay]
+        assert all(np.array_equal(a, b) for a, b in zip(indices, drawn, strict=True))
+        expected = pool.chunks(drawn)
+        overflowing += len(expected) > 1
+        assert len(chunks) == len(expected)
+        for got, want in zip(chunks, expected, strict=True):
+            assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    assert 0 < overflowing < steps  # both kinds of step were drawn
 
 
 @pytest.mark.parametrize("kind", ["logistic", "mlp_momentum", "mlp_adam", "cnn"])

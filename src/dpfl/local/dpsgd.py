@@ -19,7 +19,7 @@ caller to record in the silo's ledger.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -342,15 +342,14 @@ class DPSGD:
             updates.append((name, value, scales[name], noise))
             offset += size
         stacked = self.clipped_sum.stacked
-        for t in range(1, steps + 1):
-            indices = [s.sample() for s in samplers]
+        drawn = _drawn(samplers, steps) if pool is None else pool.batches(samplers, steps)
+        for t, (indices, chunks) in enumerate(drawn, 1):
             if deferred is not None:  # the pending noise of the rows this batch reads
                 deferred.materialise(indices[0], t - 1)
             if pool is None:  # member by member, each on its own batch as it is
                 units = [s.units for s in samplers]
                 sums = self._one_by_one(params, datasets, indices, dtype, clip_norm, units)
             else:
-                chunks = pool.chunks(indices)
                 x, y, mask, norms = chunks[0]
                 sums, _ = stacked(twinned, x, y, mask, clip_norm, input_norms=norms)
                 for x, y, mask, norms in chunks[1:]:
@@ -471,6 +470,19 @@ def _batch(
 _Chunk = tuple[Tensor, Tensor, Tensor, Tensor | None]
 """x, y, mask and the records' input norms (or None) of one chunk of stacked batches."""
 
+_Drawn = Iterator[tuple[list[np.ndarray], list[_Chunk]]]
+"""Per step: each member's batch (record indices) and, from a `_Pool`, their chunks."""
+
+GATHER_ELEMENTS = 1 << 20
+"""`_Pool.batches` gathers the batches of as many steps at once as keep the gathered
+inputs under this many values (at least one step)."""
+
+
+def _drawn(samplers: Sequence[BatchSampler], steps: int) -> _Drawn:
+    """Each step's batches, drawn when the step comes, without chunks."""
+    for _ in range(steps):
+        yield [s.sample() for s in samplers], []
+
 
 class _Pool:
     """The members' datasets laid end to end once per run, so that each step gathers every
@@ -536,6 +548,39 @@ class _Pool:
                 norms = self.norms.index_select(0, flat).reshape(rows.shape)
             chunks.append((x, y, torch.from_numpy(mask).to(self.x.device), norms))
         return chunks
+
+    def batches(self, samplers: Sequence[BatchSampler], steps: int) -> _Drawn:
+        """Each step's batches and their `chunks`, for `steps` steps. The batches are
+        drawn ahead, a block of steps at a time (`GATHER_ELEMENTS`), in the order the
+        steps would draw them, and the block's one-chunk steps (nearly all) are gathered
+        with one `index_select` per tensor: the same values as `chunks` per step, without
+        its per-step cost, most of a small model's step (benchmarks/bench_vs_torch.py)."""
+        per_step = math.prod(self._x_shape)
+        block = max(1, GATHER_ELEMENTS // per_step)
+        for first in range(0, steps, block):
+            drawn = [[s.sample() for s in samplers] for _ in range(min(block, steps - first))]
+            yield from self._gathered(drawn)
+
+    def _gathered(self, drawn: list[list[np.ndarray]]) -> _Drawn:
+        """`drawn`'s steps with their chunks: one gather for the steps whose batches fit
+        one chunk, laid out as `chunks` lays out each (rows, padding and mask)."""
+        lengths = np.zeros((len(drawn), len(self._rows)), np.int64)  # a twin's row: empty
+        lengths[:, : len(drawn[0])] = [[len(idx) for idx in step] for step in drawn]
+        single = lengths.max(1) <= self.width
+        filled = self._columns < lengths[single][..., None]
+        rows = np.broadcast_to(self._rows, filled.shape).copy()
+        one = [idx for step, fits in zip(drawn, single, strict=True) if fits for idx in step]
+        rows[filled] += np.concatenate(one or [np.zeros(0, np.int64)])
+        flat = torch.from_numpy(rows.reshape(-1)).to(self.x.device)
+        x = self.x.index_select(0, flat).reshape(-1, *self._x_shape)
+        y = self.y.index_select(0, flat).reshape(-1, *self._y_shape)
+        mask = torch.from_numpy(filled.astype(self._mask_dtype)).to(self.x.device)
+        norms: Sequence[Tensor | None] = [None] * len(x)
+        if self.norms is not None:
+            norms = self.norms.index_select(0, flat).reshape(rows.shape).unbind(0)
+        gathered = zip(x.unbind(0), y.unbind(0), mask.unbind(0), norms, strict=True)
+        for step, fits in zip(drawn, single, strict=True):
+            yield step, [next(gathered)] if fits else self.chunks(step)
 
 
 def _laid_out_as(columns: Tensor, value: Tensor) -> Tensor:
