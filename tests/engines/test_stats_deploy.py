@@ -28,7 +28,7 @@ from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
 from dpfl.privacy import Ledger
 
 from .test_flower import InProcessGrid, entries
-from .test_flower_table import STUDY, flower_study, table_hospitals, table_study
+from .test_flower_table import STUDY, cohort, flower_study, table_hospitals, table_study, write
 
 __all__ = ["flower_study", "table_study"]  # the fixtures, used by name
 
@@ -189,3 +189,33 @@ def test_encrypted_stats_are_the_simulators_and_the_server_holds_ciphertexts_onl
         assert mine.value == pytest.approx(theirs.value, rel=1e-4, abs=1e-3)
     replies = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "query.stats"]
     assert len(replies) == 3 and all(set(r) == {"epsilon", "ciphertext"} for r in replies)
+
+
+def test_patient_level_stats_bound_each_patient_and_charge_per_patient(
+    table_study: Path, tmp_path: Path
+) -> None:
+    """Each patient has three records at its hospital; each hospital keeps its first two
+    (`bounded`), so Δ doubles and every event is charged per patient, as simulated."""
+    rows = cohort()  # 180 records at each site
+    for i, row in enumerate(rows):
+        row[0] = 900_000 + (i // 9) * 3 + i % 3  # 60 patients a site, 3 records each
+    write(table_study.parent / "cohort.csv", rows)
+    study = _stats_study(table_study)
+    patients = 'site = "hospital"\nunit = "patient"\nmax_records = 2\n'
+    text = study.read_text(encoding="utf-8").replace('site = "hospital"\n', patients)
+    sites = text.replace(
+        "east = 150, north = 150, south = 150", "east = 60, north = 60, south = 60"
+    )
+    study.write_text(sites, encoding="utf-8")
+    by_site = {s: [r for r in rows if r[1] == s] for s in ("east", "north", "south")}
+    nodes = table_hospitals(study, tmp_path / "hospitals", by_site)
+    served = serve_stats(InProcessGrid(nodes.values()), deployment_of(study))
+    simulated = stats(study_point(study), tmp_path / "simulated")
+    assert served.released.figures == simulated.figures
+    pooled = next(f for f in simulated.figures if f.name == "pooled")
+    assert abs(pooled.value - 360) < 4 * pooled.std  # two of each patient's three records
+    assert served.released.noise["counts"] == pytest.approx(6.0 * np.sqrt(3) * 2 * np.sqrt(3))
+    book = _charged(tmp_path / "simulated" / "ledger.sqlite")
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert mine == book[f"{name}/trial-0"] and "patient" in mine[0]

@@ -52,6 +52,8 @@ from dpfl.engines.roster import RosterError
 from dpfl.engines.streams import stats_noise
 from dpfl.federation.algorithms.base import Reply
 from dpfl.privacy import Ledger
+from dpfl.secure.he import HomomorphicError
+from dpfl.secure.masking import SecureAggregationError
 
 # -- the hospital half ------------------------------------------------------------------
 
@@ -228,10 +230,13 @@ def serve_stats(
     _check(ask("query.stats_plan", {name: {} for name in names}))
     length = analytics.length(len(names))
     opened = _opener(run.summing, {n: hello for n, (_, hello) in known.items()}, he_keys)
-    summing = opened(Exchange(ask, ask, run.roster, names, length, len(names), 0))
-    answers = _check(ask("query.stats", summing.instructed(names)))
-    replies = {name: summing.received(name, fields).vector for name, fields in answers.items()}
-    total = summing(replies, at_least=len(names)).total.to(torch.float64).numpy()
+    try:  # a session that fails is one line too, naming why
+        summing = opened(Exchange(ask, ask, run.roster, names, length, len(names), 0))
+        answers = _check(ask("query.stats", summing.instructed(names)))
+        replies = {n: summing.received(n, fields).vector for n, fields in answers.items()}
+        total = summing(replies, at_least=len(names)).total.to(torch.float64).numpy()
+    except (SecureAggregationError, HomomorphicError) as exc:
+        raise DeploymentError(f"the statistics' secure sum failed: {exc}") from None
     cuts = np.cumsum([q.length(len(names)) for q in analytics.queries])[:-1]
     figures = figures_of(
         analytics.queries,
