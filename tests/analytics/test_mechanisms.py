@@ -174,3 +174,11 @@ def test_he_sums_the_noisy_vectors() -> None:
     rng = np.random.default_rng(6)
     noisy = {name: rng.normal(500.0, 100.0, 7) for name in ("a", "b", "c")}
     np.testing.assert_allclose(pooled(noisy, by_name("he")), sum(noisy.values()), atol=1e-6)
+
+
+@pytest.mark.parametrize("query", QUERIES, ids=lambda q: q.title)
+def test_each_query_declares_its_vectors_length(query) -> None:
+    """The length a secure sum is set up for before any record is read (a deployment)."""
+    for hospitals in (1, 4):
+        vector = query.vector(_records(np.random.default_rng(7)), 0, hospitals)
+        assert len(vector) == query.length(hospitals)
