@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -137,28 +138,11 @@ def test_held_out_validation_records_are_no_candidates_training_records(
 ) -> None:
     """Held out: the validation records are test records, disjoint (by the dataset's row
     index) from every candidate's training records, which are the study's own."""
-    trained: list[list[Silo]] = []
-    tested: list[list[Silo]] = []
-    simulate_, tested_ = tune_module.simulate, tune_module._tested
-
-    def recorded_simulate(algorithm: Any, silos: list[Silo], **options: Any) -> Any:
-        trained.append(silos)
-        return simulate_(algorithm, silos, **options)
-
-    def recorded_tested(algorithm: Any, result: Any, silos: list[Silo]) -> Any:
-        tested.append(silos)
-        return tested_(algorithm, result, silos)
-
-    monkeypatch.setattr(tune_module, "simulate", recorded_simulate)
-    monkeypatch.setattr(tune_module, "_tested", recorded_tested)
+    trained, tested = _recorded(monkeypatch)
     tuned = tune(Study(HELD_OUT), tmp_path, metric="auroc", mean=3.0)
 
     config = Study(HELD_OUT).points[0][1]
-    row = {r.tobytes(): i for i, r in enumerate(load_dataset(config.data, 0).features)}
-
-    def rows(silos: list[Silo], part: str) -> set[int]:
-        return {row[r.tobytes()] for s in silos for r in getattr(s, part).numpy()}
-
+    rows = _rows(config)
     study = build_silos(config.data, 0)
     validation = rows(trained[0], "x_test")
     assert trained and validation
@@ -176,10 +160,90 @@ def test_held_out_validation_records_are_no_candidates_training_records(
     assert json.loads((tmp_path / RESULT).read_text())["datasheet"] == tuned.datasheet
 
 
+def _recorded(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[Silo]], list[list[Silo]]]:
+    """The silos every candidate trains on, and those the released one is tested on."""
+    trained: list[list[Silo]] = []
+    tested: list[list[Silo]] = []
+    simulate_, tested_ = tune_module.simulate, tune_module._tested
+
+    def recorded_simulate(algorithm: Any, silos: list[Silo], **options: Any) -> Any:
+        trained.append(silos)
+        return simulate_(algorithm, silos, **options)
+
+    def recorded_tested(algorithm: Any, result: Any, silos: list[Silo]) -> Any:
+        tested.append(silos)
+        return tested_(algorithm, result, silos)
+
+    monkeypatch.setattr(tune_module, "simulate", recorded_simulate)
+    monkeypatch.setattr(tune_module, "_tested", recorded_tested)
+    return trained, tested
+
+
+def _rows(config: Any) -> Callable[[list[Silo], str], set[int]]:
+    """Silos' records (part "x" or "x_test") as their row indices in the study's dataset."""
+    row = {r.tobytes(): i for i, r in enumerate(load_dataset(config.data, 0).features)}
+
+    def rows(silos: list[Silo], part: str) -> set[int]:
+        return {row[r.tobytes()] for s in silos for r in getattr(s, part).numpy()}
+
+    return rows
+
+
+def test_official_validation_records_are_neither_training_nor_test_records(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Official: each hospital's share of the official val split validates; every
+    candidate trains on the study's training records, and the released one is tested on
+    all of the official test records, none of them a validation record."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 60), ("val", 20), ("test", 30)):
+        labels = np.arange(n) % 2
+        pixels = rng.integers(0, 128, (n, 28, 28)) + 100 * labels[:, None, None]
+        arrays[f"{split}_images"], arrays[f"{split}_labels"] = pixels.astype(np.uint8), labels
+    np.savez(tmp_path / "breastmnist.npz", **arrays)
+    official = {
+        "name": "official-validation",
+        "rounds": 2,
+        "data": {
+            "dataset": "breastmnist",
+            "path": str(tmp_path),
+            "partition": {"kind": "iid", "silos": 2},
+            "split": "official",
+        },
+        "model": {"kind": "small_cnn"},
+        "algorithm": {"name": "fedavg", "learning_rate": [0.05, 0.1], "expected_batch_size": 8},
+        "privacy": {"private": False},
+        "tune": {"validation": "official"},
+    }
+    trained, tested = _recorded(monkeypatch)
+    tuned = tune(Study(official), tmp_path / "out", metric="accuracy", mean=2.0)
+
+    config = Study(official).points[0][1]
+    rows = _rows(config)
+    split = load_dataset(config.data, 0).split
+    assert split is not None
+    official_rows = {name: set(np.flatnonzero(split == name)) for name in ("train", "val", "test")}
+    (released,) = tested
+    assert rows(released, "x_test") == official_rows["test"]  # every official test record
+    for candidate in trained:
+        assert rows(candidate, "x_test") == official_rows["val"]
+        assert rows(candidate, "x") == official_rows["train"] == rows(released, "x")
+    assert not official_rows["val"] & rows(released, "x_test")
+    assert tuned.datasheet["validation"] == "official"
+    assert "official val split" in tuned.datasheet["validation_records"]
+    stratified = {**official, "data": {**official["data"], "split": "stratified"}}
+    with pytest.raises(ValueError, match=r"tune\.validation = 'official' needs data\.split"):
+        tune(Study(stratified), tmp_path / "refused", metric="accuracy")
+
+
 @pytest.mark.parametrize(
     ("section", "message"),
     [
-        ({"validation": "test"}, r"tune.validation: Input should be 'from-training' or 'held-out'"),
+        (
+            {"validation": "test"},
+            r"tune.validation: Input should be 'from-training', 'held-out' or 'official'",
+        ),
         ({"validation_fraction": 1.0}, r"tune.validation_fraction: Input should be less than 1"),
         ({"fraction": 0.2}, r"tune.fraction: unknown key"),
     ],

@@ -417,9 +417,12 @@ class TuneConfig(_Strict):
     `validation_fraction` of each silo's training records, which every candidate then
     trains without; "held-out": that fraction of each silo's test records, in no silo's
     training set: the candidates train on the study's training records (what `dpfl run`
-    trains on) and the test metrics are read on the rest of the test records."""
+    trains on) and the test metrics are read on the rest of the test records; "official"
+    (with `data.split = "official"`): each silo's share of the dataset's official val
+    split, in no silo's training or test set, the test metrics read on all its test
+    records (`validation_fraction` unused)."""
 
-    validation: Literal["from-training", "held-out"] = "from-training"
+    validation: Literal["from-training", "held-out", "official"] = "from-training"
     validation_fraction: float = Field(0.2, gt=0, lt=1)
 
 

@@ -365,9 +365,10 @@ def load_dataset(config: DataConfig, seed: int) -> Dataset:
     return READERS[config.dataset](config.path, options)
 
 
-def build_silos(config: DataConfig, seed: int) -> list[Silo]:
+def build_silos(config: DataConfig, seed: int, *, tested: str = "test") -> list[Silo]:
     """The study's silos: the dataset, split by `config.partition`, each silo with its own
-    stratified train/test split (`test_fraction`)."""
+    stratified train/test split (`test_fraction`). `tested`: the official split that is
+    each silo's test set under `split = "official"` ("val": `dpfl tune`'s validation)."""
     data = load_dataset(config, seed)
     preprocess.require_finite(data)
     parts = _partition(config, data, seed)
@@ -377,7 +378,10 @@ def build_silos(config: DataConfig, seed: int) -> list[Silo]:
     declare_sizes = config.public_sizes == "declared"
     if config.split == "official":
         return silos_from_splits(
-            data, official_splits(data, parts, names), names=names, declare_sizes=declare_sizes
+            data,
+            official_splits(data, parts, names, tested),
+            names=names,
+            declare_sizes=declare_sizes,
         )
     silos = silos_from_dataset(
         data,
@@ -404,16 +408,17 @@ def declared_sizes(config: DataConfig) -> dict[str, int]:
 
 
 def official_splits(
-    data: Dataset, parts: list[np.ndarray], names: list[str]
+    data: Dataset, parts: list[np.ndarray], names: list[str], tested: str = "test"
 ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Each silo's records split by the source's own train/test assignment."""
+    """Each silo's records split by the source's own assignment: its "train" records and
+    those of split `tested`."""
     if data.split is None:
         raise ValueError(f"data.split: {data.name} has no official split; use 'stratified'")
     splits = []
     for name, part in zip(names, parts, strict=True):
-        train, test = (part[data.split[part] == which] for which in ("train", "test"))
+        train, test = (part[data.split[part] == which] for which in ("train", tested))
         if not len(train) or not len(test):
-            raise ValueError(f"data.split: silo {name!r} has no official train or test records")
+            raise ValueError(f"data.split: silo {name!r} has no official train or {tested} records")
         splits.append((train, test))
     return splits
 

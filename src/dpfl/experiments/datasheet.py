@@ -277,6 +277,13 @@ SELECTION_RECORDS = {
         "the validation records: they choose the released candidate without noise, but no "
         "run of the study trains on them",
     ),
+    "official": (
+        "each silo's share of the dataset's official val split, in no silo's training or "
+        "test set: the candidates train on the study's training records, the released one "
+        "is tested on all of the silo's test records",
+        "the validation records: they choose the released candidate without noise, but no "
+        "run of the study trains on them",
+    ),
 }
 """Per `tune.validation`: where the validation records come from, and what of them ε
 leaves out."""

@@ -19,7 +19,9 @@ candidates train on. The study's `[tune] validation` says where they come from
 which the candidates train without (a later `dpfl run` of the chosen point would train
 on them); "held-out", a part of each silo's test records, in no silo's training set, so
 the candidates train on the study's training records and every training record is
-covered. The released `datasheet` (`dpfl.experiments.datasheet.selection`) says which.
+covered; "official", each silo's share of the dataset's official val split (MedMNIST's),
+neither trained nor tested on, so every official test record tests. The released
+`datasheet` (`dpfl.experiments.datasheet.selection`) says which.
 
 A non-private study is tuned by the same procedure, K from the same law, so that a
 private method and its non-private reference get the same budget of tuning runs
@@ -102,10 +104,9 @@ def tune(
     folder.mkdir(parents=True, exist_ok=True)
     if (folder / RESULT).exists():
         raise ValueError(f"{folder / RESULT} exists: a selection is released once")
-    silos = build_silos(first.data, first.seed)
-    tuning, tested = validation_split(silos, first.tune.validation, fraction, first.seed)
+    tuning, tested = selection_silos(first, fraction)
     privacy = first.privacy
-    budgets = {s.name: _budget(first, s.name) for s in silos} if privacy.private else {}
+    budgets = {s.name: _budget(first, s.name) for s in tested} if privacy.private else {}
     sigma = _calibrated(points, tuning, budgets, mean, shape) if privacy.private else None
     # K and the candidates' points must be unpredictable for the bound to hold, as the
     # noise must: seeded only with research noise (whose ε holds for no release anyway)
@@ -231,6 +232,8 @@ def _check(points: list[StudyConfig], fraction: float | None) -> StudyConfig:
         problems.append("algorithm.name must be the same at every point")
     if first.data.public_sizes != "declared":
         problems.append("data.public_sizes must be 'declared'")
+    if first.tune.validation == "official" and first.data.split != "official":
+        problems.append("tune.validation = 'official' needs data.split = 'official'")
     if problems:
         raise ValueError("cannot tune this study: " + "; ".join(dict.fromkeys(problems)))
     return first
@@ -242,6 +245,17 @@ def _budget(config: StudyConfig, name: str) -> tuple[float, float]:
         return own.epsilon, own.delta
     assert config.privacy.epsilon is not None
     return config.privacy.epsilon, config.privacy.delta
+
+
+def selection_silos(config: StudyConfig, fraction: float) -> tuple[list[Silo], list[Silo]]:
+    """The study's silos as the candidates see them (validation records as their test
+    sets) and as the released one is tested (`TuneConfig`). "official": each silo's share
+    of the dataset's official val split validates, its official test records test."""
+    if config.tune.validation == "official":
+        tuning = build_silos(config.data, config.seed, tested="val")
+        return tuning, build_silos(config.data, config.seed)
+    silos = build_silos(config.data, config.seed)
+    return validation_split(silos, config.tune.validation, fraction, config.seed)
 
 
 def validation_split(
