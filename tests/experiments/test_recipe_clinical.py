@@ -42,7 +42,7 @@ def puffle(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Ran:
 
 @pytest.fixture(scope="module")
 def dopamine(shared_data: Path, tmp_path_factory: pytest.TempPathFactory) -> Ran:
-    return smoke("dopamine", shared_data, tmp_path_factory)
+    return smoke("dopamine-retinamnist", shared_data, tmp_path_factory)
 
 
 def _store(out: Path) -> ResultsStore:
@@ -141,7 +141,7 @@ def test_dopamine_is_encrypted_and_learns_what_the_sum_in_the_clear_learns(
     assert secure.datasheet["secure_aggregation"].startswith("BFV homomorphic encryption")
     (study,) = [
         s
-        for s in recipe("dopamine").studies(shared_data, "smoke").studies
+        for s in recipe("dopamine-retinamnist").studies(shared_data, "smoke").studies
         if s.points[0][1].algorithm.name == "fedsgd_secure"
     ]
     ((_, config),) = study.points
@@ -163,7 +163,7 @@ def test_without_data_only_the_synthetic_study_runs_and_repeats_exactly(
     assert first.rows == again.rows
 
 
-@pytest.mark.parametrize("name", ["puffle-mrmtl", "dopamine"])
+@pytest.mark.parametrize("name", ["puffle-mrmtl", "dopamine", "dopamine-retinamnist"])
 def test_without_real_data_a_recipe_plans_nothing_and_says_why(name: str, tmp_path: Path) -> None:
     plan = recipe(name).studies(None, "smoke")
     assert not plan.studies and plan.notes

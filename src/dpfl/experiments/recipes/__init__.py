@@ -6,7 +6,8 @@ objects, possibly none when its real data are absent, with `notes` saying so) an
 `compare(runs, store)` (rows: what the paper measured next to ours). `RECIPES` lists
 them by name. `reproduce` runs the studies through the ordinary sweep machinery, so a
 reproduction is itself a study directory: resumable, with a results store, `best` and
-`report`.
+`report`. A plan's tuned studies (`Tuning`) are selected by `dpfl tune`, each into its
+own folder under `tuned/`, and read by the recipe's `compare_tuned`.
 
 Scales: `smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials,
 rounds and grid).
@@ -14,13 +15,18 @@ rounds and grid).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import os
+from collections.abc import Iterator
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from multiprocessing import get_context
 from pathlib import Path
 
 from dpfl.experiments.recipes import (
     astar,
     diabetes_readmission,
     dopamine,
+    dopamine_retinamnist,
     flamby_heart,
     flamby_tcga,
     gse7390_survival,
@@ -29,9 +35,19 @@ from dpfl.experiments.recipes import (
     puffle,
     puffle_pandemic,
 )
-from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, mean_std, real_folder
-from dpfl.experiments.runner import STORE, Progress, run_study
+from dpfl.experiments.recipes.base import (
+    Plan,
+    Recipe,
+    Row,
+    Scale,
+    Selected,
+    Tuning,
+    mean_std,
+    real_folder,
+)
+from dpfl.experiments.runner import STORE, Progress, _die_with, run_study
 from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.tune import RESULT, released, tune
 
 __all__ = [
     "RECIPES",
@@ -40,6 +56,8 @@ __all__ = [
     "Reproduction",
     "Row",
     "Scale",
+    "Selected",
+    "Tuning",
     "mean_std",
     "real_folder",
     "recipe",
@@ -55,6 +73,7 @@ RECIPES: dict[str, Recipe] = {
         puffle.RECIPE,
         puffle_pandemic.RECIPE,
         dopamine.RECIPE,
+        dopamine_retinamnist.RECIPE,
         flamby_heart.RECIPE,
         flamby_tcga.RECIPE,
         gse7390_survival.RECIPE,
@@ -62,6 +81,8 @@ RECIPES: dict[str, Recipe] = {
     )
 }
 """Command name -> recipe, in the order the docs present them."""
+TUNED = "tuned"
+"""A reproduction's folder of selections: one `dpfl tune` directory per tuned study."""
 
 
 @dataclass(frozen=True)
@@ -71,6 +92,7 @@ class Reproduction:
     rows: list[Row]
     notes: list[str]
     runs: list[RunRow]
+    selected: list[Selected] = field(default_factory=list)
 
 
 def recipe(name: str) -> Recipe:
@@ -95,6 +117,39 @@ def reproduce(
     runs = (  # all studies' points share the workers
         run_study(plan.studies, out, workers=workers, report=report) if plan.studies else []
     )
+    selected = _selections(plan.tuned, Path(out) / TUNED, workers, report)
     with ResultsStore(Path(out) / STORE) as store:
-        rows = chosen.compare(runs, store)
-    return Reproduction(name, chosen.title, rows, plan.notes, runs)
+        rows = chosen.compare(runs, store) + chosen.compare_tuned(selected)
+    return Reproduction(name, chosen.title, rows, plan.notes, runs, selected)
+
+
+def _selections(tunings: list[Tuning], out: Path, workers: int, report: Progress) -> list[Selected]:
+    """Each tuning's selection, in `out / study name`, `workers` at a time."""
+    folders = [out / tuning.study.name for tuning in tunings]
+    if workers <= 1 or len(tunings) <= 1:
+        return _reported(map(select, tunings, folders), report)
+    with ProcessPoolExecutor(
+        min(workers, len(tunings)),
+        mp_context=get_context("spawn"),  # torch and fork do not mix
+        initializer=_die_with,  # as the sweep's workers: none outlives this process
+        initargs=(os.getpid(),),
+    ) as pool:
+        return _reported(pool.map(select, tunings, folders), report)
+
+
+def _reported(chosen: Iterator[Selected], report: Progress) -> list[Selected]:
+    selected = []
+    for one in chosen:
+        report(f"selected {one.tuning.study.name}: {one.tuned.point}")
+        selected.append(one)
+    return selected
+
+
+def select(tuning: Tuning, folder: Path) -> Selected:
+    """The selection released in `folder`, made there first unless it was (a rerun
+    resumes: a selection is released once)."""
+    if not (folder / RESULT).exists():
+        study = tuning.study
+        tune(study, folder, metric=tuning.metric, mean=tuning.mean, shape=tuning.shape)
+    tuned, epsilon = released(folder, delta=tuning.study.points[0][1].privacy.delta)
+    return Selected(tuning, tuned, epsilon)

@@ -13,6 +13,7 @@ from typing import Literal
 
 from dpfl.experiments.config import Study
 from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.tune import Tuned
 
 Scale = Literal["smoke", "default", "full"]
 """`smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials, rounds
@@ -29,18 +30,45 @@ class Row:
     note: str = ""
 
 
+@dataclass(frozen=True)
+class Tuning:
+    """A study selected privately by `dpfl tune` instead of swept: its grid is the search
+    space, K candidate runs drawn from the law (`mean`, `shape`), only the best on
+    `metric` released, the selection charged to each silo (`dpfl.experiments.tune`)."""
+
+    study: Study
+    metric: str
+    mean: float
+    shape: float = 1.0
+
+
+@dataclass(frozen=True)
+class Selected:
+    """A tuning's release: its outcome and the largest ε over its silos, the selection
+    included, re-read from its ledger (∞ for a non-private study)."""
+
+    tuning: Tuning
+    tuned: Tuned
+    epsilon: float
+
+
 @dataclass
 class Plan:
-    """What a recipe will run, and what it had to leave out (e.g. absent real data)."""
+    """What a recipe will run (studies swept, and studies tuned), and what it had to
+    leave out (e.g. absent real data)."""
 
     studies: list[Study]
     notes: list[str] = field(default_factory=list)
+    tuned: list[Tuning] = field(default_factory=list)
 
 
 Studies = Callable[[Path | None, Scale], Plan]
 """(folder of the real data or None, scale) -> the studies to run and what is left out."""
 Compare = Callable[[list[RunRow], ResultsStore], list[Row]]
 """(the runs of the plan's studies, the results store they wrote) -> the table's rows."""
+CompareTuned = Callable[[list[Selected]], list[Row]]
+"""(the releases of the plan's tunings, in its order) -> the table's rows after those of
+`Compare`."""
 
 
 @dataclass(frozen=True)
@@ -49,7 +77,8 @@ class Recipe:
 
     `studies(data_dir, scale)` plans the study configs (possibly none when the real data
     are absent, with notes saying so); `compare(runs, store)` reads the finished runs and
-    puts what the paper measured next to ours. Each recipe module exports one `RECIPE`."""
+    puts what the paper measured next to ours, `compare_tuned(selected)` the plan's
+    tuned studies. Each recipe module exports one `RECIPE`."""
 
     name: str
     """The command's name: `dpfl reproduce NAME`."""
@@ -57,6 +86,7 @@ class Recipe:
     """The table's title."""
     studies: Studies
     compare: Compare
+    compare_tuned: CompareTuned = lambda selected: []
 
 
 def real_folder(data_dir: Path | None, folder: str, what: str, notes: list[str]) -> Path | None:

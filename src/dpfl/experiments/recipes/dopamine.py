@@ -7,47 +7,42 @@ Dopamine (one DP-SGD step per round at every hospital, each adding 1/K of the no
 summed securely). Claims (their Fig. 1, δ = 1e-4): Dopamine's ε is close to CDP's and
 its accuracy above FPDP's, whose per-hospital noise "makes learning impossible".
 
-We run the same five on RetinaMNIST (28×28 DR grades 0-4, MedMNIST from DeepDRiD; the
-paper used the APTOS-2019 images) split iid over 10 hospitals, with dpfl's small CNN.
-Every private method gets the same ε budget and samples each record with the same
-probability q per step (CDP's batch over the pool, the hospitals' batches over their own
-records), so their steps are the same Poisson-Gaussian events and only the noise each
-step needs (σ, calibrated to ε over the whole run by the runner) and where it is added
-differ. F and FPDP follow the paper: half of the hospitals a round, local epochs. C and
-F are plain SGD (no clipping) with the same step size and momentum.
+`dpfl reproduce dopamine` runs the five on PneumoniaMNIST (pediatric chest X-rays,
+pneumonia vs normal, 28×28): the 5,856 images split iid over 10 hospitals, each keeping
+its share of the official splits: about 471 training images, 52 validation, 62 test.
+Each method is tuned alike by `dpfl tune` (`Tuning`): the same grid of step sizes, the
+same law of the number of candidates K, drawn from the same seed for every method, each
+candidate validated on the hospitals' shares of the official val split (never training
+or test records), the selection charged in ε; the released model is tested on the 624
+official test images. The candidates' Dopamine sums in the clear within one process
+("ideal"): the BFV sum equals it to 1e-8 a parameter (below) and is far slower.
 
-Dopamine's sum is encrypted, as in the paper's Appendix D: BFV homomorphic encryption
-(TenSEAL, N = 8192; the paper used PySEAL with N = 4096), hospitals encrypt, the server
-adds ciphertexts, a key holder that is not the server decrypts the sum. Its fixed point
-(2^-30 a value) changes the model by less than 10 × 2^-31 a parameter a round, so the
-accuracy is that of the sum in the clear (tests/federation/test_fedsgd_secure.py).
+The untuned comparison on RetinaMNIST is `dpfl reproduce dopamine-retinamnist`
+(`dopamine_retinamnist`).
 """
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, Selected, Tuning, real_folder
 from dpfl.experiments.recipes.clinical_common import (
-    budget,
     by_scale,
-    epsilon_text,
     metric_text,
-    private,
-    setting,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
 
 NAME = "dopamine"
 TITLE = "Dopamine (Imperial): DP-FedSGD with secure aggregation vs C, CDP, F, FPDP"
 HOSPITALS = 10
 DELTA = 1e-4
 """The paper's δ for every DP method."""
-SAMPLE_RATE = 0.05
-"""q of every DP-SGD step: 64 records of the ~1,280 pooled, 6.4 of a hospital's ~128."""
-POOL = 1280
-"""RetinaMNIST's 1,600 images less the 20 % test split of each hospital."""
+PNEUMONIA_POOL = 4708
+"""PneumoniaMNIST's official training images: each DP-SGD step samples a record with
+q = 64/4,708 (CDP's 64 of the pool, a hospital's 6.4 of its ~471)."""
+LEARNING_RATES = [0.01, 0.02, 0.05, 0.1]
+"""The tuned methods' one grid (the RetinaMNIST tuned studies' too)."""
 
 METHODS = {
     ("centralized", False): "C",
@@ -56,8 +51,9 @@ METHODS = {
     ("fedavg", True): "FPDP",
     ("fedsgd_secure", True): "Dopamine",
 }
+TAGS = {"C": "c", "F": "f", "CDP": "cdp", "FPDP": "fpdp", "Dopamine": "dopamine"}
+"""Each method's tag in the tuned studies' names."""
 TRAINING = {
-    "learning_rate": 0.05,
     "momentum": 0.9,
     "clip_norm": 1.0,
     "local_epochs": 1.0,
@@ -74,117 +70,144 @@ CLAIMS = {
     "FPDP": "K times CDP's noise per hospital for the same ε; learning 'impossible'",
     "Dopamine": "ε close to CDP's, accuracy above FPDP's",
 }
+ORDER = ("C", "F", "Dopamine", "FPDP")
+"""The paper's ordering by accuracy: C ≥ F > Dopamine > FPDP."""
 
 
-def studies(data_dir: Path | None, scale: Scale) -> Plan:
-    notes: list[str] = []
-    folder = real_folder(data_dir, "retinamnist", "the RetinaMNIST study", notes)
-    if folder is None:
-        notes.append("no RetinaMNIST: nothing to run")
-        return Plan([], notes)
-    epochs = by_scale(scale, 1, 15, 100)
-    base = {
-        "trials": by_scale(scale, 1, 3, 5),
-        "metrics": ["accuracy", "balanced_accuracy"],
-        "data": {
-            "dataset": "retinamnist",
-            "path": str(folder),
-            "partition": {"kind": "iid", "silos": HOSPITALS},
-        },
-        "model": {"kind": "small_cnn"},
-    }
-    epsilons = by_scale(scale, [4.0], [3.0], [1.0, 3.0])
-    local = SAMPLE_RATE * POOL / HOSPITALS
-    methods = [
-        ("pooled", epochs, {"name": "centralized", "expected_batch_size": SAMPLE_RATE * POOL}),
+def methods(epochs: int, pool: int) -> list[tuple[str, int, dict[str, object]]]:
+    """(tag, rounds, algorithm) of the pooled, FedAvg and Dopamine runs of `epochs`
+    epochs, each DP-SGD step at q = 64 / `pool`."""
+    rate = 64 / pool
+    local = 64 / HOSPITALS
+    return [
+        ("pooled", epochs, {"name": "centralized", "expected_batch_size": 64.0}),
         ("fedavg", epochs, {"name": "fedavg", "expected_batch_size": local, "client_rate": 0.5}),
         (
             "dopamine",
-            round(epochs / SAMPLE_RATE),
+            round(epochs / rate),
             {"name": "fedsgd_secure", "expected_batch_size": local},
         ),
     ]
-    encrypted = {"dopamine": {"secure_aggregation": "he"}}
+
+
+def studies(data_dir: Path | None, scale: Scale) -> Plan:
+    """The five methods on PneumoniaMNIST, each tuned alike (`Tuning`) at every ε and
+    seed: C and F once a seed, CDP, FPDP and Dopamine once a seed and budget."""
+    notes: list[str] = []
+    folder = real_folder(data_dir, "pneumoniamnist", "the PneumoniaMNIST study", notes)
+    if folder is None:
+        notes.append("no PneumoniaMNIST: nothing to run")
+        return Plan([], notes)
+    epochs = by_scale(scale, 1, 5, 20)
+    mean = by_scale(scale, 1.0, 3.0, 4.0)
+    base = {
+        "metrics": ["accuracy", "auroc"],
+        "data": {
+            "dataset": "pneumoniamnist",
+            "path": str(folder),
+            "partition": {"kind": "iid", "silos": HOSPITALS},
+            "split": "official",
+        },
+        "tune": {"validation": "official"},
+        "model": {"kind": "small_cnn"},
+    }  # Dopamine sums in the clear: fedsgd_secure's default, "ideal"
+    plain: list[dict[str, object]] = [{"private": False}]
+    budgets = [
+        {"epsilon": e, "delta": DELTA} for e in by_scale(scale, [3.0], [3.0, 1.0], [3.0, 1.0])
+    ]
     plan = Plan([], notes)
-    for tag, rounds, algorithm in methods:
-        raw = {
-            **base,
-            **encrypted.get(tag, {}),
-            "name": f"dopamine-{tag}",
-            "rounds": rounds,
-            "eval_every": rounds,
-        }
-        trained = {**algorithm, **TRAINING}
-        dp = {**raw, "algorithm": trained, "privacy": budget(scale, epsilons, DELTA)}
-        plan.studies.append(Study(dp, source=NAME))
-        if tag != "dopamine":
-            plain = {
-                **raw,
-                "name": f"dopamine-{tag}-plain",
-                "algorithm": trained,
-                "privacy": {"private": False},
-            }
-            plan.studies.append(Study(plain, source=NAME))
+    for seed in range(by_scale(scale, 1, 3, 5)):
+        for tag, rounds, algorithm in methods(epochs, PNEUMONIA_POOL):
+            trained = {**algorithm, **TRAINING, "learning_rate": LEARNING_RATES}
+            for privacy in budgets if tag == "dopamine" else plain + budgets:
+                method = METHODS[str(algorithm["name"]), "epsilon" in privacy]
+                level = f"-eps{privacy['epsilon']:g}" if "epsilon" in privacy else ""
+                raw = {
+                    **base,
+                    "name": f"dopamine-pneumonia-{TAGS[method]}{level}-seed{seed}",
+                    "seed": seed,
+                    "rounds": rounds,
+                    "eval_every": "end",
+                    "algorithm": trained,
+                    "privacy": privacy,
+                }
+                plan.tuned.append(Tuning(Study(raw, source=NAME), "accuracy", mean))
     return plan
 
 
-def compare(runs: list[RunRow], store: ResultsStore) -> list[Row]:
-    finished = [run for run in runs if run.status == "finished"]
-    by_method: dict[tuple[str, float | None], RunRow] = {}
-    for run in finished:
-        method = METHODS[run.algorithm, private(run)]
-        by_method[method, setting(run, "privacy.epsilon") if private(run) else None] = run
-    rows = [
-        _method_row(method, epsilon, run, store)
-        for (method, epsilon), run in sorted(by_method.items(), key=_order)
-    ]
-    for epsilon in sorted({e for _, e in by_method if e is not None}):
-        dopamine, cdp, fpdp = (by_method.get((m, epsilon)) for m in ("Dopamine", "CDP", "FPDP"))
-        if dopamine and cdp and fpdp:
-            rows.append(_claim_row(epsilon, dopamine, cdp, fpdp, store))
-    return rows
-
-
-def _order(item: tuple[tuple[str, float | None], RunRow]) -> tuple[float, int]:
+def order(item: tuple[tuple[str, float | None], object]) -> tuple[float, int]:
     (method, epsilon), _ = item
     return (epsilon or 0.0, list(CLAIMS).index(method))
 
 
-def _accuracy(store: ResultsStore, run: RunRow) -> str:
-    return metric_text(store.final_metric(run, "accuracy"), percent=True)
+def compare_tuned(selected: list[Selected]) -> list[Row]:
+    """A row per method and budget (its seeds together), then per budget whether the
+    paper's accuracy ordering C ≥ F > Dopamine > FPDP holds."""
+    groups: dict[tuple[str, float | None], list[Selected]] = {}
+    for one in selected:
+        config = one.tuning.study.points[0][1]
+        method = METHODS[config.algorithm.name, config.privacy.private]
+        groups.setdefault((method, config.privacy.epsilon), []).append(one)
+    rows = [
+        _tuned_row(method, epsilon, chosen)
+        for (method, epsilon), chosen in sorted(groups.items(), key=order)
+    ]
+    for epsilon in sorted({e for _, e in groups if e is not None}):
+        means = {
+            m: _mean(groups[m, None if m in ("C", "F") else epsilon], "accuracy")
+            for m in ORDER
+            if (m, None if m in ("C", "F") else epsilon) in groups
+        }
+        if len(means) == len(ORDER):
+            rows.append(_ordering_row(epsilon, means))
+    return rows
 
 
-def _method_row(method: str, epsilon: float | None, run: RunRow, store: ResultsStore) -> Row:
-    ours = f"accuracy {_accuracy(store, run)}; {epsilon_text(store, [run])}"
-    if private(run):
-        ours += f", σ = {run.noise_multiplier:.3g}"
-    if run.algorithm == "fedsgd_secure":
-        summing = run.datasheet.get("secure_aggregation", "not recorded").split(" (")[0]
-        ours += (
-            f"; other hospitals' view ε = {store.epsilon_by_silo(run, 'hospitals').max:.3g}; "
-            f"{run.rounds_completed} of {run.rounds} rounds"
-            + (" (stopped at the budget)" if run.stopped_by_budget else "")
-            + f"; secure sum: {summing}"
-        )
+def _mean(chosen: list[Selected], metric: str) -> float:
+    return statistics.fmean(one.tuned.test_metrics[metric] for one in chosen)
+
+
+def _tuned_row(method: str, epsilon: float | None, chosen: list[Selected]) -> Row:
+    def values(metric: str) -> list[float]:
+        return [one.tuned.test_metrics[metric] for one in chosen]
+
+    rates = ", ".join(f"{one.tuned.point['algorithm.learning_rate']:g}" for one in chosen)
+    ours = f"accuracy {metric_text(values('accuracy'), percent=True)}, AUROC "
+    ours += f"{metric_text(values('auroc'))}; η chosen {rates}"
+    if epsilon is not None:
+        spent = max(one.epsilon for one in chosen)
+        sigmas = sorted({f"{one.tuned.noise_multiplier:.3g}" for one in chosen})
+        ours += f"; ε = {spent:.3g} (budget {epsilon:g}), σ = {', '.join(sigmas)}"
     level = "" if epsilon is None else f", ε budget {epsilon:g}"
+    mean = chosen[0].tuned.mean
     return Row(
-        f"RetinaMNIST, {HOSPITALS} iid hospitals: {method}{level}",
+        f"PneumoniaMNIST, {HOSPITALS} iid hospitals, tuned: {method}{level}",
         CLAIMS[method],
         ours,
-        "APTOS-2019 at 224×224 with SqueezeNet (paper) vs RetinaMNIST 28×28, small CNN",
+        f"{len(chosen)} seed{'s' * (len(chosen) > 1)}; the best of K candidates (mean "
+        f"{mean:g}), validated on the official val split, tested on the official 624 "
+        "test images",
     )
 
 
-def _claim_row(
-    epsilon: float, dopamine: RunRow, cdp: RunRow, fpdp: RunRow, store: ResultsStore
-) -> Row:
+def _ordering_row(epsilon: float, means: dict[str, float]) -> Row:
+    steps = [
+        f"{a} {100 * means[a]:.1f} {sign} {b} {100 * means[b]:.1f}: "
+        + ("holds" if (means[a] >= means[b] if sign == "≥" else means[a] > means[b]) else "not")
+        for a, b, sign in zip(ORDER, ORDER[1:], ("≥", ">", ">"), strict=False)
+    ]
     return Row(
-        f"RetinaMNIST, ε budget {epsilon:g}: Dopamine vs CDP (ε) and vs FPDP (accuracy)",
-        CLAIMS["Dopamine"],
-        f"{epsilon_text(store, [dopamine])} vs {epsilon_text(store, [cdp])}; "
-        f"accuracy {_accuracy(store, dopamine)} vs {_accuracy(store, fpdp)}",
-        "all three calibrated to the same budget, so ε alone cannot separate them here",
+        f"PneumoniaMNIST, ε budget {epsilon:g}: the ordering C ≥ F > Dopamine > FPDP",
+        "C ≥ F > Dopamine > FPDP in accuracy (their Fig. 1)",
+        "; ".join(steps) + " (mean accuracy, %)",
+        "means over seeds: a step within one sd is no evidence either way",
     )
 
 
-RECIPE = Recipe(name=NAME, title=TITLE, studies=studies, compare=compare)
+RECIPE = Recipe(
+    name=NAME,
+    title=TITLE,
+    studies=studies,
+    compare=lambda runs, store: [],  # every study is tuned: `compare_tuned`
+    compare_tuned=compare_tuned,
+)
