@@ -50,10 +50,13 @@ from dpfl.engines.flower_protocol import (
     LOG,
     PROTOCOL,
     SURVIVAL,
+    UNHELD,
     Deployment,
     DeploymentError,
     DeploymentOf,
     fields_of,
+    held,
+    keep,
     record,
     silos_of,
     union_counts,
@@ -591,11 +594,14 @@ def _handler(
     work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]], deployment_of: DeploymentOf
 ) -> Callable[[Message, Context], Message]:
     def handle(message: Message, context: Context) -> Message:
-        fields = fields_of(message)
-        if fields.get("protocol") != PROTOCOL:
+        sent = fields_of(message)
+        if sent.get("protocol") != PROTOCOL:
             raise DeploymentError(
-                f"protocol {fields.get('protocol')!r}, this hospital speaks {PROTOCOL}"
+                f"protocol {sent.get('protocol')!r}, this hospital speaks {PROTOCOL}"
             )
+        fields = held(sent, context.state)
+        if fields is None:  # nothing done: the server sends the facts again
+            return Message(record({UNHELD: True}), reply_to=message)
         try:
             hospital = _Hospital.of(context, deployment_of, fields)
         except BudgetExceededError as exc:  # its record count, which it cannot afford
@@ -603,7 +609,9 @@ def _handler(
             why = f"{name}: its record count cannot be released: {exc}"
             LOG.warning("%s", why)
             return Message(record({"name": name, "refused": why}), reply_to=message)
-        return Message(record(work(hospital, fields)), reply_to=message)
+        answer = work(hospital, fields)
+        keep(fields, context.state)
+        return Message(record(answer), reply_to=message)
 
     return handle
 

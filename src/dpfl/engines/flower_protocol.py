@@ -8,6 +8,8 @@ what the rest of dpfl uses of them.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 import re
@@ -148,6 +150,63 @@ def fields_of(message: Message) -> dict[str, Any]:
     if RECORD not in records:
         raise DeploymentError("the reply is not dpfl's (no dpfl record)")
     return dict(records[RECORD])
+
+
+FACTS = ("study", "instance", "silos", "sizes", "shape", "classes", "noise")
+"""The run's public facts, which every message after hello stands on: sent in full until
+a hospital holds them, then by their `digest` (`by_reference`, `held`)."""
+HELD = "dpfl.facts"
+"""Where a hospital keeps the facts it was sent, in its node's context state."""
+
+
+def digest(facts: Mapping[str, Any]) -> str:
+    """The public facts' SHA-256, 16 hex digits: what a message refers to them by."""
+    text = json.dumps({k: facts[k] for k in sorted(facts)}, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def by_reference(fields: Mapping[str, Any], holds: str | None) -> tuple[dict[str, Any], str | None]:
+    """A message's fields for a hospital that holds the facts of digest `holds` (None:
+    none): their facts replaced by `{"facts": digest}` where it holds these; and the
+    facts' digest (None: the message states none)."""
+    facts = {k: fields[k] for k in FACTS if k in fields}
+    if "silos" not in facts:
+        return dict(fields), None
+    sent = digest(facts)
+    if sent != holds:
+        return dict(fields), sent
+    return {**{k: v for k, v in fields.items() if k not in facts}, "facts": sent}, sent
+
+
+def held(fields: Mapping[str, Any], state: RecordDict) -> dict[str, Any] | None:
+    """A message's fields with the run's public facts: facts referred to by digest are
+    the ones the hospital keeps (`keep`); None where it keeps none of that digest (its
+    SuperNode restarted: it answers `UNHELD` and the server sends them in full).
+    DeploymentError for facts that differ from those it keeps for the same run instance
+    (a run instance's facts never change, except that calibration adds σ)."""
+    kept = dict(state.config_records.get(HELD, {}))
+    if "facts" in fields:
+        if not kept or digest(kept) != fields["facts"]:
+            return None
+        return {**kept, **{k: v for k, v in fields.items() if k != "facts"}}
+    facts = {k: fields[k] for k in FACTS if k in fields}
+    if "silos" in facts and kept.get("instance") == facts["instance"]:
+        changed = sorted(k for k in facts.keys() & kept.keys() if facts[k] != kept[k])
+        if changed:
+            raise DeploymentError(f"the server changed the run's {', '.join(changed)} mid-run")
+    return dict(fields)
+
+
+def keep(fields: Mapping[str, Any], state: RecordDict) -> None:
+    """Keep the public facts a message stated, once the hospital answered it (its checks
+    passed): later messages may refer to them by digest. One run's at a time."""
+    facts = {k: fields[k] for k in FACTS if k in fields}
+    if "silos" in facts:
+        state.config_records[HELD] = ConfigRecord(facts)
+
+
+UNHELD = "unheld"
+"""A hospital's answer to a message that refers to facts it does not hold."""
 
 
 def silos_of(fields: Mapping[str, Any]) -> list[SiloInfo]:

@@ -35,10 +35,12 @@ from dpfl.engines.flower_protocol import (
     LOG,
     PROTOCOL,
     SURVIVAL,
+    UNHELD,
     Deployment,
     DeploymentError,
     Exchange,
     NodeUnavailable,
+    by_reference,
     fields_of,
     record,
     union_metrics,
@@ -112,6 +114,9 @@ class _Server:
     timeout: float
     names: dict[int, str] = field(default_factory=dict)
     """The hospitals' names by node, once they said hello."""
+    holds: dict[int, str] = field(default_factory=dict)
+    """The digest of the public facts each node holds (it answered a message stating
+    them), which later messages refer to them by."""
 
     def ask_named(
         self,
@@ -143,10 +148,25 @@ class _Server:
         self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
     ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
         """Send each node its fields: the fields of the nodes that replied in time, and
-        why each other did not (no reply, an error, not dpfl's, unavailable)."""
+        why each other did not (no reply, an error, not dpfl's, unavailable). The run's
+        public facts go by reference to a node that holds them (`by_reference`), in full
+        again to one that answers it does not."""
+        answers, failed = self.collect_once(kind, nodes)
+        unheld = [node for node, fields in answers.items() if UNHELD in fields]
+        for node in unheld:
+            answers.pop(node), self.holds.pop(node, None)
+        if unheld:
+            again, failed_again = self.collect_once(kind, {n: nodes[n] for n in unheld})
+            answers, failed = answers | again, failed | failed_again
+        return answers, failed
+
+    def collect_once(
+        self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
+        sent = {node: by_reference(fields, self.holds.get(node)) for node, fields in nodes.items()}
         messages = [
             Message(record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
-            for node, fields in nodes.items()
+            for node, (fields, _) in sent.items()
         ]
         waiting = dict(zip(self.grid.push_messages(messages), nodes, strict=True))
         by_node: dict[int, Message] = {}
@@ -166,6 +186,11 @@ class _Server:
                 answers[node] = fields_of(by_node[node])
             except DeploymentError as exc:
                 failed[node] = type(exc)(f"{name}: {exc}")
+        for node, (_, facts) in sent.items():  # what each node holds now
+            if node in answers and facts is not None:
+                self.holds[node] = facts
+            else:
+                self.holds.pop(node, None)
         return answers, failed
 
     def hellos(self, count: int, wait: float) -> dict[int, dict[str, Any]]:
