@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from dpfl.data.dataset import first_records
 from dpfl.privacy import events
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.secure.masking import PairwiseMasking
@@ -72,18 +73,13 @@ class Records:
 
 
 def bounded(records: Records, max_records: int | None) -> Records:
-    """Each patient's first `max_records` records (all records where units are None):
-    contribution bounding, which makes a patient's influence at most `max_records`
-    records' whatever the data; a public, per-record rule, nothing fitted."""
+    """Each patient's first `max_records` records (all records where units are None), by
+    `dpfl.data.dataset.first_records`."""
     if records.units is None:
         return records
     if max_records is None:
         raise ValueError("patient-level statistics need [data] max_records (the records kept)")
-    order = np.argsort(records.units, kind="stable")
-    units = records.units[order]
-    starts = np.r_[0, np.flatnonzero(np.diff(units)) + 1]
-    rank = np.arange(len(units)) - np.repeat(starts, np.diff(np.r_[starts, len(units)]))
-    return records.take(np.sort(order[rank < max_records]))
+    return records.take(first_records(records.units, max_records))
 
 
 @dataclass(frozen=True)

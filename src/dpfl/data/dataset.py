@@ -193,6 +193,17 @@ class Dataset:
         return np.bincount(self.strata, minlength=size)
 
 
+def first_records(units: np.ndarray, max_records: int) -> np.ndarray:
+    """The sorted indices of each patient's first `max_records` records (`units`: each
+    record's patient): contribution bounding, a public per-record rule that makes a
+    patient's influence at most `max_records` records' whatever the data."""
+    order = np.argsort(units, kind="stable")
+    ordered = units[order]
+    starts = np.r_[0, np.flatnonzero(ordered[1:] != ordered[:-1]) + 1]
+    rank = np.arange(len(ordered)) - np.repeat(starts, np.diff(np.r_[starts, len(ordered)]))
+    return np.sort(order[rank < max_records])
+
+
 def survival_labels(time: np.ndarray, event: np.ndarray, name: str = "survival") -> np.ndarray:
     """(time, event) pairs, float64 (n, 2), checked: times finite and non-negative,
     events 0 (censored) or 1 (observed)."""

@@ -35,7 +35,7 @@ Let F_D = n·J_D = Σ_i ℓ(θ; d_i) + (Λ/2)‖θ‖², which is Λ-strongly co
    factor (1 + √(2 ln 1/δ))/ε is larger, and valid only for ε ≤ 2(1 + √(2 ln 1/δ)).
 
 Patient-level (add/remove one patient with all their records). Each patient keeps their
-first k = max_records records (`dpfl.analytics.bounded`, the contribution bounding of
+first k = max_records records (`dpfl.data.dataset.first_records`, the contribution bounding of
 dpfl's statistics: a rule over the patient's own records, blind to every other patient),
 so D' = D ∪ {d_1, …, d_m} with m ≤ k. Then F_D' = F_D + Σ_j ℓ(·; d_j), whose added part
 is mL-Lipschitz, and step 2 gives ‖θ*_D' − θ*_D‖ ≤ kL/Λ; step 1 is unchanged, so
@@ -64,7 +64,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dpfl.analytics.mechanisms import Records, bounded
+from dpfl.data.dataset import first_records
 from dpfl.local.clipping import Params
 from dpfl.local.losses import Loss, bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise
@@ -154,9 +154,7 @@ def capped(
     statistics' contribution bounding: a patient then moves θ* by at most that many
     records' L/Λ."""
     x, y = data
-    index = np.arange(len(units))
-    kept = bounded(Records({"index": index}, units=np.asarray(units)), max_records)
-    keep = torch.as_tensor(kept.columns["index"])
+    keep = torch.as_tensor(first_records(np.asarray(units), max_records))
     return x[keep], y[keep]
 
 
