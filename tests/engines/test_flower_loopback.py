@@ -1,7 +1,8 @@
 """On loopback (beyond tests/engines/test_flower.py), a SuperLink and three SuperNodes as
 separate processes (`dpfl.engines.loopback`), TLS and registered keys, bounded in time:
 a hospital over its budget and an unregistered node, Dopamine's replies masked between
-them, and a hospital and the server killed mid-round, then restarted. Every such test
+them, a hospital and the server killed mid-round, then restarted, hospitals calibrating
+to their own budgets, and a second study past the hospitals' dataset cap. Every such test
 lives in this file, marked `loopback`: `make test-loopback` runs them one at a time (CI
 after `make test`, which leaves them out: they are ten minutes mostly waiting on Flower,
 and on two cores beside the parallel suite each takes half as long again)."""
