@@ -4,7 +4,7 @@ Measured side by side in one process, on the same batches and thread count, inte
 so that a busy machine slows all three alike; each figure is the median over repeats.
 
     .venv/bin/python benchmarks/bench_local.py [--json] [--threads N] [--repeats N]
-        [--sections steps,stacked,noise] [--cases a,b,c] [--glibc-defaults]
+        [--sections steps,stacked,noise,methods] [--cases a,b,c] [--glibc-defaults]
 
 Ratios: `dp_over_plain_time_ratio` is dpfl's DP step time over a plain SGD step (goal
 ≤ 2.5 for (a), (b); ≤ 1.25 for (c), issue 42); `opacus_over_dpfl_time_ratio` > 1 means
@@ -52,12 +52,14 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms
 from torch import Tensor, nn
+from torch.nn.grad import conv2d_weight
 
 from dpfl.allocator import keep_freed_memory
 from dpfl.data.sampling import PoissonSampler
-from dpfl.local.clipping import _ChannelsLastMaxPool
+from dpfl.local.clipping import _ChannelsLastMaxPool, _conv_weight_gradients
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import Loss, bce, cross_entropy
 from dpfl.local.noise import BLOCK_BYTES, NoiseSource, SecureNoise, SeededNoise
@@ -274,6 +276,65 @@ def _stacked_trials(trials: int, steps: int, repeats: int) -> tuple[float, float
     return statistics.median(seconds["stacked"]), statistics.median(seconds["one_by_one"])
 
 
+def _conv_methods(repeats: int) -> dict[str, float]:
+    """Milliseconds (median, one call each in turn) of the ways to get the small CNN's
+    per-example convolution gradients, their norms and their clipped sum, on its two
+    convolutions' own shapes (batch 64): the grouped convolution that dpfl uses
+    (`clipping._conv_weight_gradients`); `F.unfold` + `bmm`; shifted views + `bmm`;
+    ghost clipping's norms from Gram matrices (Li et al. 2022), without per-example
+    gradients; and the clipped sum by book-keeping (one batched weight gradient of
+    c ⊙ δ, Bu et al. 2023) against c @ the per-example gradients that dpfl forms."""
+    g = torch.Generator().manual_seed(3)
+    out: dict[str, float] = {}
+    for cin, cout, side in ((3, 16, 28), (16, 32, 14)):
+        runs = _conv_runs(nn.Conv2d(cin, cout, 3, padding=1), side, g)
+        seconds: dict[str, list[float]] = {k: [] for k in runs}
+        for run in runs.values():
+            run()  # warm-up
+        for _ in range(repeats):
+            for key, run in runs.items():
+                start = time.perf_counter()
+                run()
+                seconds[key].append(time.perf_counter() - start)
+        for key, values in seconds.items():
+            out[f"c_cnn_28x28x3.conv_{cin}to{cout}.{key}_ms"] = round(
+                1e3 * statistics.median(values), 3
+            )
+    return out
+
+
+def _conv_runs(conv: nn.Conv2d, side: int, g: torch.Generator) -> dict[str, Callable[[], object]]:
+    """`_conv_methods`' runs for one 3×3 convolution (padding 1) on a batch of 64."""
+    cin, cout = conv.in_channels, conv.out_channels
+    a = torch.randn(64, cin, side, side, generator=g)
+    d = torch.randn(64, cout, side, side, generator=g)
+    c = torch.rand(64, generator=g)
+    per_example = _conv_weight_gradients(conv, a, d)
+
+    def shifted() -> Tensor:
+        padded = F.pad(a, (1, 1, 1, 1))
+        s = padded.stride()
+        views = padded.as_strided((64, cin, 3, 3, side, side), (*s, s[2], s[3]))
+        return views.reshape(64, cin * 9, side * side)
+
+    def ghost() -> Tensor:
+        u, dd = F.unfold(a, 3, padding=1), d.flatten(2)
+        grams = torch.bmm(u.transpose(1, 2), u) * torch.bmm(dd.transpose(1, 2), dd)
+        return grams.sum((1, 2)).sqrt()
+
+    torch.testing.assert_close(ghost(), per_example.flatten(1).norm(dim=1), rtol=1e-3, atol=1e-3)
+    return {
+        "grouped_conv": lambda: _conv_weight_gradients(conv, a, d),
+        "unfold_bmm": lambda: torch.bmm(d.flatten(2), F.unfold(a, 3, padding=1).mT),
+        "shifted_bmm": lambda: torch.bmm(d.flatten(2), shifted().mT),
+        "ghost_norms": ghost,
+        "bookkeeping_sum": lambda: conv2d_weight(  # type: ignore[no-untyped-call]
+            a, conv.weight.shape, d * c.view(-1, 1, 1, 1), 1, 1
+        ),
+        "per_example_sum": lambda: c @ per_example.flatten(1),
+    }
+
+
 NOISE_VALUES = 4_926_201  # case (b)'s MLP, Kerkouche's 24,428→200→200→1
 
 
@@ -407,7 +468,8 @@ def main() -> None:
     parser.add_argument(
         "--sections",
         default="steps,stacked,noise",
-        help="what to run, comma-separated: steps (the cases), stacked (trials), noise",
+        help="what to run, comma-separated: steps (the cases), stacked (trials), noise, "
+        "methods (case (c)'s per-example convolution gradients, by method; not by default)",
     )
     parser.add_argument("--cases", default="a,b,c", help="which step cases, by letter")
     parser.add_argument(
@@ -427,6 +489,8 @@ def main() -> None:
         "repeats": args.repeats,
         "freed_memory_kept": str(kept),
     }
+    if "methods" in sections:
+        out |= _conv_methods(args.repeats)
     if "noise" in sections:
         out |= _noise_figures(args.repeats)
     letters = set(args.cases.split(",")) if "steps" in sections else set()
