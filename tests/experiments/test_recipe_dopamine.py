@@ -150,10 +150,20 @@ def test_the_rows_read_each_methods_seeds_and_say_where_the_ordering_holds(
     assert "3 seeds" in cdp.note and "official val split" in cdp.note
     (at_1, at_3) = [row for row in rows if "the ordering" in row.setting]
     assert at_3.ours == (
-        "C 87.0 ≥ F 85.0: holds; F 85.0 > Dopamine 81.0: holds; "
-        "Dopamine 81.0 > FPDP 71.0: holds (mean accuracy, %)"
+        "accuracy: C 87 ≥ F 85: holds; F 85 > Dopamine 81: holds; Dopamine 81 > FPDP 71: "
+        "holds | auroc: C 0.9 ≥ F 0.9: holds; F 0.9 > Dopamine 0.9: not; "
+        "Dopamine 0.9 > FPDP 0.9: not"
     )
-    assert at_1.ours.endswith("Dopamine 66.0 > FPDP 71.0: not (mean accuracy, %)")
+    assert "Dopamine 66 > FPDP 71: not |" in at_1.ours
+    # a step whose means are closer than the larger sd says so
+    close = {**ACCURACY, ("fedsgd_secure", 3.0): 0.705}
+    near = compare_tuned(
+        [
+            _selected(t, close[_method(_first(t))] + 0.01 * _first(t).seed, 0.9, 0.02)
+            for t in plan.tuned
+        ]
+    )
+    assert "Dopamine 71.5 > FPDP 71: holds (within one sd)" in near[-1].ours
     # without one of the four methods at a budget there is no ordering row for it
     fewer = compare_tuned([s for s in selected if _method(_first(s.tuning))[0] != "fedavg"])
     assert not [row for row in fewer if "the ordering" in row.setting]
