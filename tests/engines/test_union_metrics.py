@@ -6,6 +6,7 @@ sets: counts exactly, ranking metrics to their bins' error."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,9 +14,15 @@ import torch
 from torch import nn
 
 from dpfl.engines.evaluation import evaluate, metrics, predictions
+from dpfl.engines.flower import serve
 from dpfl.engines.flower_protocol import union_counts, union_metrics
+from dpfl.experiments.deploy import deployment_of
 from dpfl.federation.silo import Silo
 from dpfl.local.losses import Loss, logistic_hazard
+
+from .test_flower import InProcessGrid, hospitals, simulated, study
+
+__all__ = ["study"]  # the fixture, imported so that pytest finds it
 
 SIZES = (150, 200, 250)
 
@@ -53,7 +60,7 @@ def deployed(model: nn.Module, tested: list[Silo], loss: Loss | None) -> dict[st
     return union_metrics(counted, losses)
 
 
-def simulated(model: nn.Module, tested: list[Silo], loss: Loss | None) -> dict[str, float]:
+def simulator_union(model: nn.Module, tested: list[Silo], loss: Loss | None) -> dict[str, float]:
     params = dict(model.named_parameters())
     (row,) = evaluate(model, [[params]] * len(tested), tested, 0, loss)
     union: dict[str, float] = row["metrics"]
@@ -63,7 +70,7 @@ def simulated(model: nn.Module, tested: list[Silo], loss: Loss | None) -> dict[s
 def test_a_multiclass_union_is_the_simulators() -> None:
     torch.manual_seed(0)
     model, tested = nn.Linear(5, 3), silos("classes")
-    union, simulator = deployed(model, tested, None), simulated(model, tested, None)
+    union, simulator = deployed(model, tested, None), simulator_union(model, tested, None)
     assert union.keys() == simulator.keys()
     for metric in ("accuracy", "balanced_accuracy", "precision", "recall"):
         assert union[metric] == simulator[metric]  # the confusion matrix: exact
@@ -81,7 +88,7 @@ def test_a_survival_union_c_index_is_the_simulators_to_its_bins(outputs: int) ->
     torch.manual_seed(0)
     model, tested = nn.Linear(5, outputs), silos("survival")
     loss = logistic_hazard([50.0, 100.0, 200.0]) if outputs > 1 else None
-    union, simulator = deployed(model, tested, loss), simulated(model, tested, loss)
+    union, simulator = deployed(model, tested, loss), simulator_union(model, tested, loss)
     assert union.keys() == {"c_index"}
     assert union["c_index"] == pytest.approx(simulator["c_index"], abs=1e-3)
     pairs = np.sum([_pairs(silo, model, loss) for silo in tested], axis=0)
@@ -95,3 +102,39 @@ def _pairs(silo: Silo, model: nn.Module, loss: Loss | None) -> list[int]:
     scores = predictions(model, params, silo.x_test, True)
     pairs: list[int] = union_counts(silo.y_test.numpy(), scores, loss)["pairs"]
     return pairs
+
+
+SURVIVAL_STUDY = """
+name = "deployed-survival"
+seed = 3
+rounds = 2
+[data]
+dataset = "gse7390"
+path = "{path}"
+options = {{ task = "survival" }}
+partition = {{ kind = "iid", silos = 3 }}
+[model]
+time_bins = [365.0, 730.0, 1095.0, 1825.0, 2555.0, 3650.0]
+[algorithm]
+name = "fedavg"
+learning_rate = 0.5
+expected_batch_size = 16
+[privacy]
+noise_multiplier = 1.0
+epsilon = 10.0
+"""
+
+
+def test_in_process_a_deployed_survival_study_scores_the_simulators_union(
+    study: Path, tmp_path: Path, shared_data: Path
+) -> None:
+    """The hospital half counts, the server half combines: a deployed survival study's
+    union `c_index` is the simulator's to its bins'."""
+    study.write_text(SURVIVAL_STUDY.format(path=shared_data / "gse7390"), encoding="utf-8")
+    nodes = hospitals(study, tmp_path / "hospitals")
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study))
+    simulation, book = simulated(study, tmp_path)
+    book.close()
+    assert result.rounds_completed == 2 and result.union.keys() == {"c_index"}
+    union = simulation.final_metrics()["c_index"]
+    assert result.union["c_index"] == pytest.approx(union, abs=1e-3)
