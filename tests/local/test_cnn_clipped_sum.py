@@ -38,6 +38,24 @@ def _cnn(dtype: torch.dtype) -> tuple[nn.Module, Loss, Tensor, Tensor]:
     return small_cnn(3, 28, 2).to(dtype), cross_entropy, x, torch.randint(0, 2, (9,), generator=g)
 
 
+def _strided_cnn(dtype: torch.dtype) -> tuple[nn.Module, Loss, Tensor, Tensor]:
+    """A first convolution with stride, dilation and a rectangular kernel, then GroupNorm,
+    a max pooling with stride and padding, and a second convolution."""
+    torch.manual_seed(4)
+    g = torch.Generator().manual_seed(5)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, (3, 2), stride=(2, 1), padding=(2, 1), dilation=(2, 1)),
+        nn.GroupNorm(2, 4),
+        nn.ReLU(),
+        nn.MaxPool2d(3, stride=2, padding=1),
+        nn.Conv2d(4, 8, 3, padding=1),
+        nn.Flatten(),
+        nn.Linear(8 * 3 * 5, 3),
+    )
+    x = torch.randn(9, 3, 11, 9, generator=g, dtype=dtype)
+    return model.to(dtype), cross_entropy, x, torch.randint(0, 3, (9,), generator=g)
+
+
 def _linear(dtype: torch.dtype) -> tuple[nn.Module, Loss, Tensor, Tensor]:
     torch.manual_seed(2)
     g = torch.Generator().manual_seed(3)
@@ -45,7 +63,7 @@ def _linear(dtype: torch.dtype) -> tuple[nn.Module, Loss, Tensor, Tensor]:
     return logistic_regression(11).to(dtype), bce, x, (x[:, 0] > 0).to(dtype)
 
 
-@pytest.mark.parametrize("make", [_cnn, _linear], ids=["cnn", "linear"])
+@pytest.mark.parametrize("make", [_cnn, _strided_cnn, _linear], ids=["cnn", "strided", "linear"])
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("size", [0, 1, 9])
 def test_the_clipped_sum_is_the_reference_for_any_batch_size(
