@@ -268,7 +268,9 @@ def validation_split(
     if validation == "held-out":
         pairs = [held_out(s, fraction, seed) for s in silos]
         return [tuning for tuning, _ in pairs], [tested for _, tested in pairs]
-    raise ValueError(f"tune.validation is 'from-training' or 'held-out', not {validation!r}")
+    raise ValueError(
+        f"split by 'from-training' or 'held-out' ('official': selection_silos), not {validation!r}"
+    )
 
 
 def with_validation(silo: Silo, fraction: float, seed: int) -> Silo:
