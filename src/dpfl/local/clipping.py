@@ -52,6 +52,7 @@ from torch.nn.grad import conv2d_weight
 from torch.nn.modules.utils import _pair
 
 from dpfl.local.losses import Loss, couples_examples, output_gradient
+from dpfl.local.threads import torch_threads
 from dpfl.models import check_per_example
 
 Params = dict[str, Tensor]
@@ -536,17 +537,20 @@ def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor) -> Tenso
     """Per-example Conv2d weight gradients [B, *weight.shape] from inputs a and output
     gradients δ: the weight gradient of one convolution whose groups are the examples
     (a_i meets only δ_i), in one call of torch's backward kernel: faster than a batched
-    product per kernel offset, and for any stride, dilation or grouping."""
+    product per kernel offset, and for any stride, dilation or grouping. On one thread:
+    torch's CPU kernel for so many groups ran 240× slower on two (2.3 ms against 559 ms
+    for the small CNN's first convolution), with the same bits."""
     batch, (out_channels, *per_group) = a.shape[0], module.weight.shape
-    grads: Tensor = conv2d_weight(  # type: ignore[no-untyped-call]
-        a.reshape(1, -1, *a.shape[2:]),
-        (batch * out_channels, *per_group),
-        delta.reshape(1, -1, *delta.shape[2:]),
-        module.stride,
-        cast(tuple[int, int], module.padding),  # the caller excludes "same" and "valid"
-        module.dilation,
-        batch * module.groups,
-    )
+    with torch_threads(1 if a.device.type == "cpu" else None):
+        grads: Tensor = conv2d_weight(  # type: ignore[no-untyped-call]
+            a.reshape(1, -1, *a.shape[2:]),
+            (batch * out_channels, *per_group),
+            delta.reshape(1, -1, *delta.shape[2:]),
+            module.stride,
+            cast(tuple[int, int], module.padding),  # the caller excludes "same" and "valid"
+            module.dilation,
+            batch * module.groups,
+        )
     return grads.reshape(batch, *module.weight.shape)
 
 
