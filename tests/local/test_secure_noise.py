@@ -110,11 +110,11 @@ def test_secure_noise_is_the_transform_of_its_keystream_block_by_block(
     monkeypatch.setattr(noise, "BLOCK_BYTES", 64 * 37)
     size, _ = WORD[dtype]
     pairs = noise.BLOCK_BYTES // (8 * size)
-    counts = [5, 2 * pairs, 5, 5, 1001, 1001, 2 * pairs + 1, 2 * pairs + 1, 1]
+    counts = [5, 2 * pairs, 5, 5, 1001, 0, 1001, 2 * pairs + 1, 2 * pairs + 1, 1, 2 * pairs - 1]
     stream = keystream(sum(8 * ((c + 1) // 2) * size for c in counts) + 64 * 37)
     source, offset = keyed(), 0
     for count in counts:
-        expected = []
+        expected = [np.zeros(0)]  # a draw of 0 values takes no keystream
         for start in range(0, count, 2 * pairs):
             values = min(2 * pairs, count - start)
             used = 8 * ((values + 1) // 2) * size
@@ -190,3 +190,56 @@ def test_secure_noise_follows_the_normal_law(
         if pvalues[-1] > 1e-3:
             break
     assert max(pvalues) > 1e-3, pvalues
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_a_million_values_follow_the_normal_law(dtype: torch.dtype) -> None:
+    """On the known key, so deterministic: 10^6 values of N(0, 2.5²) drawn in several
+    blocks, the last shorter. Mean within 5 standard errors, variance within 5 of its
+    standard errors (√(2/n)), Kolmogorov–Smirnov p > 10^-3, and the count beyond 4σ
+    inside its binomial 1 − 10^-6 interval (63 expected)."""
+    n, std = 1_000_000, 2.5
+    out = torch.empty(n, dtype=dtype)
+    keyed().normal_into(out, std)
+    z = out.to(torch.float64).numpy() / std
+    assert abs(z.mean()) < 5 / math.sqrt(n)
+    assert abs(z.var() - 1) < 5 * math.sqrt(2 / n)
+    assert stats.kstest(z, "norm").pvalue > 1e-3
+    low, high = stats.binom.interval(1 - 1e-6, n, 2 * stats.norm.sf(4))
+    assert low <= np.count_nonzero(np.abs(z) > 4) <= high
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_each_value_is_four_independent_box_muller_normals(dtype: torch.dtype) -> None:
+    """The mitigation's structure, not only its law: term t alone (the other terms'
+    radius words all ones: u = 1, r = 0) gives std/2 times one Box–Muller normal of its
+    own words, N(0, (std/2)²); the four terms alone add up to the whole draw, are
+    uncorrelated, and a word of term t's pair i moves values i and i + p only."""
+    size, _ = WORD[dtype]
+    count, std = 100_001, 2.0
+    pairs = (count + 1) // 2
+    raw = np.random.default_rng(42).bytes(8 * pairs * size)
+    whole = transform(raw, count, std, dtype).numpy()
+    terms = []
+    for t in range(4):
+        alone = np.frombuffer(raw, dtype=np.uint8).reshape(4, 2, pairs * size).copy()
+        alone[np.arange(4) != t, 0] = 0xFF
+        terms.append(transform(alone.tobytes(), count, std, dtype).numpy().astype(np.float64))
+        assert stats.kstest(terms[-1] / (std / 2), "norm").pvalue > 1e-3
+    np.testing.assert_allclose(sum(terms), whole, rtol=0, atol=ATOL[dtype])
+    correlations = np.corrcoef(terms)[np.triu_indices(4, 1)]
+    assert np.abs(correlations).max() < 5 / math.sqrt(count)
+    moved = bytearray(raw)
+    word = (2 * 2 + 1) * pairs + 7  # term 2's angle word of pair 7
+    moved[word * size + size - 1] ^= 0x80  # its top bit
+    changed = np.flatnonzero(transform(bytes(moved), count, std, dtype).numpy() != whole)
+    assert changed.tolist() == [7, 7 + pairs]
+
+
+def test_two_sources_draw_different_streams() -> None:
+    """Each `SecureNoise` keys its own keystream from the operating system: two sources'
+    float64 draws share no value (a shared key would make them equal; independent keys
+    give one equal pair in 10^5 with a chance near 10^-11)."""
+    first, second = SecureNoise(), SecureNoise()
+    draws = [source.normal((100_000,), 1.0, torch.float64) for source in (first, second)]
+    assert not (draws[0] == draws[1]).any()
