@@ -169,6 +169,34 @@ def entries(ledger: Path, account: str) -> list[str]:
         return [e.event.to_json() for e in book.entries(account)]
 
 
+def assert_the_simulators(
+    result: DeploymentResult,
+    nodes: dict[str, dict[str, Any]],
+    simulation: SimulationResult,
+    book: Ledger,
+) -> None:
+    """The deployment ended with the simulator's model, bit for bit, and each hospital's
+    ledger holds the events the simulator charged it."""
+    for name, value in simulation.params.items():
+        assert torch.equal(result.params[name], value[0])
+    for name, node in nodes.items():
+        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
+        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+
+
+class RecordingGrid(InProcessGrid):
+    """The in-process grid, keeping every reply the server pulls."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
+        super().__init__(nodes)
+        self.seen: list[Message] = []
+
+    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
+        pulled = list(super().pull_messages(message_ids))
+        self.seen += pulled
+        return pulled
+
+
 def test_in_process_the_deployment_ends_with_the_simulators_model(
     study: Path, tmp_path: Path
 ) -> None:
@@ -227,11 +255,7 @@ def test_in_process_aop_sets_its_noise_from_the_study_and_deploys_as_simulated(
     result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and result.metrics == simulation.silo_metrics[0]
-    for name, value in simulation.params.items():
-        assert torch.equal(result.params[name], value[0])
-    for name, node in nodes.items():
-        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
-        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    assert_the_simulators(result, nodes, simulation, book)
     book.close()
 
 

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from flwr.app import Context, Message, RecordDict
 
 from dpfl.engines.flower import serve
@@ -19,7 +18,7 @@ from dpfl.engines.flower_protocol import FACTS, UNHELD, DeploymentError, digest,
 from dpfl.experiments.deploy import client_app, deployment_of
 
 from .conftest import public_fields, server_message
-from .test_flower import InProcessGrid, entries, hospitals, simulated, study
+from .test_flower import InProcessGrid, assert_the_simulators, hospitals, simulated, study
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
@@ -66,11 +65,7 @@ def test_a_hospital_that_lost_the_facts_is_sent_them_again_and_the_run_is_the_si
     grid = RecordingGrid(nodes.values(), forget=3)  # hospital-1, before round 0's train
     result = serve(grid, deployment_of(study))
     simulation, book = simulated(study, tmp_path)
-    for name, value in simulation.params.items():
-        assert torch.equal(result.params[name], value[0])
-    for name, node in nodes.items():
-        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
-        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    assert_the_simulators(result, nodes, simulation, book)
     book.close()
     trains = [fields for kind, fields in grid.sent if kind == "train"]
     assert sum("silos" in fields for fields in trains) == 1  # hospital-1's, again in full

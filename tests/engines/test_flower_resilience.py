@@ -12,14 +12,21 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from dpfl.engines.flower import DeploymentError, serve
 from dpfl.experiments.deploy import deployment_of
 
-from .test_flower import STUDY, InProcessGrid, entries, hospitals, simulated, study
+from .test_flower import (
+    STUDY,
+    InProcessGrid,
+    assert_the_simulators,
+    entries,
+    hospitals,
+    simulated,
+    study,
+)
 from .test_flower_secure import DOPAMINE
 
 __all__ = ["study"]  # the fixture, used by name
@@ -113,11 +120,7 @@ def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
     assert [rounds_charged(node) for node in nodes.values()] == [2, 2, 2]
     result = serve(InProcessGrid(nodes.values()), deployment_of(study), checkpoint=checkpoint)
     assert result.rounds_completed == 3 and not result.stopped and not result.refused
-    for name, value in simulation.params.items():
-        assert torch.equal(result.params[name], value[0])
-    for name, node in nodes.items():
-        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
-        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    assert_the_simulators(result, nodes, simulation, book)
     book.close()
 
 

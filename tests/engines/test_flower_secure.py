@@ -6,15 +6,12 @@ each node's context state between messages as a SuperNode does)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-from flwr.app import Message
 
 from dpfl.engines.flower import serve
 from dpfl.engines.flower_he import KeyHolderSide, make_key_files
@@ -23,7 +20,16 @@ from dpfl.experiments.deploy import deployment_of, study_point
 from dpfl.secure.he import HomomorphicError, KeyFile
 
 from .conftest import public_fields, server_message
-from .test_flower import STUDY, InProcessGrid, entries, hospitals, simulated, study
+from .test_flower import (
+    STUDY,
+    InProcessGrid,
+    RecordingGrid,
+    assert_the_simulators,
+    entries,
+    hospitals,
+    simulated,
+    study,
+)
 
 __all__ = ["study"]  # the fixture, used by name
 
@@ -33,19 +39,6 @@ DOPAMINE = (
     .replace("learning_rate = 2.0", "learning_rate = 0.5\nmomentum = 0.5")
     .replace("seed = 3\n", 'seed = 3\nsecure_aggregation = "masking"\n')
 )
-
-
-class RecordingGrid(InProcessGrid):
-    """The in-process grid, keeping every reply the server pulls."""
-
-    def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
-        super().__init__(nodes)
-        self.seen: list[Message] = []
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        pulled = list(super().pull_messages(message_ids))
-        self.seen += pulled
-        return pulled
 
 
 @pytest.mark.parametrize(
@@ -104,11 +97,7 @@ def test_an_encrypted_deployment_ends_as_the_simulators_encrypted_run(
     result = serve(grid, deployment_of(study), he_keys=public)
     simulation, book = simulated(study, tmp_path)
     assert result.rounds_completed == 3 and not result.refused and not result.stopped
-    for name, value in simulation.params.items():
-        assert torch.equal(result.params[name], value[0])
-    for name, node in nodes.items():
-        mine = entries(Path(node["ledger"]), f"{name}/trial-0")
-        assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+    assert_the_simulators(result, nodes, simulation, book)
     book.close()
     trained = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "train"]
     assert len(trained) == 9 and all(set(r) == {"epsilon", "ciphertext"} for r in trained)

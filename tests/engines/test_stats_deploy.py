@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 import typer
-from flwr.app import Message
 from typer.testing import CliRunner
 
 from dpfl.cli import app
@@ -27,7 +24,7 @@ from dpfl.experiments.deploy import STATS_ERROR, deployment_of, serve_stats_stud
 from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
 from dpfl.privacy import Ledger
 
-from .test_flower import InProcessGrid, entries
+from .test_flower import InProcessGrid, RecordingGrid, entries
 from .test_flower_table import STUDY, cohort, flower_study, table_hospitals, table_study, write
 
 __all__ = ["flower_study", "table_study"]  # the fixtures, used by name
@@ -39,19 +36,6 @@ histograms = [{ column = "age", bins = [0, 40, 60, 80, 100] }]
 means = [{ column = "medications", range = [0, 80] }]
 quantiles = [{ column = "age", bins = [0, 20, 40, 50, 60, 70, 80, 100] }]
 """
-
-
-class RecordingGrid(InProcessGrid):
-    """The in-process grid, keeping every reply the server pulls."""
-
-    def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
-        super().__init__(nodes)
-        self.seen: list[Message] = []
-
-    def pull_messages(self, message_ids: Iterable[str]) -> Iterable[Message]:
-        pulled = list(super().pull_messages(message_ids))
-        self.seen += pulled
-        return pulled
 
 
 def _stats_study(path: Path, summing: str = "none") -> Path:
