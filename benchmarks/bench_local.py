@@ -26,15 +26,18 @@ Noise (issue 18, `--sections noise`, about 15 s): one draw of the 4,926,201 floa
 values of case (b)'s MLP, into a preallocated buffer as DP-SGD draws it, by `SecureNoise`
 and `SeededNoise`, beside the parts that bound the secure draw from below, all measured
 in each repeat: `keystream_gb_per_s`, the keystream (AES-256-CTR, `update_into` of zeros
-into a reused buffer, in `SecureNoise`'s block size) producing the `keystream_bytes` a draw consumes
-(16 bytes a value: four uniforms of 32-bit words), in `keystream_s`; `box_muller_math_s`,
-torch's log, sqrt, cos and sin over the four Box–Muller draws' uniforms (the
-transcendental work any vectorised Box–Muller does), in place over block-sized buffers;
-`limit_s` their sum. `secure_over_seeded_noise_ratio` (the issue's goal: ≤ 1.3) and
-`secure_over_limit_ratio` compare the draw with them; `before_s` is the implementation
-before issue 18 (kept here, only, for this comparison). Every noise time is given as
-wall-clock (`*_s`) and as this process's CPU time (`*_cpu_s`), which other processes on
-a busy machine disturb less; ratios of both.
+into a reused buffer, in `SecureNoise`'s block size) producing the `keystream_bytes` a
+draw consumes (16 bytes a value: four uniforms of 32-bit words), in `keystream_s`;
+`box_muller_math_s`, NumPy's log2, sqrt, cos and sin over the four Box–Muller draws'
+uniforms (the transcendental work any vectorised Box–Muller does, done as `SecureNoise`
+does it since issue 42), in place over block-sized buffers; `limit_s` their sum.
+`box_muller_math_torch_s` is the same work by torch's kernels (as before issue 42), and
+`box_muller_math_torch_over_numpy_ratio` why NumPy's are used.
+`secure_over_seeded_noise_ratio` (issue 18's goal: ≤ 1.3) and `secure_over_limit_ratio`
+compare the draw with them; `before_s` is the implementation before issue 18 (kept here,
+only, for this comparison). Every noise time is given as wall-clock (`*_s`) and as this
+process's CPU time (`*_cpu_s`), which other processes on a busy machine disturb less;
+ratios of both.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ import time
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -386,23 +390,28 @@ def keystream(count: int) -> Callable[[], None]:
     return run
 
 
-def box_muller_math(count: int) -> Callable[[], None]:
-    """A run of torch's log, sqrt, cos and sin over the uniforms of the four Box–Muller
-    draws of `count` values (the transcendental work any vectorised Box–Muller does), in
-    place over block-sized buffers."""
+def box_muller_math(count: int, library: str = "numpy") -> Callable[[], None]:
+    """A run of the log2, sqrt, cos and sin over the uniforms of the four Box–Muller draws
+    of `count` float32 values (the transcendental work any vectorised Box–Muller does), in
+    place over block-sized buffers: NumPy's, as `noise.BoxMuller4` computes them, or
+    torch's (`library="torch"`, what it used before issue 42)."""
     pairs = (count + 1) // 2
     block = BLOCK_BYTES // 8  # uniforms of one block: 4p radii and 4p angles
     radii = torch.rand(block, generator=torch.Generator().manual_seed(0)).add_(2.0**-24)
     angles = radii.mul(2.0 * math.pi)
-    spare = torch.empty(block)
+    spare: Any = torch.empty(block)
+    ops: list[tuple[Callable[..., object], Any]]
+    if library == "torch":
+        ops = [(torch.log, radii), (torch.sqrt, radii), (torch.cos, angles), (torch.sin, angles)]
+    else:
+        numpy_ops = [(np.log2, radii), (np.sqrt, radii), (np.cos, angles), (np.sin, angles)]
+        ops, spare = [(op, x.numpy()) for op, x in numpy_ops], spare.numpy()
 
     def run() -> None:
         for start in range(0, 4 * pairs, block):
             used = min(block, 4 * pairs - start)
-            torch.log(radii[:used], out=spare[:used])
-            torch.sqrt(radii[:used], out=spare[:used])
-            torch.cos(angles[:used], out=spare[:used])
-            torch.sin(angles[:used], out=spare[:used])
+            for op, x in ops:
+                op(x[:used], out=spare[:used])
 
     return run
 
@@ -415,6 +424,7 @@ def _noise_figures(repeats: int, count: int = NOISE_VALUES) -> dict[str, float |
     runs: dict[str, Callable[[], object]] = {
         "keystream": keystream(count),
         "box_muller_math": box_muller_math(count),
+        "box_muller_math_torch": box_muller_math(count, "torch"),
         "secure": lambda: secure.normal_into(out, 1.0),
         "secure_normal": lambda: secure.normal((count,), 1.0, torch.float32),
         "seeded": lambda: seeded.normal_into(out, 1.0),
@@ -452,6 +462,9 @@ def _noise_figures(repeats: int, count: int = NOISE_VALUES) -> dict[str, float |
             s["keystream"] / s["seeded"], 2
         )
         out_figures[f"noise.before_over_secure_ratio{kind}"] = round(s["before"] / s["secure"], 2)
+        out_figures[f"noise.box_muller_math_torch_over_numpy_ratio{kind}"] = round(
+            s["box_muller_math_torch"] / s["box_muller_math"], 2
+        )
     return out_figures
 
 
