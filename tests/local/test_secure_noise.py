@@ -75,6 +75,19 @@ def test_the_transform_is_box_muller_of_the_words_summed_four_times(
     )
 
 
+def test_float32_noise_errs_by_the_dtypes_rounding_only() -> None:
+    """NumPy's float32 kernels (issue 42) keep the transform at float32's precision: over
+    200,001 values against the float64 reference, at most 16 ε·std off and 2 ε·std in
+    root mean square (9.6 and 1.3 measured, as with torch's kernels: 10.7 and 1.3)."""
+    count, eps = 200_001, float(np.finfo(np.float32).eps)
+    raw = np.random.default_rng(1).bytes(8 * ((count + 1) // 2) * 4)
+    error = transform(raw, count, 1.0, torch.float32).numpy() - reference(
+        raw, count, 1.0, torch.float32
+    )
+    assert np.abs(error).max() < 16 * eps
+    assert np.sqrt(np.mean(error**2)) < 2 * eps
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_uniforms_are_the_top_m_bits_on_a_grid_in_0_1(dtype: torch.dtype) -> None:
     """All-zero words give the least uniform, 2^-m, not 0: finite noise of the largest

@@ -122,7 +122,9 @@ class BoxMuller4:
     `einsum` multiplies and sums the four terms in one pass): r = √(2 ln 2)·√(−log₂ u),
     the constant folded into the final scale. Their float32 errors, measured over 2M
     uniforms against float64 (log2 2.1 ulps, sin and cos 1.4, sqrt 0.5; torch's log,
-    sin, cos 0.9, 0.6, 0.6), are of the order of the four-term sum's own rounding.
+    sin, cos 0.9, 0.6, 0.6), vanish in the four-term sum's own rounding: against a
+    float64 reference the values err by at most 9.6 ε·std, 1.3 in root mean square, as
+    with torch's kernels (10.7 and 1.3; tested).
     NumPy's float64 sin and cos are scalar (8 ns a value against torch's 3), so float64
     angles go through torch.
 
