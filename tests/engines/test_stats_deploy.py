@@ -12,16 +12,18 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import typer
 from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.cli.deploy import _released
 from dpfl.engines.flower import DeploymentError
-from dpfl.engines.flower_he import make_key_files
+from dpfl.engines.flower_he import EncryptedSum, make_key_files
 from dpfl.engines.flower_stats import serve_stats
 from dpfl.experiments.deploy import STATS_ERROR, deployment_of, serve_stats_study, study_point
 from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
+from dpfl.federation.messages import Summed
 from dpfl.privacy import Ledger
 
 from .test_flower import InProcessGrid, RecordingGrid, entries
@@ -203,3 +205,35 @@ def test_patient_level_stats_bound_each_patient_and_charge_per_patient(
     for name, node in nodes.items():
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
         assert mine == book[f"{name}/trial-0"] and "patient" in mine[0]
+
+
+def test_the_key_holder_opens_a_statistics_sum_of_every_hospital_only(
+    table_study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server that names a statistics plan and one hospital in its decrypt request does
+    not get that hospital's lone ciphertext opened: the key holder asks a statistics sum
+    for every roster hospital, whatever `silos` the server states (else the same request
+    would open one hospital's training reply, e.g. Dopamine's share of noise alone)."""
+    study = _stats_study(table_study, "he")
+    secret, public = make_key_files(tmp_path / "keys")
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    for name, node in nodes.items():
+        node["he-keys"] = str(secret if name == "east" else public)
+
+    def one_hospital(self: EncryptedSum, vectors: object, *, at_least: int = 1) -> Summed:
+        lone = "north"  # a hospital other than the key holder
+        self.aggregator.open_round(self.counter)
+        self.aggregator.add(lone, self.ciphertexts[lone])
+        asked = {  # a fresh run instance: no facts the hospital holds stand in the way
+            "sum": self.aggregator.close(),
+            "counter": self.counter,
+            "silos": [lone],
+            "instance": "0123456789abcdef",
+        }
+        (answer,) = self.ask("query.he_decrypt", {self.holder: asked}).values()
+        total = np.frombuffer(bytes(answer["total"]), dtype="<f8").copy()
+        return Summed(torch.from_numpy(total), tuple(answer["included"]))
+
+    monkeypatch.setattr(EncryptedSum, "__call__", one_hospital)
+    with pytest.raises(DeploymentError, match="fewer than the 3 it must hold"):
+        serve_stats(InProcessGrid(nodes.values()), deployment_of(study), he_keys=public)

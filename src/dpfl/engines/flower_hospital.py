@@ -677,8 +677,9 @@ def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any
     if not isinstance(hospital.protection, _Encrypted) or hospital.me.he_keys is None:
         raise DeploymentError("this hospital holds no key to decrypt with")
     side = flower_he.KeyHolderSide(hospital.me.he_keys, hospital.run.roster)
-    if "plan" in fields:  # the statistics' sum (`flower_stats`): every hospital's
-        return side.decrypt(fields, len(fields["silos"]))
+    if "plan" in fields:  # the statistics' sum (`flower_stats`): every roster hospital's,
+        # never the server's `silos`' count (it could open one training reply alone)
+        return side.decrypt(fields, len(hospital.run.roster.names))
     algorithm, silos = hospital.algorithm(fields)
     return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
 
