@@ -14,12 +14,14 @@ import numpy as np
 import pytest
 import torch
 import typer
+from flwr.app import Context, RecordDict
 from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.cli.deploy import _released
 from dpfl.engines.flower import DeploymentError
 from dpfl.engines.flower_he import EncryptedSum, make_key_files
+from dpfl.engines.flower_hospital import _Hospital
 from dpfl.engines.flower_stats import serve_stats
 from dpfl.experiments.deploy import STATS_ERROR, deployment_of, serve_stats_study, study_point
 from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
@@ -237,3 +239,21 @@ def test_the_key_holder_opens_a_statistics_sum_of_every_hospital_only(
     monkeypatch.setattr(EncryptedSum, "__call__", one_hospital)
     with pytest.raises(DeploymentError, match="fewer than the 3 it must hold"):
         serve_stats(InProcessGrid(nodes.values()), deployment_of(study), he_keys=public)
+
+
+def test_a_masked_statistics_session_needs_every_hospitals_input(
+    table_study: Path, tmp_path: Path
+) -> None:
+    """A server that names a plan and one silo in its secagg messages does not lower the
+    masked inputs a hospital unmasks with below the roster's: its own study's count, as
+    for training (else one training reply could be unmasked nearly alone)."""
+    study = _stats_study(table_study, "masking")
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    context = Context(
+        run_id=7, node_id=2, node_config=nodes["east"], state=RecordDict(), run_config={}
+    )
+    fields = {"study": deployment_of(study).key, "instance": "0123456789abcdef"}
+    hospital = _Hospital.of(context, deployment_of, fields)
+    assert hospital.run.analytics is not None
+    asked = {**fields, "plan": hospital.run.analytics.plan(1), "silos": ["east"]}
+    assert hospital.masking(asked).fewest == 3

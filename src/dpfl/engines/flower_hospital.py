@@ -245,12 +245,13 @@ class _Hospital:
         return flower_he.read_key_file(self.me.he_keys)
 
     def masking(self, fields: Mapping[str, Any]) -> flower_masking.HospitalSide:
-        """This hospital's side of the exchange's masking session; a stats exchange's
-        (`flower_stats`: its plan's vector, in the statistics' ring, unmasked only as the
-        sum of every hospital's) where the server states a plan."""
+        """This hospital's side of the exchange's masking session; where the server states
+        a plan, a stats exchange's (`flower_stats`: its plan's vector, in the statistics'
+        ring, unmasked only as the sum of every roster hospital's, not of as many as the
+        server's `silos`, which could then unmask a training reply nearly alone)."""
         masking = flower_masking.MASKING
         if "plan" in fields and self.run.analytics is not None:
-            fewest = len(fields["silos"])
+            fewest = len(self.run.roster.names)
             length, masking = self.run.analytics.length(fewest), STATS_MASKING
         else:
             algorithm, silos = self.algorithm(fields)
