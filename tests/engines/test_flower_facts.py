@@ -86,3 +86,18 @@ def test_a_hospital_answers_unheld_facts_and_refuses_facts_changed_mid_run(
     changed = {**fields, "sizes": [s + 1 for s in fields["sizes"]]}
     with pytest.raises(DeploymentError, match="the server changed the run's sizes mid-run"):
         app(server_message("query.plan", changed), context)
+
+
+def test_facts_sent_beside_their_digest_are_refused(study: Path, tmp_path: Path) -> None:
+    """A message that refers to the held facts by digest stands on those facts: one that
+    also states some of them (another silo's size here) is refused, not merged."""
+    node = hospitals(study, tmp_path / "hospitals")["hospital-0"]
+    app = client_app()
+    context = Context(run_id=7, node_id=2, node_config=node, state=RecordDict(), run_config={})
+    fields = public_fields(study)
+    assert fields_of(app(server_message("query.plan", fields), context))["accepted"]
+    facts = digest({k: fields[k] for k in FACTS if k in fields})
+    sizes = [fields["sizes"][0], *(s + 1 for s in fields["sizes"][1:])]
+    plan = {k: v for k, v in fields.items() if k not in FACTS}
+    with pytest.raises(DeploymentError, match="the run's sizes beside their digest"):
+        app(server_message("query.plan", {**plan, "facts": facts, "sizes": sizes}), context)

@@ -183,11 +183,17 @@ def held(fields: Mapping[str, Any], state: RecordDict) -> dict[str, Any] | None:
     the ones the hospital keeps (`keep`); None where it keeps none of that digest (its
     SuperNode restarted: it answers `UNHELD` and the server sends them in full).
     DeploymentError for facts that differ from those it keeps for the same run instance
-    (a run instance's facts never change, except that calibration adds σ)."""
+    (a run instance's facts never change, except that calibration adds σ), or that are
+    stated beside their digest."""
     kept = dict(state.config_records.get(HELD, {}))
     if "facts" in fields:
         if not kept or digest(kept) != fields["facts"]:
             return None
+        beside = [k for k in FACTS if k in fields]
+        if beside:  # they would replace the held ones unchecked
+            raise DeploymentError(
+                f"the server sent the run's {', '.join(beside)} beside their digest"
+            )
         return {**kept, **{k: v for k, v in fields.items() if k != "facts"}}
     facts = {k: fields[k] for k in FACTS if k in fields}
     if "silos" in facts and kept.get("instance") == facts["instance"]:
