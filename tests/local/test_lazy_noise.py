@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 from scipy import stats
-from torch import Tensor
+from torch import Tensor, nn
 
 from dpfl.data.sampling import PoissonSampler
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of
@@ -145,3 +145,19 @@ def test_draws_fall_to_one_per_touch_after_the_first_step_and_one_at_the_end(
     total = sum(v.numel() for v in start.values())
     assert stepwise.values == STEPS * total
     assert deferred.values < 0.75 * stepwise.values
+
+
+class _Shift(nn.Module):
+    """A parameterless layer that maps zeros to ones: every first-weight row is read."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return (x.to_dense() if x.is_sparse else x) + 1.0
+
+
+def test_no_deferral_when_a_parameterless_layer_comes_before_the_first_linear() -> None:
+    """A shift before the first `nn.Linear` makes every row read at every step, so no
+    row's noise may wait: every value is drawn each step, as step by step."""
+    model = nn.Sequential(_Shift(), *mlp(FEATURES, (HIDDEN,)).double())
+    start, counting = parameters_of(model), _Counting(0)
+    DPSGD(model, bce, CONFIG).run(start, _data(), _sampler(), STEPS, noise=counting)
+    assert counting.values == STEPS * sum(v.numel() for v in start.values())

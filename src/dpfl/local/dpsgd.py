@@ -393,13 +393,16 @@ class DPSGD:
         that is exact: a lone member's private plain SGD (no momentum, no Adam, no weight
         decay) with a first `nn.Linear` over sparse records (`transposed`), whose loss
         reads only the model's outputs and which nothing reads between steps (a
-        proximal pull acts between one-step runs, after the flush). None elsewhere."""
+        proximal pull acts between one-step runs, after the flush), and which is the
+        model's first module (`_first_is_linear`). None elsewhere."""
         cfg = self.config
         if not (cfg.private and cfg.optimizer == "sgd" and not cfg.momentum):
             return None
         if len(transposed) != 1 or len(datasets) != 1:
             return None
         name = transposed[0]
+        if not _first_is_linear(self.clipped_sum.model, name):
+            return None
         step_std = cfg.learning_rate * std / samplers[0].expected_batch_size
         return DeferredRows(name, params[name][0].t(), datasets[0][0], noises[0], step_std)
 
@@ -430,6 +433,19 @@ class DPSGD:
         if len(sums) == 1:  # a view, not a copy (Kerkouche's sums are 4.9M values)
             return {k: v.unsqueeze(0) for k, v in sums[0].items()}
         return stack(sums)
+
+
+def _first_is_linear(model: nn.Module, weight: str) -> bool:
+    """Whether `weight` is that of an `nn.Linear` that is `model` itself or the first
+    child of an `nn.Sequential`: only then does an untouched row (a zero input
+    feature) go unread. A parameterless layer before it (a shift) may map zeros to
+    non-zeros, which would read every row."""
+    if isinstance(model, nn.Linear):
+        return weight == "weight"
+    if not isinstance(model, nn.Sequential) or not len(model):
+        return False
+    name, first = next(iter(model.named_children()))
+    return isinstance(first, nn.Linear) and weight == f"{name}.weight"
 
 
 def _adam_step(
