@@ -5,17 +5,22 @@ sets: counts exactly, ranking metrics to their bins' error."""
 
 from __future__ import annotations
 
+import logging
 import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from flwr.app import Context, Message
+from flwr.common.config import parse_config_args
 from torch import nn
+from typer.testing import CliRunner
 
+from dpfl.cli import app, deploy
 from dpfl.engines.evaluation import evaluate, metrics, predictions
-from dpfl.engines.flower import serve
-from dpfl.engines.flower_protocol import union_counts, union_metrics
+from dpfl.engines.flower import HospitalConfig, serve
+from dpfl.engines.flower_protocol import fields_of, union_counts, union_metrics
 from dpfl.experiments.deploy import deployment_of
 from dpfl.federation.silo import Silo
 from dpfl.local.losses import Loss, logistic_hazard
@@ -138,3 +143,54 @@ def test_in_process_a_deployed_survival_study_scores_the_simulators_union(
     assert result.rounds_completed == 2 and result.union.keys() == {"c_index"}
     union = simulation.final_metrics()["c_index"]
     assert result.union["c_index"] == pytest.approx(union, abs=1e-3)
+
+
+def test_in_process_a_hospital_deployed_with_no_union_sends_its_own_metrics_only(
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """`--no-union` (node config union=false): that hospital's evaluation reply holds its
+    metrics and no counts, the server reports no union and names who withheld it."""
+    nodes = hospitals(study, tmp_path / "hospitals")
+    nodes["hospital-1"]["union"] = False
+    grid = InProcessGrid(nodes.values())
+    sent: dict[str, set[str]] = {}
+
+    def recording(message: Message, context: Context) -> Message:
+        reply = grid.app(message, context)
+        if message.metadata.message_type.endswith("evaluate"):
+            sent[str(context.node_config["name"])] = set(fields_of(reply))
+        return reply
+
+    grid.apps = dict.fromkeys(grid.contexts, recording)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        result = serve(grid, deployment_of(study))
+    assert sent["hospital-1"] == {"metrics", "names", "values"}
+    assert {"cells", "records"} <= sent["hospital-0"]
+    assert result.union == {} and result.metrics.keys() == nodes.keys()
+    messages = [r.getMessage() for r in caplog.records]
+    assert "no union of the test sets: hospital-1 withheld its counts" in messages
+
+
+def test_a_union_switch_that_is_not_a_boolean_is_refused() -> None:
+    """A string "false" in the node config must not read as true (counts sent)."""
+    node = {k: "x" for k in HospitalConfig.KEYS} | {"epsilon": 1.0, "delta": 1e-5}
+    with pytest.raises(ValueError, match="union must be true or false, got 'false'"):
+        HospitalConfig.from_node_config(node | {"union": "false"})
+
+
+def test_dpfl_deploy_hospital_no_union_reaches_the_node_config(
+    study: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`dpfl deploy hospital --no-union` starts its SuperNode with union=false, which
+    Flower parses to False (the hospital's `HospitalConfig.union`)."""
+    node = hospitals(study, tmp_path / "hospitals")["hospital-1"]
+    started: list[list[str]] = []
+    monkeypatch.setattr(deploy, "_run_supernode", lambda command, **_: started.append(command))
+    options = ["data", "epsilon", "delta", "ledger", "identity", "public-size"]
+    args = [a for k in options for a in (f"--{k}", str(node[k]))]
+    base = ["deploy", "hospital", str(study), "--name", "hospital-1", *args, "--insecure"]
+    for flag, union in [([], True), (["--no-union"], False)]:
+        result = CliRunner().invoke(app, [*base, "--superlink", "127.0.0.1:1", *flag])
+        assert result.exit_code == 0, result.output
+        config = parse_config_args([started[-1][started[-1].index("--node-config") + 1]])
+        assert HospitalConfig.from_node_config(config).union is union

@@ -39,6 +39,14 @@ RootCertOpt = Annotated[
     Path | None,
     typer.Option(help="The CA certificate (PEM) that signed the SuperLink's certificate."),
 ]
+UnionOpt = Annotated[
+    bool,
+    typer.Option(
+        help="Send this hospital's counts for the union of the test sets (outside ε: close "
+        "to its test scores record by record); --no-union sends its own metrics only, and "
+        "the server reports no union."
+    ),
+]
 
 
 def _flower(command: str) -> str:
@@ -148,10 +156,12 @@ def hospital(
             "refused before round 0, naming the studies that spent it."
         ),
     ] = None,
+    union: UnionOpt = True,
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords, in a
     federation of the study's [roster] only."""
     from dpfl.engines.flower import HospitalConfig
+    from dpfl.engines.loopback import node_config
     from dpfl.experiments.deploy import deployment_of
     from dpfl.privacy import Ledger
 
@@ -167,6 +177,7 @@ def hospital(
             "identity": str(identity.resolve()),
             **({} if he_keys is None else {"he-keys": str(he_keys.resolve())}),
             **({} if dataset_budget is None else {"dataset-budget": dataset_budget}),
+            **({} if union else {"union": False}),
         }
         me = HospitalConfig.from_node_config(node)
         if ledger.is_file() and ledger.stat().st_size:  # a damaged one: refused here, not
@@ -175,9 +186,7 @@ def hospital(
         # not list this hospital's identity key, and data that cannot be read
         me.silo(me.deployment(deployment_of))
         transport = _transport(insecure, root_certificates)
-    config = " ".join(
-        f"{k}={v}" if isinstance(v, int | float) else f'{k}="{v}"' for k, v in node.items()
-    )
+    config = node_config(node)
     _run_supernode(
         [
             _flower("flower-supernode"),

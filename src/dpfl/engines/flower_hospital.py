@@ -105,6 +105,10 @@ class HospitalConfig:
     dataset_budget: float | None = None
     """Its data steward's cap on its records across every study (ε at its δ): its ledger
     then holds each study's accounts under the study's key, all held to the cap."""
+    union: bool = True
+    """Whether its evaluation reply carries its counts for the union of the test sets
+    (`union_counts`: outside ε, and close to its test scores record by record); False
+    sends its own metrics only, and the server then reports no union."""
 
     KEYS = ("name", "study", "data", "epsilon", "delta", "ledger", "identity")
 
@@ -117,6 +121,8 @@ class HospitalConfig:
         eps, delta = float(node["epsilon"]), float(node["delta"])
         if (size is not None and size < 1) or not eps > 0 or not 0 < delta < 1:
             raise ValueError("public-size must be ≥ 1, epsilon > 0 and 0 < delta < 1")
+        if not isinstance(node.get("union", True), bool):  # "false" must not mean true
+            raise ValueError(f"union must be true or false, got {node['union']!r}")
         return cls(
             str(node["name"]),
             Path(str(node["study"])),
@@ -129,6 +135,7 @@ class HospitalConfig:
             bool(node.get("research-noise", False)),
             Path(str(node["he-keys"])) if node.get("he-keys") else None,
             float(node["dataset-budget"]) if node.get("dataset-budget") else None,
+            node.get("union", True),
         )
 
     def deployment(self, deployment_of: DeploymentOf) -> Deployment:
@@ -472,9 +479,15 @@ class _Hospital:
             scores = predictions(algorithm.model, model, silo.x_test, silo.survival)
         metrics: dict[str, float] = row["silos"][self.me.name]
         out = {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
-        labels = silo.y_test.numpy()  # its part of the union, counted (`union_counts`)
-        out |= {"records": len(scores), **union_counts(labels, scores, algorithm.loss)}
-        LOG.info("%s: scored the final model on its %d test records", self.me.name, len(scores))
+        if self.me.union:  # its part of the union, counted (`union_counts`)
+            labels = silo.y_test.numpy()
+            out |= {"records": len(scores), **union_counts(labels, scores, algorithm.loss)}
+        LOG.info(
+            "%s: scored the final model on its %d test records%s",
+            self.me.name,
+            len(scores),
+            "" if self.me.union else " (its counts for the union withheld: no union)",
+        )
         return out
 
     def _load(self) -> dict[str, Any]:

@@ -640,6 +640,11 @@ class _Serving:
             if fields["metrics"]
         }
         counted = [fields for fields in scored.values() if "cells" in fields]
+        withheld = [
+            n for n, fields in scored.items() if fields["metrics"] and "cells" not in fields
+        ]
+        if withheld:  # a hospital deployed with --no-union: its own metrics only
+            LOG.info("no union of the test sets: %s withheld its counts", ", ".join(withheld))
         if counted and len(counted) == len(self.node):  # the union of every test set
             losses = [
                 (self.result.metrics[name]["loss"], int(fields["records"]))

@@ -251,6 +251,7 @@ def cluster(
                 "--auth-key", str(auth[name]),
                 *(["--dataset-budget", str(node["dataset-budget"])]
                   if "dataset-budget" in node else []),
+                *(["--no-union"] if node.get("union") is False else []),
             ]
             if cli
             else [
