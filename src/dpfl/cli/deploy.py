@@ -231,7 +231,7 @@ def server(
         bool,
         typer.Option(
             "--stats",
-            help="Release the study's [analytics] instead of training (docs/analytics.md): "
+            help="Release the study's \\[analytics] instead of training (docs/analytics.md): "
             "OUT/stats.json, OUT/stats.html and a table, as `dpfl stats`.",
         ),
     ] = False,
