@@ -112,7 +112,7 @@ def hospital(
         Path,
         typer.Option(
             help="This hospital's records: its own CSV or Parquet file, read through the "
-            "study's [data] schema (a table study), or a folder holding train.npz (arrays "
+            "study's \\[data] schema (a table study), or a folder holding train.npz (arrays "
             "x, y) and, optionally, test.npz.",
             exists=True,
         ),
@@ -159,7 +159,7 @@ def hospital(
     union: UnionOpt = True,
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords, in a
-    federation of the study's [roster] only."""
+    federation of the study's \\[roster] only."""
     from dpfl.engines.flower import HospitalConfig
     from dpfl.engines.loopback import node_config
     from dpfl.experiments.deploy import deployment_of
@@ -349,7 +349,7 @@ def identity_command(
     name: Annotated[str, typer.Option(help="This hospital's name in the study.")],
 ) -> None:
     """Make this hospital's identity key: keep FILE, and send the coordinator the line
-    printed, which the study file lists under [roster] for every hospital."""
+    printed, which the study file lists under \\[roster] for every hospital."""
     from dpfl.engines.roster import make_identity
 
     with reported_errors():

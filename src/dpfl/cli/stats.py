@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 def stats(
-    config: Annotated[Path, typer.Argument(help="The study file (with an [analytics] section).")],
+    config: Annotated[Path, typer.Argument(help="The study file (with an \\[analytics] section).")],
     out: Annotated[
         Path,
         typer.Option("--out", "-o", help="Folder for ledger.sqlite, stats.json and stats.html."),
