@@ -3,7 +3,8 @@ which protects the training records only): each silo's model on its own test set
 union (`evaluate`, every evaluated round), and, when asked, every silo's model on every
 silo's test set (`cross_evaluate`, the FLamby convention). Binary models predict from a
 decision threshold (`chosen_thresholds`): 0.5, or one chosen on DP-released histograms
-of training scores, which the training records pay for."""
+of training scores (each patient's first max_records under a patient unit), which the
+training records pay for."""
 
 from __future__ import annotations
 
@@ -126,23 +127,12 @@ def chosen_thresholds(
     noise: Callable[[int, int], NoiseSource] | None,
 ) -> list[list[float]]:
     """Each silo's decision threshold in each trial: a fixed (public) one, or one chosen
-    on histograms of its model's scores on its training records, released with noise
-    `noise(trial, silo index)` (None: exact, for a non-private run) and summed over the
-    silos where they all share one model. The caller charges the releases first."""
+    on its `released_histograms`, summed over the silos where they all share one model.
+    The caller charges the releases first."""
     trials = len(models[0]) if models else 0
     if not isinstance(threshold, BalancedThreshold):
         return [[threshold] * trials for _ in silos]
-    released = [
-        [
-            threshold.release(
-                scores(model, params, silo.x),
-                silo.y.numpy(),
-                None if noise is None else noise(r, k),
-            )
-            for r, params in enumerate(models[k])
-        ]
-        for k, silo in enumerate(silos)
-    ]
+    released = released_histograms(threshold, model, models, silos, noise)
     if shares_one_model(models):
         pooled = [
             threshold.choose(np.sum([per_silo[r] for per_silo in released], axis=0))
@@ -150,6 +140,30 @@ def chosen_thresholds(
         ]
         return [pooled for _ in silos]
     return [[threshold.choose(counts) for counts in per_silo] for per_silo in released]
+
+
+def released_histograms(
+    threshold: BalancedThreshold,
+    model: nn.Module,
+    models: SiloModels,
+    silos: Sequence[Silo],
+    noise: Callable[[int, int], NoiseSource] | None,
+) -> list[list[np.ndarray]]:
+    """Per silo, per trial: the histograms of its model's scores on the training records
+    its sensitivity covers (`Silo.capped`: a patient's first max_records where the unit
+    is the patient), released with noise `noise(trial, silo index)` (None: exact, for a
+    non-private run)."""
+    return [
+        [
+            threshold.release(
+                scores(model, params, view.x),
+                view.y.numpy(),
+                None if noise is None else noise(r, k),
+            )
+            for r, params in enumerate(models[k])
+        ]
+        for k, view in enumerate(silo.capped for silo in silos)
+    ]
 
 
 def shares_one_model(models: SiloModels) -> bool:

@@ -18,7 +18,7 @@ import scipy.sparse as sp
 import torch
 from torch import Tensor
 
-from dpfl.data.dataset import Dataset, check_survival
+from dpfl.data.dataset import Dataset, check_survival, first_records
 from dpfl.data.partition import per_silo_splits
 from dpfl.privacy import Neighbouring
 
@@ -127,6 +127,25 @@ class Silo:
         """The true number of units of privacy (patients, or records): private; only a
         DP count of it may become the public size."""
         return self.size if self.units is None else len(np.unique(self.units))
+
+    @property
+    def capped(self) -> Silo:
+        """The training records a release whose sensitivity counts records may read: each
+        patient's first `max_records` (`first_records`, a public rule blind to every other
+        patient) where the unit is the patient, so a patient moves it by at most that many
+        records' worth whatever their record count; all of them otherwise. A patient-level
+        silo without a cap has no such view (its records as they are): every such release
+        refuses it (its sensitivity needs the cap). DP-SGD reads every record, as it
+        clips each sampled patient's records as one (C whatever their count)."""
+        if self.units is None or self.max_records is None:
+            return self
+        keep = first_records(self.units, self.max_records)
+        if len(keep) == self.size:
+            return self
+        rows = torch.as_tensor(keep)
+        return dataclasses.replace(
+            self, x=self.x.index_select(0, rows), y=self.y[rows], units=self.units[keep]
+        )
 
     @property
     def survival(self) -> bool:

@@ -13,8 +13,9 @@ sum, which is the threshold of the best balanced accuracy the histograms can tel
 One record is in one bin of one class: adding or removing it moves one count by 1, so
 the release is a Gaussian mechanism of L2 sensitivity 1 (√2·(2S − 1) when one person,
 in up to S records, is replaced: that changes up to 2S − 1 records; √2·max_records for
-a patient-level silo, refused without that cap; `sensitivity`),
-charged to the hospital's ledger like any step.
+a patient-level silo, whose histogram counts each patient's first max_records records
+only (`Silo.capped`), refused without that cap; `sensitivity`), charged to the
+hospital's ledger like any step.
 Everything after the noise (clamping, summing, choosing) is post-processing.
 """
 
@@ -103,8 +104,9 @@ class BalancedThreshold:
 
 def sensitivity(silo: SiloInfo) -> float:
     """L2 change of a histogram when one unit of privacy changes: add/remove one record
-    moves one count by 1; a patient's m ≤ max_records records move up to m counts, taken
-    as √2·max_records (the replacement bound of m records, which covers adding or
+    moves one count by 1; a patient's first max_records records (all the histogram
+    counts of them, `Silo.capped`) move up to max_records counts, taken as
+    √2·max_records (the replacement bound of as many records, which covers adding or
     removing them), and without a declared cap nothing bounds it: refused; replacing a
     person in up to S records changes up to 2S − 1 records (`events.replacement_rows`),
     each of which can leave one bin (of its class) for another: all out of the same bin

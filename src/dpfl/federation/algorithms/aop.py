@@ -113,19 +113,22 @@ class AOP(Algorithm):
         return super().configure(state, round, silos, rng, exchange)
 
     def client_updates(self, members: Sequence[Member]) -> list[Outcome]:
-        """Each hospital's noisy minimiser, charged before it is released."""
+        """Each hospital's noisy minimiser of the records its sensitivity covers
+        (`Silo.capped`, which `output_perturbation` keeps as they are), charged before it
+        is released."""
         outcomes: list[Outcome] = []
         for m in members:
+            silo = m.silo.capped
             result = output_perturbation(
                 self.model,
                 received(m),
-                (m.silo.x, m.silo.y),
+                (silo.x, silo.y),
                 self.loss,
                 self.epoch_config,
-                m.silo.declared_size,
+                silo.declared_size,
                 noise=m.ctx.noise(),
-                units=m.silo.units,
-                max_records=m.silo.max_records,
+                units=silo.units,
+                max_records=silo.max_records,
             )
             m.ctx.charge(result.event)
             outcomes.append((Reply(flat(result.params)), m.state))
