@@ -358,7 +358,8 @@ class PrivacyConfig(_Strict):
     hospitals_per_patient: int | None = Field(None, ge=1)
     """The declared (public) bound on how many hospitals one patient may have visited: the
     report and datasheet then show the consortium-level ε, the composition of the plans
-    of the h silos that spent the most (`accounting.consortium_epsilon`)."""
+    of the h silos that spent the most (`accounting.consortium_epsilon`), which covers one
+    unit at each: a record, or a patient where `[data] unit` is declared."""
     consortium_epsilon: float | None = Field(None, gt=0)
     """A budget on that consortium-level ε at `delta`: σ is calibrated to meet it (and
     `epsilon`, where given, too)."""

@@ -184,12 +184,28 @@ def datasheet(
     return sheet
 
 
+CONSORTIUM_UNIT = {
+    Neighbouring.ADD_REMOVE: "record",
+    Neighbouring.ADD_REMOVE_PATIENT: "patient",
+    Neighbouring.REPLACE_ONE: "person",
+}
+"""What the consortium ε covers at each hospital: one unit of privacy of the silos'."""
+CONSORTIUM_COVERS = {
+    "record": "one record at each of up to {h} hospitals (record-level: a patient with "
+    "several records at a hospital is not covered by it)",
+    "patient": "one patient, with all their records, at each of up to {h} hospitals",
+    "person": "one person, with all their contacts, at each of up to {h} hospitals",
+}
+
+
 def consortium(result: SimulationResult, book: Ledger, hospitals: int) -> dict[str, Any]:
-    """ε of a patient seen by up to `hospitals` silos (`accounting.consortium_epsilon` of
-    each silo's charged events, at the study's δ), the largest over trials, with the silos
-    of the worst subset where it was found by composing every one."""
+    """ε of one unit of privacy (a record, or a patient where the study declares its
+    unit) at each of up to `hospitals` silos (`accounting.consortium_epsilon` of each
+    silo's charged events, at the study's δ), the largest over trials, with the silos of
+    the worst subset where it was found by composing every one."""
     worst: tuple[float, list[str], bool] | None = None
-    delta = min(book.budget(views[None]).delta for views in result.accounts[0].values())
+    budgets = [book.budget(views[None]) for views in result.accounts[0].values()]
+    delta = min(budget.delta for budget in budgets)
     for accounts in result.accounts:
         names = list(accounts)
         plans = [compose([e.event for e in book.entries(accounts[n][None])]) for n in names]
@@ -201,6 +217,7 @@ def consortium(result: SimulationResult, book: Ledger, hospitals: int) -> dict[s
     return {
         "hospitals": min(hospitals, len(result.accounts[0])),
         "declared": hospitals,
+        "unit": CONSORTIUM_UNIT[budgets[0].neighbouring],
         "epsilon": epsilon,
         "delta": delta,
         "silos": silos,
@@ -211,11 +228,15 @@ def consortium(result: SimulationResult, book: Ledger, hospitals: int) -> dict[s
 
 
 def consortium_text(figure: dict[str, Any]) -> str:
-    """The consortium line of a datasheet: `a patient seen by up to h hospitals: ε ≤ …`."""
+    """The consortium line of a datasheet: `one record (or patient) at each of up to h
+    hospitals: ε ≤ …` (a figure written before it named its unit: the run's unit)."""
     worst = f" (worst: {', '.join(figure['silos'])})" if figure["silos"] else ""
+    covers = CONSORTIUM_COVERS.get(
+        figure.get("unit", ""), "one unit of privacy (the run's) at each of up to {h} hospitals"
+    ).format(h=figure["declared"])
     return (
-        f"a patient seen by up to {figure['declared']} hospitals: ε ≤ {figure['epsilon']:.3g} "
-        f"at δ = {figure['delta']:g}{worst}; {figure['method']}"
+        f"{covers}: ε ≤ {figure['epsilon']:.3g} at δ = {figure['delta']:g}{worst}; "
+        f"{figure['method']}"
     )
 
 
@@ -255,8 +276,9 @@ def _threshold(config: StudyConfig) -> str:
     )
     return (
         " Binary predictions are read at a threshold chosen at each evaluation: each silo "
-        f"releases per-class histograms of its model's scores on its training records "
-        f"({cut.bins} bins of logits in ±{cut.logit_range:g}, Gaussian noise of std "
+        "releases per-class histograms of its model's scores on its training records "
+        "(each patient's first max_records where the unit is the patient; "
+        f"{cut.bins} bins of logits in ±{cut.logit_range:g}, Gaussian noise of std "
         f"{cut.noise:g} records a count, {charged}); the threshold maximises TPR − FPR "
         "on their sum (on its own where each silo has its own model)."
     )
