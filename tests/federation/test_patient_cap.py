@@ -25,7 +25,7 @@ from .test_golden import ALGORITHMS
 
 K, M, PATIENTS = 3, 40, 30
 CUT = BalancedThreshold(noise=5.0)
-REFUSED = {"centralized", "fedsgd_secure"}  # analysed for one record: no patient unit
+REFUSED = {"centralized", "fedsgd_secure"}  # they sample records: no patient unit
 
 
 def _silo(many: int = 0) -> Silo:
@@ -60,9 +60,12 @@ def test_a_many_record_patient_moves_no_release_beyond_its_sensitivity(
 ) -> None:
     small, grown = _silo(), _silo(many=M)
     assert grown.unit_count - small.unit_count == 1  # a DP count of patients: sensitivity 1
-    if name in REFUSED:
-        with pytest.raises(ValueError):
-            _run(ALGORITHMS[name](), small, threshold)
+    if name in REFUSED:  # before round 0 (fedsgd_secure refuses a threshold first)
+        refused = ALGORITHMS[name]()
+        with pytest.raises(ValueError, match=r"protects a patient|budget is spent"):
+            simulate(
+                refused, [small], rounds=1, epsilon_budget=5.0, threshold=threshold, progress=False
+            )
         return
     models = [_run(ALGORITHMS[name](), small, threshold)]
     algorithm = ALGORITHMS[name]()

@@ -62,7 +62,14 @@ def pool(silos: Sequence[Silo]) -> Silo:
 def pooled(silos: Sequence[SiloInfo]) -> SiloInfo:
     """The pool's public facts, from the silos' (no data is pooled): N, the sum of their
     public sizes, and a person's most records, the largest of theirs (a person's records
-    are all in one silo)."""
+    are all in one silo). The pool samples records: a patient-level silo is refused."""
+    for silo in silos:
+        if silo.patient_level:
+            raise ValueError(
+                f"centralized pools records and samples them one by one, but silo "
+                f"{silo.name!r} protects a patient with all their records: use an algorithm "
+                "whose silos train with local DP-SGD"
+            )
     return SiloInfo(POOL, sum(s.public_size for s in silos), max(s.appearances for s in silos))
 
 
