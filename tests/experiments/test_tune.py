@@ -79,7 +79,10 @@ def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path:
         "mean",
         "shape",
         "datasheet",
+        "ledger",
+        "book",
     }  # nothing of the other candidates, nor their number
+    assert (written["ledger"], written["book"]) == (LEDGER, None)  # no shared ledger named
     assert written["datasheet"] == tuned.datasheet
     assert tuned.datasheet["validation"] == "from-training"
     assert "training records" in tuned.datasheet["validation_records"]
