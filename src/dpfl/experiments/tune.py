@@ -123,8 +123,7 @@ def tune(
     )
     release = _release(points, metric, mean, shape, fraction)
     if privacy.private:  # the whole selection, before any candidate trains
-        with _charging(first, release, folder, tuning, budgets) as book:
-            _check_plan(book, tuning, planned)
+        _check_plan(first, release, folder, tuning, budgets, planned)
     # K and the candidates' points must be unpredictable for the bound to hold, as the
     # noise must: seeded only with research noise (whose ε holds for no release anyway)
     rng = np.random.default_rng([first.seed, 17] if first.research_noise else None)
@@ -219,11 +218,23 @@ def _charging(
         yield book
 
 
-def _check_plan(book: Ledger, silos: list[Silo], planned: dict[str, events.PrivacyEvent]) -> None:
+def _check_plan(
+    config: StudyConfig,
+    release: str,
+    folder: Path,
+    silos: list[Silo],
+    budgets: dict[str, tuple[float, float]],
+    planned: dict[str, events.PrivacyEvent],
+) -> None:
     """Refuse the selection (`planned`: each silo's tuned event, every candidate's
     training in it) where it would pass a silo's budget or its hospital's cap, with what
-    every other study spent, before any candidate trains; nothing is charged."""
-    why = book.refusal([(account(s, 0), planned[s.name]) for s in silos])
+    every other study spent, before any candidate trains; nothing is charged. An own
+    ledger not yet in `folder` holds nothing, and σ is calibrated so that the selection
+    fits the budgets: it is left uncreated until the selection is charged."""
+    if config.privacy.ledger is None and not (folder / LEDGER).exists():
+        return
+    with _charging(config, release, folder, silos, budgets) as book:
+        why = book.refusal([(account(s, 0), planned[s.name]) for s in silos])
     if why is not None:
         raise BudgetExceededError(
             f"the selection is refused before any candidate trains: {why}; lower "
