@@ -1,7 +1,7 @@
 """Where a study's spending goes, for every command that releases anything from its
-records (`dpfl run` and `sweep`, `tune`, `stats`, and the recipes, which run their
-studies through the first two): decided here once, so that no command charges another
-ledger or escapes a cap.
+records (`dpfl run` and `sweep`, `tune`, `stats`, and `dpfl reproduce`, whose recipes run
+their studies through `run_study` and `tune`): decided here once, so that no command
+charges another ledger or escapes a cap.
 
 A study that names `[privacy] ledger` (a hospital's ledger, shared by the studies over
 its records) is charged there: each release's accounts under their own book,
