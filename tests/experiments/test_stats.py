@@ -176,3 +176,15 @@ def test_an_unknown_column_is_one_line_and_charges_nothing(tmp_path: Path) -> No
     assert result.exit_code == 2
     assert "no column 'nope'" in result.output and "Traceback" not in result.output
     assert set(_events(tmp_path / "o" / "ledger.sqlite").values()) == {0}
+
+
+def test_a_ledger_given_beside_a_study_that_names_another_is_refused(tmp_path: Path) -> None:
+    config = _study(
+        tmp_path,
+        privacy={"epsilon": 5.0, "ledger": "hospitals.sqlite"},
+        analytics=ANALYTICS,
+    )
+    with pytest.raises(ValueError, match=r"is charged to its privacy\.ledger"):
+        stats(config, tmp_path / "out", tmp_path / "other.sqlite")
+    assert not (tmp_path / "other.sqlite").exists()
+    assert not (tmp_path / "hospitals.sqlite").exists()

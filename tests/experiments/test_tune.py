@@ -22,7 +22,7 @@ from dpfl.experiments.datasets import build_silos, load_dataset
 from dpfl.experiments.factory import build_algorithm
 from dpfl.experiments.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
 from dpfl.federation.silo import Silo
-from dpfl.privacy import Accountant, Ledger, events
+from dpfl.privacy import Accountant, BudgetExceededError, Ledger, events
 
 STUDY: dict[str, Any] = {
     "name": "tune",
@@ -79,13 +79,33 @@ def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path:
         "mean",
         "shape",
         "datasheet",
+        "ledger",
+        "book",
     }  # nothing of the other candidates, nor their number
+    assert (written["ledger"], written["book"]) == (LEDGER, None)  # no shared ledger named
     assert written["datasheet"] == tuned.datasheet
     assert tuned.datasheet["validation"] == "from-training"
     assert "training records" in tuned.datasheet["validation_records"]
     assert "trains on them" in tuned.datasheet["outside_epsilon"]
     with pytest.raises(ValueError, match="released once"):
         tune(Study(STUDY), tmp_path, metric="auroc", mean=3.0)
+
+
+def test_a_selection_its_ledger_cannot_afford_is_refused_before_any_candidate_trains(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The same selection again into a folder whose ledger already holds its charge (a
+    release lost after its charge): the budget is spent, so no candidate trains."""
+    tune(Study(STUDY), tmp_path, metric="auroc", mean=2.0)
+    (tmp_path / RESULT).unlink()
+    with Ledger(tmp_path / LEDGER, create=False) as book:
+        before = [(s, e.id) for s in book.silos() for e in book.entries(s)]
+    trained, _ = _recorded(monkeypatch)
+    with pytest.raises(BudgetExceededError, match="refused before any candidate trains"):
+        tune(Study(STUDY), tmp_path, metric="auroc", mean=2.0)
+    assert trained == []
+    with Ledger(tmp_path / LEDGER, create=False) as book:
+        assert [(s, e.id) for s in book.silos() for e in book.entries(s)] == before
 
 
 def test_client_sampled_candidates_run_the_planned_schedule(tmp_path: Path) -> None:

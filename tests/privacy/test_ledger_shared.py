@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.privacy import BudgetExceededError, Ledger, LedgerError, events
 from dpfl.privacy import ledger as ledger_module
-from dpfl.privacy.accounting import PLD_DISCRETISATION
+from dpfl.privacy.accounting import PLD_DISCRETISATION, epsilon
 
 FIRST = events.poisson_gaussian(0.01, 1.0, steps=10)
 SECOND = events.poisson_gaussian(0.02, 1.5, steps=10)
@@ -68,6 +68,32 @@ def test_a_second_study_past_a_datasets_cap_is_refused_naming_the_first(
         assert shared.spent.epsilon <= 1.5
         # the composition, not a sum: less than the two studies' ε added up
         assert shared.spent.epsilon < sum(r.epsilon for r in shared.studies.values())
+
+
+def test_a_cap_holding_a_selection_binds_a_pld_study_by_rdp(tmp_path: Path) -> None:
+    """A study's private selection (a tuned event, which RDP alone analyses) spends from a
+    cap; a study enforcing its own budget by PLD is then held to the cap by RDP, not
+    refused as unanalysable, and is refused past it naming the selection."""
+    path = tmp_path / "hospital.sqlite"
+    with Ledger(path) as steward:
+        steward.cap_dataset("a", epsilon=3.0, delta=DELTA)
+    selection = events.tuned(events.repeat(FIRST, 40), mean=3.0, shape=1.0)
+    with Ledger(path, study="tuned", accountant="rdp") as tuned:
+        tuned.register_silo("a/trial-0", epsilon=5.0, delta=DELTA, dataset="a")
+        tuned.record("a/trial-0", selection)
+    with Ledger(path, study="swept", accountant="pld") as swept:
+        swept.register_silo("a/trial-0", epsilon=5.0, delta=DELTA, dataset="a")
+        assert swept.can_afford("a/trial-0", SECOND)
+        swept.record("a/trial-0", SECOND)
+        assert swept.affordable_repeats("a/trial-0", SECOND) > 0
+        with pytest.raises(BudgetExceededError, match=r"dataset 'a'.*tuned \(ε="):
+            swept.record("a/trial-0", events.repeat(SECOND, 400))
+        assert swept.spent("a/trial-0").accountant.value == "pld"  # its own account: PLD
+    with Ledger(path, create=False) as reader:
+        (cap,) = reader.datasets()
+    both = events.compose([selection, SECOND])
+    assert cap.spent.accountant.value == "rdp"
+    assert cap.spent.epsilon == pytest.approx(epsilon(both, DELTA, "rdp").epsilon)
 
 
 def test_caps_are_fixed_and_an_account_needs_a_capped_dataset(tmp_path: Path) -> None:

@@ -119,7 +119,7 @@ def _audit_finished(
 ) -> list[tuple[RunRow, Rows]]:
     """Audit each finished run (or those in `only`) at its planted silo, each run's figures
     kept in the store (with `keep`) as soon as they are measured, so a stop loses none."""
-    from dpfl.experiments.audits import audit_run, rows
+    from dpfl.experiments.audits import audit_run, auditable, rows
 
     path = directory / "results.sqlite"
     with ResultsStore(path, create=False) as store:
@@ -127,6 +127,7 @@ def _audit_finished(
         planted = {r.id: silo or _headline_silo(store, r) for r in runs}
     if not runs:
         raise ValueError(f"{directory}: no finished run to audit")
+    auditable(runs)
     if keep and not (os.access(path, os.W_OK) and os.access(directory, os.W_OK)):
         raise ValueError(f"{path} is read-only: --no-record audits without keeping the figures")
     found = []

@@ -25,8 +25,9 @@ def stats(
     ledger: Annotated[
         Path | None,
         typer.Option(
-            help="Charge this ledger (e.g. one shared by the hospitals' studies, with dataset "
-            "caps) instead of OUT/ledger.sqlite."
+            help="For a study that names no \\[privacy] ledger: charge this one (shared by "
+            "the hospitals' studies, with their caps) as if it did, instead of "
+            "OUT/ledger.sqlite."
         ),
     ] = None,
     json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,

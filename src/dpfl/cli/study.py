@@ -128,7 +128,7 @@ def tune(
     the best released, the selection charged to every silo's ledger (Papernot & Steinke)."""
     from dpfl.experiments.config import load
     from dpfl.experiments.study_dir import claim
-    from dpfl.experiments.tune import LEDGER, tune
+    from dpfl.experiments.tune import tune
 
     with reported_errors():
         study = load(config)
@@ -150,7 +150,7 @@ def tune(
             if tuned.noise_multiplier is None
             else f"σ = {tuned.noise_multiplier:.4g}; ε = {max(tuned.epsilon.values()):.4g} at "
             f"δ = {tuned.delta:g} (RDP, the selection included; the largest over silos; "
-            f"ledger {out / LEDGER})"
+            f"ledger {out / tuned.ledger})"
         )
         console.print(
             f"chosen: {_grid(tuned.point)}  validation {metric} {tuned.validation:.4f}\n"
@@ -300,7 +300,7 @@ def _print_best(chosen: Candidate, finished: int) -> None:
 def _best_tuned(directory: Path, epsilon: float, delta: float, metric: str, json: bool) -> None:
     """`best` of a `dpfl tune` directory: its one released configuration, whose ε (from
     its ledger) includes the selection."""
-    from dpfl.experiments.tune import LEDGER, released
+    from dpfl.experiments.tune import released
 
     tuned, worst = released(directory, delta=delta)
     if metric not in tuned.test_metrics:
@@ -343,7 +343,7 @@ def _best_tuned(directory: Path, epsilon: float, delta: float, metric: str, json
         console.print(
             f"selected privately: {chosen}; σ = {tuned.noise_multiplier:.4g}\n"
             f"ε = {worst:.4g} at δ = {delta:g} (RDP, the largest over silos, ledger "
-            f"{directory / LEDGER}): [green]the selection is in it[/green] ({how})"
+            f"{directory / tuned.ledger}): [green]the selection is in it[/green] ({how})"
         )
     if not within:
         errors.print(f"[red]the selection is not within ε={epsilon:g}, δ={delta:g}[/red]")
@@ -436,7 +436,9 @@ def _run(
         ray=ray,
         progress=progress,
         add=add,
-        report=(lambda line: None) if json else lambda line: errors.print(escape(line)),
+        report=(lambda line: None)
+        if json
+        else lambda line: errors.print(escape(line), soft_wrap=True),
     )
     failed = [run for run in runs if run.status == "failed"]
     by_id = {s["id"]: s for s in run_summaries(out)}
@@ -458,7 +460,9 @@ def _run(
                 console.print(cross_silo_table(s, metrics[0]))
     for run in failed:
         error = escape(run.error or "")
-        errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
+        errors.print(
+            f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}", soft_wrap=True
+        )
     if failed:
         raise typer.Exit(1)
 

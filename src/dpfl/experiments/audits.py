@@ -5,7 +5,9 @@ figures (`rows`) kept in the study's results store (`audit_bounds`, `audit_membe
 the report shows beside each run's ledger ε.
 
 The audits run the mechanism thousands of times on the silos' records: their figures
-are measurements, not differentially private releases (docs/audit.md, "Caution").
+are measurements, not differentially private releases (docs/audit.md, "Caution"), for
+which no ε can be charged. So a study whose spending goes to a shared ledger (`[privacy]
+ledger`: a hospital's records, held to its budgets and caps) is refused (`auditable`).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dpfl.audit.canaries import Canary, dirac_canaries, outlier_canaries
 from dpfl.audit.membership import MembershipAudit, membership_audit
 from dpfl.audit.one_run import OneRunAudit, one_run_audit
 from dpfl.audit.two_worlds import TwoWorldAudit, two_world_audit
+from dpfl.experiments import spending
 from dpfl.experiments.config import StudyConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.factory import build_algorithm
@@ -36,6 +39,7 @@ __all__ = [
     "AuditPlan",
     "Finding",
     "audit_run",
+    "auditable",
     "rows",
 ]
 
@@ -74,8 +78,20 @@ class AuditPlan:
             raise ValueError(f"no canaries {self.canaries!r}: one of {', '.join(CANARIES)}")
 
 
+def auditable(runs: Sequence[RunRow]) -> None:
+    """Refuse, before any is audited, the runs of a study whose spending goes to a shared
+    ledger (`spending.uncharged`)."""
+    for run in runs:
+        spending.uncharged(
+            StudyConfig.model_validate(run.config),
+            f"an audit of run {run.id} (its figures are measurements, no DP release)",
+        )
+
+
 def audit_run(run: RunRow, plan: AuditPlan) -> list[Finding]:
-    """Every attack of `plan` on one finished run, as configured."""
+    """Every attack of `plan` on one finished run, as configured (refused where its
+    study charges a shared ledger: `auditable`)."""
+    auditable([run])
     config = StudyConfig.model_validate(run.config)
     privacy = config.privacy
     silos = build_silos(config.data, config.seed)

@@ -364,12 +364,15 @@ class PrivacyConfig(_Strict):
     """A budget on that consortium-level ε at `delta`: σ is calibrated to meet it (and
     `epsilon`, where given, too)."""
     ledger: str | None = None
-    """A ledger shared by several studies' runs (a hospital's; in a study file relative
-    to its folder) instead of each run's own: a run's accounts go under `study/run id`,
-    and `caps` hold every study over a hospital's records together."""
+    """A ledger shared by several studies (a hospital's; in a study file relative to its
+    folder) that every release from the study's records is charged to, instead of the
+    command's own (`dpfl.experiments.spending`): a run's, a selection's (`dpfl tune`) and
+    the statistics' (`dpfl stats`) accounts go under `study/release`, and `caps` hold
+    every study over a hospital's records together."""
     caps: dict[str, SiloBudget] = Field(default_factory=dict)
-    """By hospital (silo) name: the (ε, δ) every study's run over its records may spend
-    together from `ledger` (`Ledger.cap_dataset`); a run past it is refused."""
+    """By hospital (silo) name: the (ε, δ) every study's releases over its records may
+    spend together from `ledger` (`Ledger.cap_dataset`); a release whose plan would pass
+    it is refused before it starts."""
 
     @model_validator(mode="after")
     def _private_needs_noise_or_budget(self) -> PrivacyConfig:
@@ -393,6 +396,12 @@ class PrivacyConfig(_Strict):
             raise ValueError("per-silo calibration sets each silo's σ: give no noise_multiplier")
         if self.caps and self.ledger is None:
             raise ValueError("caps are kept in a shared ledger: give privacy.ledger")
+        if not self.private and self.ledger is not None:
+            raise ValueError(
+                "a non-private run releases without any ε to charge: a study over the "
+                "records of a shared privacy.ledger (held to its budgets and caps) must be "
+                "private"
+            )
         return self
 
 

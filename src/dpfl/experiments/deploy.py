@@ -53,6 +53,12 @@ def check_deployable(config: StudyConfig) -> None:
         problems.append("trials must be 1 (a deployment is one run on the hospitals' records)")
     if not config.privacy.private:
         problems.append("privacy.private must be true (hospitals enforce their budgets)")
+    if config.privacy.ledger is not None:
+        problems.append(
+            "privacy.ledger and caps: a deployment charges each hospital's own ledger, "
+            "capped by its steward (dpfl deploy hospital --ledger, --cap), never a file "
+            "beside the server"
+        )
     if kind.pools_data:
         problems.append(f"{kind.name} pools every hospital's records: it cannot be deployed")
     if config.summing == "ideal":

@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import traceback
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
@@ -47,13 +47,13 @@ from dpfl.allocator import keep_freed_memory
 from dpfl.data.dataset import DataFormatError
 from dpfl.engines.accounts import UnaffordablePlan
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.config import SiloBudget, Study, StudyConfig, grid_pairs
+from dpfl.experiments import spending
+from dpfl.experiments.config import Study, StudyConfig, grid_pairs
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.datasheet import datasheet
 from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.experiments.store import ResultsStore, RunResults, RunRow, owned_ledger
 from dpfl.experiments.study_dir import claim
-from dpfl.federation.silo import Silo
 from dpfl.local.device import DeviceError
 from dpfl.local.device import resolve as resolve_device
 from dpfl.models.factories import ModelError
@@ -70,6 +70,11 @@ Progress = Callable[[str], None]
 
 class StudyInUseError(OSError):
     """Another process holds the study directory."""
+
+
+class RefusedPlan(ValueError):
+    """A point's plan that would pass a budget or a cap, refused before round 0 with the
+    remedies a study file's user has: nothing was charged (shown in one line)."""
 
 
 def run_study(
@@ -279,19 +284,18 @@ def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
     and build its results; what any worker runs. An error is returned as the point's
     failure; Ctrl-C and a damaged ledger are raised, leaving the point to resume."""
     key = config.key()
-    shared = config.privacy.ledger
-    ledger_file = Path("ledgers") / f"{key}.sqlite" if shared is None else Path(shared)
+    ledger_file = spending.ledger_file(config, _own_ledger(key))
     checkpoint = _checkpoint(out, key)
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
-        result = _simulate(config, key, out / ledger_file, checkpoint)
+        result = _simulate(config, key, out, checkpoint)
         if result.interrupted:
             raise KeyboardInterrupt
         return _results(config, key, result, ledger_file, time.perf_counter() - started)
     except (KeyboardInterrupt, SystemExit, DamagedFileError):
         raise  # left 'running': a restart resumes it from its checkpoint
-    except (DataFormatError, ModelError, DeviceError) as exc:  # bad input: one line says why
+    except (DataFormatError, ModelError, DeviceError, RefusedPlan) as exc:  # one line says why
         return PointFailure(f"{type(exc).__name__}: {exc}")
     except Exception as exc:
         return PointFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
@@ -413,12 +417,17 @@ def _checkpoint(out: Path, key: str) -> Path:
     return out / "checkpoints" / f"{key}.pt"
 
 
+def _own_ledger(key: str) -> Path:
+    """A point's own ledger in the study directory, where the study names no shared one."""
+    return Path("ledgers") / f"{key}.sqlite"
+
+
 def _label(key: str, grid: dict[str, Any]) -> str:
     """`ab12cd34 learning_rate=0.5`: the last part of each grid key tells points apart."""
     return " ".join([key[:8], *grid_pairs(grid, last_part=True)])
 
 
-def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> SimulationResult:
+def _simulate(config: StudyConfig, key: str, out: Path, checkpoint: Path) -> SimulationResult:
     resolve_device(config.device)  # no CUDA for "cuda": refused before any record is read
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
@@ -430,13 +439,15 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
             "accounted by RDP only: set privacy.accountant = 'rdp'"
         )
     fixed_noise = privacy.noise_multiplier is not None or algorithm.sets_own_noise
+    hospitals = {s.name: s.neighbouring for s in silos}
     with (
-        Ledger(ledger, accountant=privacy.accountant, study=_study_book(config, key)) as book,
+        spending.charged(
+            config, key, out / _own_ledger(key), hospitals, accountant=privacy.accountant
+        ) as book,
         _in_study_terms(),
     ):
-        if privacy.ledger is None:
+        if book.study is None:
             book.claim(key)  # readers refuse this ledger for any other run
-        _cap_hospitals(book, privacy.caps, silos)
         return simulate(
             algorithm,
             silos,
@@ -464,31 +475,13 @@ def _simulate(config: StudyConfig, key: str, ledger: Path, checkpoint: Path) -> 
         )
 
 
-def _study_book(config: StudyConfig, key: str) -> str | None:
-    """The run's accounts' name in a shared ledger (`privacy.ledger`): `study/run id`, so
-    that a cap's refusal names the study, and a resume or its trials reopen their own
-    accounts (None: the run's own ledger, claimed with its id)."""
-    return None if config.privacy.ledger is None else f"{config.name}/{key}"
-
-
-def _cap_hospitals(book: Ledger, caps: Mapping[str, SiloBudget], silos: Sequence[Silo]) -> None:
-    """Cap each named hospital's records in the shared ledger (the same cap again: a
-    no-op; another: refused), under its silo's neighbouring relation, so that every
-    trial's account over them spends from the cap (`register_accounts`)."""
-    relation = {s.name: s.neighbouring for s in silos}
-    for name, cap in caps.items():
-        if name not in relation:
-            raise ValueError(f"privacy.caps: no hospital {name!r} (the silos: {sorted(relation)})")
-        book.cap_dataset(name, epsilon=cap.epsilon, delta=cap.delta, neighbouring=relation[name])
-
-
 @contextmanager
 def _in_study_terms() -> Iterator[None]:
     """A plan the budget refuses, with the remedies a study file's user has."""
     try:
         yield
     except UnaffordablePlan as exc:
-        raise ValueError(
+        raise RefusedPlan(
             f"{exc.why}; raise privacy.noise_multiplier, lower rounds, or leave "
             "privacy.noise_multiplier out of the study file (σ is then calibrated to "
             "privacy.epsilon)"
@@ -519,7 +512,7 @@ def _results(
     own = Accountant(config.privacy.accountant)
     other = Accountant.RDP if own is Accountant.PLD else Accountant.PLD
     privacy = []
-    study = _study_book(config, key)
+    study = spending.book(config.name, key, config.privacy.ledger)
     opened = (
         owned_ledger(result.ledger_path, key)
         if study is None

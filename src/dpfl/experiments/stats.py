@@ -33,7 +33,7 @@ from dpfl.data.dataset import Dataset
 from dpfl.engines.accounts import account
 from dpfl.engines.flower_protocol import Analytics
 from dpfl.engines.streams import stats_noise
-from dpfl.experiments import datasets
+from dpfl.experiments import datasets, spending
 from dpfl.experiments.config import AnalyticsConfig, StudyConfig
 from dpfl.federation.messages import SecureSum
 from dpfl.files import replacing
@@ -174,10 +174,12 @@ def deployed(config: StudyConfig) -> Analytics | None:
 
 
 def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRun:
-    """Release the study's `[analytics]`, charged to `out/ledger.sqlite` (reopened: a
-    second run spends from what the first spent, and is refused past a budget), or to
-    `ledger`, a ledger shared by studies (the study's accounts under its name, and where
-    it caps a dataset of a hospital's name, that cap too)."""
+    """Release the study's `[analytics]`, charged where its spending goes
+    (`dpfl.experiments.spending`): its shared `[privacy] ledger` (or `ledger`, for a study
+    that names none), its accounts under `study/stats` and its `[privacy.caps]` set, or
+    `out/ledger.sqlite` (reopened: a second run spends from what the first spent). The
+    whole plan is checked against the budgets and caps before anything is released."""
+    config = spending.sharing(config, ledger)
     analytics = config.analytics
     records, classes = cohort(config)
     chosen = queries(analytics, classes)
@@ -191,8 +193,11 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
     sigma = noise_multiplier(config, len(chosen))
     out.mkdir(parents=True, exist_ok=True)
     accounts = {name: [account(name, t) for t in range(config.trials)] for name in records}
-    path, study = (out / LEDGER, None) if ledger is None else (ledger, config.name)
-    with Ledger(path, accountant=privacy.accountant, study=study) as book:
+    hospitals = dict.fromkeys(records, neighbouring)
+    path = spending.ledger_file(config, out / LEDGER)
+    with spending.charged(
+        config, "stats", out / LEDGER, hospitals, accountant=privacy.accountant
+    ) as book:
         book.register_silos(_budgets(config, accounts, neighbouring, book))
         released = describe(
             records,

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from dpfl.experiments import spending
 from dpfl.privacy import Ledger
 from dpfl.sqlite_file import DamagedFileError, open_database, schema_of, write_transaction
 
@@ -526,8 +527,8 @@ class ResultsStore:
         if delta is not None and rows:
             from dpfl.engines.simulation import account  # imports torch: only when needed
 
-            shared = run.config.get("privacy", {}).get("ledger") is not None
-            book_of = f"{run.study}/{run.id}" if shared else None  # runner._study_book's
+            shared = run.config.get("privacy", {}).get("ledger")
+            book_of = spending.book(run.study, run.id, shared)
             with Ledger(self.ledger_of(run), create=False, study=book_of) as book:
                 rows = [
                     (

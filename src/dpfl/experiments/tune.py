@@ -31,10 +31,13 @@ private method and its non-private reference get the same budget of tuning runs
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import tempfile
 from collections import Counter
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -43,17 +46,18 @@ import numpy as np
 import torch
 
 from dpfl.data import partition
-from dpfl.engines.accounts import Calibration
+from dpfl.engines.accounts import Calibration, register_accounts
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.simulation import account, drawn_schedule, participations, simulate
-from dpfl.experiments import datasheet
+from dpfl.experiments import datasheet, spending
 from dpfl.experiments.best import LOWER_IS_BETTER
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
-from dpfl.privacy import Accountant, Budget, Ledger, events, selection
+from dpfl.privacy import Accountant, Ledger, events, selection
+from dpfl.privacy.errors import BudgetExceededError
 
 RESULT = "tuned.json"
 LEDGER = "ledger.sqlite"
@@ -81,6 +85,11 @@ class Tuned:
     """The validation records and what ε covers (`datasheet.selection`); empty in a
     selection released before it was written (its validation was from the training
     records)."""
+    ledger: str = LEDGER
+    """The ledger charged (`dpfl.experiments.spending`): relative to the selection's
+    folder, or the study's shared ledger."""
+    book: str | None = None
+    """The selection's accounts' book in a shared ledger (`spending.book`)."""
 
 
 def tune(
@@ -93,7 +102,9 @@ def tune(
     validation_fraction: float | None = None,
 ) -> Tuned:
     """Select among `study`'s grid points privately (see the module docstring) and write
-    the outcome to `out/tuned.json`, the charges to `out/ledger.sqlite`.
+    the outcome to `out/tuned.json`, the charges where the study's spending goes
+    (`dpfl.experiments.spending`: its shared ledger, or `out/ledger.sqlite`), the whole
+    selection checked against its budgets and caps before any candidate trains.
     `validation_fraction`: the study's `tune.validation_fraction` unless given."""
     points = [config for _, config in study.points]
     first = _check(points, validation_fraction)
@@ -107,7 +118,12 @@ def tune(
     tuning, tested = selection_silos(first, fraction)
     privacy = first.privacy
     budgets = {s.name: _budget(first, s.name) for s in tested} if privacy.private else {}
-    sigma = _calibrated(points, tuning, budgets, mean, shape) if privacy.private else None
+    sigma, planned = (
+        _calibrated(points, tuning, budgets, mean, shape) if privacy.private else (None, {})
+    )
+    release = _release(points, metric, mean, shape, fraction)
+    if privacy.private:  # the whole selection, before any candidate trains
+        _check_plan(first, release, folder, tuning, budgets, planned)
     # K and the candidates' points must be unpredictable for the bound to hold, as the
     # noise must: seeded only with research noise (whose ε holds for no release anyway)
     rng = np.random.default_rng([first.seed, 17] if first.research_noise else None)
@@ -149,9 +165,10 @@ def tune(
             "the candidates recorded different privacy events: the search space may vary "
             "only what leaves the mechanism unchanged (not rounds, batch sizes, epochs)"
         )
-    spent = _charge(
-        folder / LEDGER, tuning, budgets, recorded, mean, shape, study.name, len(points)
-    )
+    spent = {}
+    if privacy.private:
+        with _charging(first, release, folder, tuning, budgets) as book:
+            spent = _charge(book, tuning, recorded, mean, shape, study)
     if best is None:  # Poisson K = 0: the selection released nothing
         raise ValueError("the selection drew no candidate (Poisson K = 0): nothing to release")
     algorithm, result = best[2]
@@ -166,37 +183,83 @@ def tune(
         mean=mean,
         shape=shape,
         datasheet=datasheet.selection(first.tune.validation, fraction, privacy.private),
+        ledger=str(spending.ledger_file(first, Path(LEDGER))),
+        book=spending.book(first.name, release, privacy.ledger),
     )
     (folder / RESULT).write_text(json.dumps(dataclasses.asdict(tuned), indent=1) + "\n")
     return tuned
 
 
-def _charge(
-    file: Path,
+def _release(
+    points: list[StudyConfig], metric: str, mean: float, shape: float, fraction: float
+) -> str:
+    """The selection's id, its accounts' book in a shared ledger (`spending.book`): its
+    grid's points, metric, law and validation fraction (the same selection made again
+    reopens its accounts, whose budget it spent)."""
+    chosen = json.dumps([sorted(p.key() for p in points), metric, mean, shape, fraction])
+    return "tune-" + hashlib.sha256(chosen.encode()).hexdigest()[:16]
+
+
+@contextmanager
+def _charging(
+    config: StudyConfig,
+    release: str,
+    folder: Path,
     silos: list[Silo],
     budgets: dict[str, tuple[float, float]],
+) -> Iterator[Ledger]:
+    """The ledger the selection is charged to (`spending.charged`: the study's shared
+    ledger, its caps set, or `folder/ledger.sqlite`), each silo's account opened with its
+    budget, spending from its hospital's cap where the ledger has one."""
+    hospitals = {s.name: s.neighbouring for s in silos}
+    own = folder / LEDGER
+    with spending.charged(config, release, own, hospitals, accountant=Accountant.RDP) as book:
+        register_accounts(book, silos, 1, budgets)
+        yield book
+
+
+def _check_plan(
+    config: StudyConfig,
+    release: str,
+    folder: Path,
+    silos: list[Silo],
+    budgets: dict[str, tuple[float, float]],
+    planned: dict[str, events.PrivacyEvent],
+) -> None:
+    """Refuse the selection (`planned`: each silo's tuned event, every candidate's
+    training in it) where it would pass a silo's budget or its hospital's cap, with what
+    every other study spent, before any candidate trains; nothing is charged. An own
+    ledger not yet in `folder` holds nothing, and σ is calibrated so that the selection
+    fits the budgets: it is left uncreated until the selection is charged."""
+    if config.privacy.ledger is None and not (folder / LEDGER).exists():
+        return
+    with _charging(config, release, folder, silos, budgets) as book:
+        why = book.refusal([(account(s, 0), planned[s.name]) for s in silos])
+    if why is not None:
+        raise BudgetExceededError(
+            f"the selection is refused before any candidate trains: {why}; lower "
+            "privacy.epsilon (σ is calibrated to it)"
+        )
+
+
+def _charge(
+    book: Ledger,
+    silos: list[Silo],
     recorded: list[dict[str, Counter[str]]],
     mean: float,
     shape: float,
-    name: str,
-    points: int,
+    study: Study,
 ) -> dict[str, float]:
-    """Charge each silo the selection, once; each silo's ε after it (none: non-private)."""
-    if not budgets:
-        return {}
-    with Ledger(file, accountant=Accountant.RDP) as book:
-        book.register_silos(
-            {account(s, 0): Budget(*budgets[s.name], s.neighbouring, s.public_size) for s in silos}
-        )
-        run = recorded[0] if recorded else {s.name: Counter[str]() for s in silos}
-        book.record_many(
-            [
-                (account(s, 0), events.tuned(_composed(run[s.name]), mean=mean, shape=shape))
-                for s in silos
-            ],
-            label=f"private selection over {points} points of {name}",
-        )
-        return {s.name: book.spent(account(s, 0)).epsilon for s in silos}
+    """Charge each silo the selection, once; each silo's ε after it."""
+    run = recorded[0] if recorded else {s.name: Counter[str]() for s in silos}
+    book.record_many(
+        [
+            (account(s, 0), events.tuned(_composed(run[s.name]), mean=mean, shape=shape))
+            for s in silos
+        ],
+        label=f"private selection over {len(study.points)} points of {study.name}",
+    )
+    return {s.name: book.spent(account(s, 0)).epsilon for s in silos}
 
 
 def released(folder: str | Path, *, delta: float) -> tuple[Tuned, float]:
@@ -210,7 +273,7 @@ def released(folder: str | Path, *, delta: float) -> tuple[Tuned, float]:
         raise ValueError(why) from exc
     if tuned.noise_multiplier is None:  # a non-private study: no ledger
         return tuned, math.inf
-    with Ledger(folder / LEDGER, create=False) as book:
+    with Ledger(folder / tuned.ledger, create=False, study=tuned.book) as book:
         worst = max(book.spent(silo, delta=delta).epsilon for silo in book.silos())
     return tuned, worst
 
@@ -325,9 +388,10 @@ def _calibrated(
     budgets: dict[str, tuple[float, float]],
     mean: float,
     shape: float,
-) -> float:
+) -> tuple[float, dict[str, events.PrivacyEvent]]:
     """The least σ for which the selection (over runs of the points' one plan) fits
-    every silo's budget; points that plan different events are refused."""
+    every silo's budget, and each silo's selection at that σ (its tuned event); points
+    that plan different events are refused."""
     infos = [s.info for s in silos]
     plans = [_plan(config, silos) for config in points]
     if any(plan[0] != plans[0][0] for plan in plans):
@@ -337,7 +401,7 @@ def _calibrated(
             "epochs, client rates, threshold noise)"
         )
     _, algorithm, planned, others = plans[0]
-    return Calibration(
+    calibration = Calibration(
         algorithm,
         infos,
         planned,
@@ -345,7 +409,9 @@ def _calibrated(
         Accountant.RDP,
         others,
         wrap=lambda run: events.tuned(run, mean=mean, shape=shape),
-    ).common()
+    )
+    sigma = calibration.common()
+    return sigma, {s.name: calibration.plan(s, sigma) for s in infos}
 
 
 def _plan(

@@ -8,7 +8,10 @@ under its own name):
 
 * A dataset may be capped (`cap_dataset`): the accounts that spend from it (every study's
   over the same records) are then also held, together, to the cap, by the accountant's
-  composition of the union of their events (never a sum of ε's).
+  composition of the union of their events (never a sum of ε's): PLD where it can
+  analyse every study's events, else RDP (`_CAP_ACCOUNTANT`), whichever accountant each
+  study chose, so that one study's events (a selection's, which RDP alone analyses) never
+  make the cap unreadable to another.
 * `record` computes ε outside the write lock, then, in one write transaction
   (`BEGIN IMMEDIATE`), checks that the ledger is still what it computed from (or that
   what changed is still within what was shown affordable) before it inserts; otherwise
@@ -78,6 +81,8 @@ CREATE INDEX IF NOT EXISTS memberships_by_dataset ON memberships(dataset);
 """
 # schema 1 had no facts (no owner, no released values); schema 2 no dataset caps, no studies
 _MIGRATIONS = {1: _FACTS, 2: _DATASETS}
+_CAP_ACCOUNTANT: Accountant | None = None
+"""A cap's accountant: PLD where it can analyse all its events, else RDP."""
 _PATIENCE = 600.0
 """Seconds `record` keeps trying to take the write lock (each try waits up to 30 s):
 writers hold it only to insert, so only a stuck process holds it that long."""
@@ -192,6 +197,11 @@ class _Limit:
     before: Counter[str]
     after: Counter[str]
     charged: list[PrivacyEvent]
+    accountant: Accountant | None
+    """An account's: the ledger's; a cap's: `_CAP_ACCOUNTANT`."""
+
+    def epsilon_of(self, history: Counter[str]) -> EpsilonReport:
+        return _composed_epsilon(_key(history), self.neighbouring, self.delta, self.accountant)
 
 
 def _guarded(
@@ -291,7 +301,7 @@ class Ledger:
         for (name,) in self._db.execute("SELECT dataset FROM datasets ORDER BY rowid").fetchall():
             cap = _cap_or_none(self._db, name)
             assert cap is not None
-            chosen = accountant or self.accountant
+            chosen = accountant or _CAP_ACCOUNTANT
             by_study = {
                 study: _composed_epsilon(_key(history), cap.neighbouring, cap.delta, chosen)
                 for study, history in _dataset_histories(self._db, name).items()
@@ -438,12 +448,13 @@ class Ledger:
         """How many more times `event` fits in the silo's budget and its dataset's cap
         (e.g. DP-SGD steps left)."""
         budget = self._budget_for(silo, event)
-        limits: list[tuple[float, float, Counter[str]]] = [
-            (budget.epsilon, budget.delta, _history(self._db, self._stored(silo)))
+        limits: list[tuple[float, float, Counter[str], Accountant | None]] = [
+            (budget.epsilon, budget.delta, _history(self._db, self._stored(silo)), self.accountant)
         ]
         cap = None if budget.dataset is None else _cap_or_none(self._db, budget.dataset)
         if cap is not None:
-            limits.append((cap.epsilon, cap.delta, _dataset_history(self._db, cap.dataset)))
+            history = _dataset_history(self._db, cap.dataset)
+            limits.append((cap.epsilon, cap.delta, history, _CAP_ACCOUNTANT))
         return min(
             calibration.max_steps(
                 eps,
@@ -457,9 +468,9 @@ class Ledger:
                         events.repeat(event, count),
                     ]
                 ),
-                accountant=self.accountant,
+                accountant=accountant,
             )
-            for eps, delta, history in limits
+            for eps, delta, history, accountant in limits
         )
 
     def record(
@@ -681,6 +692,7 @@ class Ledger:
                 befores[stored],
                 Counter(befores[stored]),
                 [],
+                self.accountant,
             )
             for stored, budget in ((self._stored(s), b) for s, b in budgets.items())
             if budget.epsilon != math.inf
@@ -696,6 +708,7 @@ class Ledger:
                     history,
                     Counter(history),
                     [],
+                    _CAP_ACCOUNTANT,
                 )
         for silo, event in charges:
             budget, leaves = budgets[silo], _leaves(event)
@@ -718,14 +731,11 @@ class Ledger:
                 times = max(1, min(limit.before[leaf] // n for leaf, n in added.items()) // 8)
                 further = limit.after + Counter({leaf: n * times for leaf, n in added.items()})
                 if not self._known(self._over_budget, limit.key, further, within=False):
-                    if (
-                        self._epsilon(further, limit.neighbouring, limit.delta).epsilon
-                        <= limit.epsilon
-                    ):
+                    if limit.epsilon_of(further).epsilon <= limit.epsilon:
                         self._remember(self._within_budget, limit.key, further)
                         continue
                     self._remember(self._over_budget, limit.key, further)
-            report = self._epsilon(limit.after, limit.neighbouring, limit.delta)
+            report = limit.epsilon_of(limit.after)
             if report.epsilon > limit.epsilon:
                 raise BudgetExceededError(self._refused(limit, report))
             self._remember(self._within_budget, limit.key, limit.after)
@@ -733,7 +743,7 @@ class Ledger:
     def _refused(self, limit: _Limit, report: EpsilonReport) -> str:
         """Why `limit` refuses the charges: for a dataset's cap, with the studies that
         spent it."""
-        spent = self._epsilon(limit.before, limit.neighbouring, limit.delta).epsilon
+        spent = limit.epsilon_of(limit.before).epsilon
         kind, name = limit.key.split(" ", 1)
         what = " and ".join(event.describe() for event in limit.charged)
         if kind == "silo":
@@ -744,7 +754,7 @@ class Ledger:
                 "was recorded"
             )
         studies = ", ".join(
-            f"{study} (ε={self._epsilon(history, limit.neighbouring, limit.delta).epsilon:.4g})"
+            f"{study} (ε={limit.epsilon_of(history).epsilon:.4g})"
             for study, history in _dataset_histories(self._db, name).items()
         )
         return (
