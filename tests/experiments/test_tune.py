@@ -153,6 +153,30 @@ def test_the_validation_part_comes_out_of_the_training_records() -> None:
     assert abs(held.y.float().mean() - silo.y.float().mean()) < 0.02  # stratified
 
 
+def test_a_patient_level_silos_validation_part_holds_whole_patients() -> None:
+    """Under a patient unit the validation part is whole patients: none has records on
+    both sides, the training part keeps its patients' ids, and the public size (which
+    counts patients) shrinks by the public fraction. It was a split of records, which a
+    patient-level silo refused (its units no longer matched its records)."""
+    rng = np.random.default_rng(0)
+    units = np.repeat(np.arange(40), rng.integers(1, 5, 40))
+    x = rng.normal(size=(len(units), 3))
+    y = (rng.random(40) < 0.3).astype(np.int64)[units]  # a patient's records share a class
+    silo = Silo.from_arrays("h", x, y, x[:5], y[:5], public_size=40, units=units)
+    held = with_validation(silo, 0.25, 0)
+    assert held.units is not None and len(held.units) == held.size
+    kept = set(held.units.tolist())
+    validation_rows = {tuple(r) for r in np.round(held.x_test.numpy(), 6)}  # type: ignore[union-attr]
+    left = {
+        int(u)
+        for u, r in zip(units, np.round(x.astype(np.float32), 6), strict=True)
+        if tuple(r) in validation_rows
+    }
+    assert left and not kept & left and kept | left == set(range(40))
+    assert held.size + len(validation_rows) == silo.size
+    assert held.public_size == 40 - round(0.25 * 40)
+
+
 def test_held_out_validation_records_are_no_candidates_training_records(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

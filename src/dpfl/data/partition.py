@@ -164,6 +164,17 @@ def per_silo_splits(
     return result
 
 
+def patient_sides(
+    units: np.ndarray, strata: np.ndarray, fractions: Sequence[float], seed: int
+) -> list[np.ndarray]:
+    """Records split by patient (`units`: each record's patient), all of a patient's
+    records on one side: the patients split as one silo's stratified parts, each stratified
+    by its first record's class or event. Returns each side's sorted record positions."""
+    _, first, inverse = np.unique(units, return_index=True, return_inverse=True)
+    sides = per_silo_splits([np.arange(len(first))], strata[first], list(fractions), seed)[0]
+    return [np.flatnonzero(np.isin(inverse, side)) for side in sides]
+
+
 def check_partition(partition: Partition, n_records: int) -> None:
     """Raise unless the silos cover each of `n_records` records exactly once."""
     counts = np.bincount(np.concatenate(partition), minlength=n_records)

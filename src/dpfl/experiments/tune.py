@@ -338,11 +338,33 @@ def validation_split(
 
 def with_validation(silo: Silo, fraction: float, seed: int) -> Silo:
     """The silo's training records less a stratified validation part, which becomes its
-    test set during the selection; the public size shrinks by the public fraction."""
-    (x, y), validation = _stratified(silo.name, "training", silo.x, silo.y, fraction, seed)
+    test set during the selection; the public size shrinks by the public fraction. Under
+    a patient unit whole patients are held out (`partition.patient_sides`: none is on
+    both sides), and the public size counts patients."""
+    if silo.units is None:
+        (x, y), validation = _stratified(silo.name, "training", silo.x, silo.y, fraction, seed)
+        units = None
+    else:
+        kept, held = partition.patient_sides(
+            silo.units, _strata(silo.y), [1 - fraction, fraction], seed
+        )
+        if not len(kept) or not len(held):
+            raise ValueError(
+                f"silo {silo.name!r}: its patients leave no validation or no other patient "
+                f"at a validation fraction of {fraction:g}"
+            )
+        x, y = silo.x.index_select(0, _index(kept)), silo.y[_index(kept)]
+        validation = silo.x.index_select(0, _index(held)), silo.y[_index(held)]
+        units = silo.units[kept]
     size = silo.declared_size - round(fraction * silo.declared_size)
     return dataclasses.replace(
-        silo, x=x, y=y, x_test=validation[0], y_test=validation[1], public_size=size
+        silo,
+        x=x,
+        y=y,
+        x_test=validation[0],
+        y_test=validation[1],
+        public_size=size,
+        units=units,
     )
 
 
@@ -364,18 +386,22 @@ def _stratified(
 ) -> tuple[Records, Records]:
     """Records split into the rest and a stratified `fraction` (by class, or by event for
     survival labels); refuses a split that leaves either part empty."""
-    labels = y.numpy()
-    strata = labels if labels.ndim == 1 else labels[:, 1].astype(np.int64)
-    kept, held = partition.stratified_split(strata, [1 - fraction, fraction], seed)
+    kept, held = partition.stratified_split(_strata(y), [1 - fraction, fraction], seed)
     if not len(kept) or not len(held):
         raise ValueError(
-            f"silo {name!r}: its {len(labels)} {kind} records leave no validation or no "
+            f"silo {name!r}: its {len(y)} {kind} records leave no validation or no "
             f"other record at a validation fraction of {fraction:g}"
         )
     return (x.index_select(0, _index(kept)), y[_index(kept)]), (
         x.index_select(0, _index(held)),
         y[_index(held)],
     )
+
+
+def _strata(y: torch.Tensor) -> np.ndarray:
+    """What a split stratifies by: the class, or for survival labels the event."""
+    labels = y.numpy()
+    return labels if labels.ndim == 1 else labels[:, 1].astype(np.int64)
 
 
 def _index(rows: np.ndarray) -> torch.Tensor:

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from dpfl.data.dataset import Dataset, check_survival, first_records
-from dpfl.data.partition import per_silo_splits
+from dpfl.data.partition import patient_sides, per_silo_splits
 from dpfl.privacy import Neighbouring
 
 
@@ -291,17 +291,11 @@ def silos_from_splits(
 def _patient_split(
     dataset: Dataset, part: np.ndarray, fractions: Sequence[float], seed: int
 ) -> list[np.ndarray]:
-    """One silo's train/test split by patient (all of a patient's records on one side),
-    stratified by each patient's first record's class or event."""
+    """One silo's train/test split by patient (`patient_sides`)."""
     assert dataset.units is not None
     part = np.asarray(part, dtype=np.int64)
-    patients, first, inverse = np.unique(
-        dataset.units[part], return_index=True, return_inverse=True
-    )
-    sides = per_silo_splits(
-        [np.arange(len(patients))], dataset.strata[part][first], list(fractions), seed
-    )[0]
-    return [np.sort(part[np.isin(inverse, side)]) for side in sides]
+    sides = patient_sides(dataset.units[part], dataset.strata[part], fractions, seed)
+    return [np.sort(part[side]) for side in sides]
 
 
 def _features(dataset: Dataset, rows: np.ndarray) -> Tensor:
