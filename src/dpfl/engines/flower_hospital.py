@@ -313,7 +313,7 @@ class _Hospital:
     def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
         """The hospital's ledger with its accounts (its budget binds the server's view;
         other views are recorded, never binding)."""
-        book = _ledger(self.me, self.run)
+        book = _ledger(self.me, self.run, self.silo)
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         declared = {self.me.name: self.me.public_size}
         try:  # a budget other than the one registered before is refused
@@ -719,14 +719,17 @@ def client_app(deployment_of: DeploymentOf) -> ClientApp:
     return app
 
 
-def _ledger(me: HospitalConfig, run: Deployment) -> Ledger:
+def _ledger(me: HospitalConfig, run: Deployment, silo: Silo) -> Ledger:
     """The hospital's ledger; with a dataset budget, the study's book in it (accounts under
-    the study's key) and its records' cap, which every study's accounts spend from."""
+    the study's key) and its records' cap, which every study's accounts spend from, under
+    the study's relation for `silo` (a patient-level study's: add/remove one patient)."""
     if me.dataset_budget is None:
         return Ledger(me.ledger, accountant=run.accountant)
     book = Ledger(me.ledger, accountant=run.accountant, study=run.key)
     try:
-        book.cap_dataset(me.name, epsilon=me.dataset_budget, delta=me.delta)
+        book.cap_dataset(
+            me.name, epsilon=me.dataset_budget, delta=me.delta, neighbouring=silo.neighbouring
+        )
     except BaseException:
         book.close()
         raise
@@ -745,7 +748,7 @@ def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
     re-used by every later message and run over that ledger."""
     assert run.size_noise is not None
     k = sorted(run.roster.identities).index(me.name)  # its index among the run's silos
-    with _ledger(me, run) as book:
+    with _ledger(me, run, silo) as book:
         register_accounts(book, [silo], 1, {me.name: (me.epsilon, me.delta)})
         new = book.released(f"record count of {me.name}") is None
         (counted,), _ = public_sizes(
