@@ -98,12 +98,26 @@ class Reply:
 
 @dataclass(frozen=True)
 class Member:
-    """One (trial, silo) of a round's hospital work."""
+    """One (trial, silo) of a round's hospital work: its instruction's model is refused
+    here, where it reaches the hospital half in either engine, unless it is finite."""
 
     instruction: Instruction
     silo: Silo
     state: LocalState
     ctx: HospitalContext
+
+    def __post_init__(self) -> None:
+        finite(self.instruction.params, f"the model sent to silo {self.silo.name!r}")
+
+
+def finite(params: Params | None, what: str) -> None:
+    """Refuse (ValueError, naming `what` and the parameter) a model holding NaN or ±∞,
+    before anything is computed from it or charged: 0·∞ is NaN, so a server's ∞ in one
+    input weight would turn a whole reply to NaN exactly when a record holds a 0 there,
+    whatever the noise, a bit about that record that no ε covers."""
+    for name, value in (params or {}).items():
+        if not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{what} holds NaN or infinity (in {name!r}): refused")
 
 
 def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction]:
