@@ -18,6 +18,7 @@ from dpfl.federation.messages import Encoding, encode
 
 from .conftest import public_fields
 from .test_flower import InProcessGrid, entries, hospitals, study
+from .test_flower_calibration import CALIBRATED
 from .test_flower_table import flower_study, table_hospitals, table_study
 from .test_roster import asked
 
@@ -135,3 +136,17 @@ def test_a_table_studys_classes_and_declared_sizes_are_the_studys(
     lied = [fields["sizes"][0], fields["sizes"][1] + 1, fields["sizes"][2]]
     _refused_everywhere(grid, {**fields, "sizes": lied}, "public sizes below 1 or not the study's")
     assert asked(grid, 2, "query.plan", fields)["accepted"]
+
+
+@pytest.mark.parametrize("sigma", [torch.inf, torch.nan, 0.0])
+def test_a_calibrated_studys_sigma_must_be_finite_and_positive(
+    study: Path, tmp_path: Path, sigma: float
+) -> None:
+    """Refused where the server's σ is read, before the accountant sees it (σ = ∞ used to
+    reach it, and come back as its PrivacyParameterError)."""
+    study.write_text(CALIBRATED, encoding="utf-8")
+    nodes = hospitals(study, tmp_path / "hospitals")
+    grid = InProcessGrid(nodes.values())
+    fields = {**public_fields(study), "noise": [sigma] * 3}
+    _refused_everywhere(grid, fields, "the server states no finite σ > 0 for each silo")
+    assert asked(grid, 2, "query.plan", {**fields, "noise": [1.0] * 3})["accepted"]

@@ -23,6 +23,7 @@ it re-sends the same reply (uncharged; a masked one is retrained and paid for).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -311,8 +312,8 @@ class _Hospital:
         if self.run.calibration is None:
             return algorithm, silos
         noise = [float(v) for v in fields.get("noise", [])]
-        if len(noise) != len(silos) or not all(v > 0 for v in noise):
-            raise DeploymentError(f"the server states no σ > 0 for each silo: {noise}")
+        if len(noise) != len(silos) or not all(0 < v < math.inf for v in noise):
+            raise DeploymentError(f"the server states no finite σ > 0 for each silo: {noise}")
         if self.run.calibration == "per-silo":
             by_silo = {s.name: v for s, v in zip(silos, noise, strict=True)}
             return algorithm.with_silo_noise(by_silo), silos
