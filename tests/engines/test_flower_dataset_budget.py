@@ -16,16 +16,20 @@ from flwr.app import Context, RecordDict
 from dpfl.engines import loopback
 from dpfl.engines.flower import serve
 from dpfl.experiments.deploy import deployment_of, server_app
-from dpfl.privacy import Ledger
+from dpfl.privacy import Ledger, Neighbouring
 
 from .test_flower import STUDY, InProcessGrid, hospitals, study
+from .test_flower_table import STUDY as TABLE
+from .test_flower_table import flower_study, table_hospitals, table_study
 
-__all__ = ["study"]  # the fixture, imported so that pytest finds it
+__all__ = ["flower_study", "study", "table_study"]  # the fixtures, imported for pytest
 
 FIRST = STUDY.replace("rounds = 3", "rounds = 1")
 """One round of the breast-cancer study: ε ≈ 2.97 at each hospital."""
 CAP = 3.5
 """Each hospital's dataset budget: room for one such study, not two."""
+PATIENTS = TABLE.replace('site = "hospital"\n', 'site = "hospital"\nunit = "patient"\n')
+"""The table study with the patient as its unit of privacy."""
 
 
 def capped_hospitals(study: Path, root: Path) -> tuple[dict[str, dict[str, Any]], Path]:
@@ -72,3 +76,21 @@ def test_in_process_a_second_study_past_a_hospitals_dataset_cap_is_refused(
     assert error.exc_info is None and "\n" not in error.getMessage()
     assert error.getMessage().startswith("the deployment stopped after 0 rounds: hospital-0 ")
     second_study_refused(nodes, first, deployment_of(second).key)
+
+
+def test_a_patient_level_study_is_capped_under_its_own_relation(
+    table_study: Path, tmp_path: Path
+) -> None:
+    """A study whose unit is the patient spends from a cap under add/remove one patient
+    (a cap under add/remove one record could not hold its events, and refused it)."""
+    table_study.write_text(PATIENTS, encoding="utf-8")
+    nodes = table_hospitals(table_study, tmp_path / "hospitals")
+    for node in nodes.values():
+        node["dataset-budget"] = 20.0
+    result = serve(InProcessGrid(nodes.values()), deployment_of(table_study))
+    assert result.rounds_completed == 2 and not result.refused and not result.stopped
+    for name, node in nodes.items():
+        with Ledger(Path(node["ledger"]), create=False) as book:
+            (capped,) = book.datasets()
+            assert capped.cap.neighbouring is Neighbouring.ADD_REMOVE_PATIENT
+            assert 0 < capped.spent.epsilon <= 20.0, name

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from dpfl.federation.algorithms.centralized import POOL, pool
 from dpfl.federation.messages import Summed
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.noise import SeededNoise
-from dpfl.privacy import events
+from dpfl.privacy import Ledger, events
 from dpfl.secure import IdealSecureSum, InTheClear, plain_sum
 
 from .test_golden import ALGORITHMS
@@ -193,3 +194,37 @@ def test_every_algorithm_is_registered_by_its_name_with_its_facts() -> None:
     assert [n for n, k in BY_NAME.items() if k.needs_secure_sum] == ["fedsgd_secure"]
     assert [n for n, k in BY_NAME.items() if k.sets_own_noise] == ["aop"]
     assert all(k.threat_model for k in BY_NAME.values())
+
+
+@pytest.mark.parametrize("name", ["fedavg", "sign", "fedsgd_secure", "aop", "mrmtl", "cyclic"])
+def test_a_non_finite_model_is_refused_where_it_reaches_the_hospital_half(
+    name: str,
+    breast_cancer_silos: Callable[[int], list[Silo]],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The simulator's server state holds ∞ in one input weight (issue 46's audit): each
+    hospital half refuses it, with a clear error, before anything is computed or
+    charged (it used to train, charge, and fail at the sum of NaN replies)."""
+    algorithm = ALGORITHMS[name]()
+    start = type(algorithm).initial_state
+
+    def poisoned(self: Algorithm, silos: Sequence[SiloInfo], model: Any = None) -> Any:
+        state = start(self, silos, model)
+        weight = state["global"]["weight"].clone()
+        weight[..., 3] = torch.inf
+        return {**state, "global": {**state["global"], "weight": weight}}
+
+    monkeypatch.setattr(type(algorithm), "initial_state", poisoned)
+    ledger = tmp_path / "ledger.sqlite"
+    with pytest.raises(ValueError, match=r"^the model sent to silo '.+' holds NaN or infinity"):
+        simulate(
+            algorithm,
+            breast_cancer_silos(3),
+            rounds=1,
+            epsilon_budget=8.0,
+            ledger=ledger,
+            progress=False,
+        )
+    with Ledger(ledger, create=False) as book:
+        assert [book.entries(a.silo) for a in book.accounts()] == [[]] * len(book.accounts())

@@ -479,3 +479,63 @@ def test_only_dense_inputs_to_models_without_convolutions_are_stacked() -> None:
     assert not ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(sparse)
     cnn = small_cnn(3, 8, 2, widths=(4,), groups=2)
     assert not ClippedGradientSum(cnn, cross_entropy).stacks_members(torch.zeros(2, 3, 8, 8))
+
+
+class _Wrapped(nn.Module):
+    """Logistic regression that is neither an `nn.Linear` nor an `nn.Sequential`: the
+    generic `vmap(grad)` route."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = logistic_regression(7)
+
+    def forward(self, x: Tensor) -> Tensor:
+        out: Tensor = self.inner(x)
+        return out
+
+
+@pytest.mark.parametrize("route", ["direct", "layers", "mlp", "generic", "grouped"])
+def test_a_non_finite_per_example_gradient_is_zeroed_not_summed(route: str) -> None:
+    """The audit's record: ∞ in one input weight and a record with an exact 0 in that
+    feature, whose gradient is NaN (0·∞). Its contribution is zeroed: the clipped sum is
+    the other records' alone and finite (it used to be NaN, whatever the noise)."""
+    torch.manual_seed(0)
+    model = {"mlp": mlp(7, (5,)), "generic": _Wrapped()}.get(route, logistic_regression(7))
+    model = model.double()
+    params = parameters_of(model)
+    first = next(iter(params))  # the first layer's weight
+    params[first][..., 2] = torch.inf
+    g = torch.Generator().manual_seed(3)
+    x, y = _binary(6, 7, g)
+    x[0, 2] = 0.0  # the audit's record
+    clipped, mask = ClippedGradientSum(model, bce), torch.ones(6, dtype=torch.float64)
+    if route == "direct":
+        sums, norms = clipped.stacked(stack([params]), x[None], y[None], mask[None], 1.0)
+        sums, norms = {k: v[0] for k, v in sums.items()}, norms[0]
+    elif route == "grouped":
+        sums, norms = clipped.grouped(params, x, y, torch.arange(6), 1.0)
+    else:
+        sums, norms = clipped(params, x, y, mask, 1.0)
+    assert not torch.isfinite(norms[0])  # the record's gradient is not finite
+    kept = torch.isfinite(norms)
+    if route == "grouped":
+        alone, _ = clipped.grouped(params, x[kept], y[kept], torch.arange(int(kept.sum())), 1.0)
+    else:
+        alone, _ = clipped(params, x[kept], y[kept], mask[kept], 1.0)
+    for name, value in sums.items():
+        assert torch.isfinite(value).all(), name
+        assert torch.allclose(value, alone[name], rtol=0, atol=1e-12), name
+
+
+def test_a_convolutions_non_finite_per_example_gradient_is_zeroed() -> None:
+    torch.manual_seed(0)
+    model = small_cnn(3, 8, 3, widths=(4,), groups=2).double()
+    params = parameters_of(model)
+    params[next(iter(params))][0, 0, 0, 0] = torch.inf
+    x = torch.randn(3, 3, 8, 8, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    x[0] = 0.0  # 0·∞ at every position of its first channel
+    sums, norms = ClippedGradientSum(model, cross_entropy)(
+        params, x, torch.tensor([0, 1, 2]), torch.ones(3, dtype=torch.float64), 1.0
+    )
+    assert not torch.isfinite(norms[0])
+    assert all(torch.isfinite(v).all() for v in sums.values())

@@ -392,3 +392,20 @@ def test_column_major_copy_holds_the_same_values_in_the_other_layout(
     copy = column_major_copy(value)
     assert torch.equal(copy, value)
     assert copy.mT.is_contiguous() and copy.data_ptr() != value.data_ptr()
+
+
+def test_a_record_whose_gradient_overflows_adds_nothing_and_the_update_stays_finite() -> None:
+    """A finite model can overflow on a record (issue 46): weights ±3e38 on two features
+    make 2·3e38 − 2·3e38 = ∞ − ∞ = NaN for a record holding 2 in both. Its gradient is
+    zeroed before the noise, so the trained model is finite (it used to be NaN)."""
+    model = logistic_regression(4)
+    start = parameters_of(model)
+    start["weight"] = torch.tensor([[3e38, -3e38, 0.5, -0.5]])
+    x = torch.randn(40, 4, generator=torch.Generator().manual_seed(1))
+    x[:5, :2] = 2.0  # five records whose logit is NaN
+    y = (x[:, 2] > 0).float()
+    config = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.1)
+    sampler = PoissonSampler(40, 0.5, np.random.default_rng(0), public_size=40)
+    trained = DPSGD(model, bce, config).run(start, (x, y), sampler, 3, noise=SeededNoise(0))
+    assert all(torch.isfinite(v).all() for v in trained.params.values())
+    assert torch.isfinite(trained.params["weight"] - start["weight"]).all()

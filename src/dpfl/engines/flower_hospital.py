@@ -23,6 +23,7 @@ it re-sends the same reply (uncharged; a masked one is retrained and paid for).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -48,6 +49,7 @@ from dpfl.engines.evaluation import evaluate, predictions
 from dpfl.engines.flower_protocol import (
     INSTANCE,
     LOG,
+    MOST_CLASSES,
     PROTOCOL,
     SURVIVAL,
     UNHELD,
@@ -69,6 +71,7 @@ from dpfl.federation.algorithms.base import (
     HospitalContext,
     Instruction,
     Reply,
+    finite,
     flat,
     unflat,
 )
@@ -223,16 +226,43 @@ class _Hospital:
     def account(self) -> str:
         return account(self.me.name, 0)
 
-    def hello(self) -> dict[str, Any]:
+    @property
+    def model_input(self) -> tuple[list[int], int]:
+        """The feature shape and classes this hospital announces: its records' (read
+        through the study's schema, where it declares one) and, for classes, the study's
+        where its labels lie in them."""
         declared = SURVIVAL if self.run.schema is None else self.run.schema[1]
-        own = int(self.silo.y.max()) + 1  # the study's classes where its labels lie in them
+        own = int(self.silo.y.max()) + 1
         classes = SURVIVAL if self.silo.survival else max(own, declared)
+        return list(self.silo.x.shape[1:]), classes
+
+    def checked_input(self, fields: Mapping[str, Any]) -> tuple[list[int], int]:
+        """The shape and classes the server states, refused (DeploymentError) before
+        anything is built at them unless they are this hospital's (`model_input`), its
+        classes the study's where it declares them, else at least its own and at most
+        `MOST_CLASSES` (other hospitals may hold classes it lacks): a server's shape
+        [10**9] or a billion classes allocate nothing."""
+        shape, classes = fields["shape"], fields["classes"]
+        mine, announced = self.model_input
+        fixed = self.run.schema is not None or announced == SURVIVAL
+        if not (isinstance(shape, list) and shape == mine and isinstance(classes, int)) or not (
+            classes == announced if fixed else announced <= classes <= MOST_CLASSES
+        ):
+            bound = "" if fixed else f" (or up to {MOST_CLASSES} classes, others' labels)"
+            raise DeploymentError(
+                f"the server states records of shape {shape!r} and {classes!r} classes; "
+                f"{self.me.name}'s are {mine} and {announced}{bound}"
+            )
+        return shape, classes
+
+    def hello(self) -> dict[str, Any]:
+        shape, classes = self.model_input
         return {
             "protocol": PROTOCOL,
             "study": self.run.key,
             "name": self.me.name,
             "public-size": self.silo.declared_size,
-            "shape": list(self.silo.x.shape[1:]),
+            "shape": shape,
             "classes": classes,
             "identity": public_text(read_identity(self.me.identity)),
             **self.protection.announced(self),
@@ -282,8 +312,8 @@ class _Hospital:
         if self.run.calibration is None:
             return algorithm, silos
         noise = [float(v) for v in fields.get("noise", [])]
-        if len(noise) != len(silos) or not all(v > 0 for v in noise):
-            raise DeploymentError(f"the server states no σ > 0 for each silo: {noise}")
+        if len(noise) != len(silos) or not all(0 < v < math.inf for v in noise):
+            raise DeploymentError(f"the server states no finite σ > 0 for each silo: {noise}")
         if self.run.calibration == "per-silo":
             by_silo = {s.name: v for s, v in zip(silos, noise, strict=True)}
             return algorithm.with_silo_noise(by_silo), silos
@@ -308,12 +338,19 @@ class _Hospital:
                 f"the server declares {self.me.name} as {mine}, not with public size "
                 f"{self.silo.declared_size}"
             )
-        return self.run.build(silos, fields["shape"], int(fields["classes"])), silos
+        odd = [
+            s for s in silos if not 1 <= s.public_size == self.run.sizes.get(s.name, s.public_size)
+        ]
+        if odd:
+            raise DeploymentError(
+                f"the server declares public sizes below 1 or not the study's: {odd}"
+            )
+        return self.run.build(silos, *self.checked_input(fields)), silos
 
     def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
         """The hospital's ledger with its accounts (its budget binds the server's view;
         other views are recorded, never binding)."""
-        book = _ledger(self.me, self.run)
+        book = _ledger(self.me, self.run, self.silo)
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         declared = {self.me.name: self.me.public_size}
         try:  # a budget other than the one registered before is refused
@@ -399,12 +436,15 @@ class _Hospital:
                 self.run.roster.check([str(n) for n in fields["cohort"]], "the cohort")
             except RosterError as exc:
                 why = why or str(exc)
+            like = parameters_of(algorithm.model)
+            try:
+                params = _received(fields, like)
+            except DeploymentError as exc:
+                why = why or str(exc)
             if why is None:
                 why = self.protection.refusal(self, fields)
             if why is not None:
                 return self.refused(round_, why)
-            like = parameters_of(algorithm.model)
-            params = _received(fields, like)
             names = {s.name: s for s in silos}
             cohort = tuple(names[str(n)] for n in fields["cohort"])
             before = (
@@ -451,6 +491,10 @@ class _Hospital:
             self.me.delta,
             spent.accountant.value.upper(),
         )
+        if reply is not None and not bool(torch.isfinite(reply.vector).all()):
+            # post-processing of what was charged (a non-finite per-example gradient is
+            # zeroed before the noise, `clipping`), so refusing it after the charge is safe
+            return self.refused(round_, "its reply holds NaN or infinity: charged, not sent")
         if reply is not None:
             at = flower_he.counter(round_, exchange, algorithm.exchanges(silos))
             out.update(self.protection.protected(self, fields, reply, at))
@@ -596,12 +640,19 @@ PROTECTIONS: dict[str, _Protection] = {
 
 
 def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
-    """The model the server sent (None: none was)."""
+    """The model the server sent (None: none was), refused (DeploymentError) unless it
+    has the model's length and is finite (`finite`): checked wherever a hospital decodes
+    it, to train or to evaluate, before anything is computed from it."""
     sent = bytes(fields["params"])
     if not sent:
         return None
     n = sum(v.numel() for v in like.values())
-    return unflat(decode(Encoding.FLOAT32, sent, n), like)
+    try:
+        params = unflat(decode(Encoding.FLOAT32, sent, n), like)
+        finite(params, "the server's model")
+    except ValueError as exc:
+        raise DeploymentError(str(exc)) from None
+    return params
 
 
 def _handler(
@@ -719,14 +770,17 @@ def client_app(deployment_of: DeploymentOf) -> ClientApp:
     return app
 
 
-def _ledger(me: HospitalConfig, run: Deployment) -> Ledger:
+def _ledger(me: HospitalConfig, run: Deployment, silo: Silo) -> Ledger:
     """The hospital's ledger; with a dataset budget, the study's book in it (accounts under
-    the study's key) and its records' cap, which every study's accounts spend from."""
+    the study's key) and its records' cap, which every study's accounts spend from, under
+    the study's relation for `silo` (a patient-level study's: add/remove one patient)."""
     if me.dataset_budget is None:
         return Ledger(me.ledger, accountant=run.accountant)
     book = Ledger(me.ledger, accountant=run.accountant, study=run.key)
     try:
-        book.cap_dataset(me.name, epsilon=me.dataset_budget, delta=me.delta)
+        book.cap_dataset(
+            me.name, epsilon=me.dataset_budget, delta=me.delta, neighbouring=silo.neighbouring
+        )
     except BaseException:
         book.close()
         raise
@@ -745,7 +799,7 @@ def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
     re-used by every later message and run over that ledger."""
     assert run.size_noise is not None
     k = sorted(run.roster.identities).index(me.name)  # its index among the run's silos
-    with _ledger(me, run) as book:
+    with _ledger(me, run, silo) as book:
         register_accounts(book, [silo], 1, {me.name: (me.epsilon, me.delta)})
         new = book.released(f"record count of {me.name}") is None
         (counted,), _ = public_sizes(

@@ -44,6 +44,10 @@ RECORD = "dpfl"
 
 SURVIVAL = 0
 """The "number of classes" a hospital with survival (time, event) labels announces."""
+MOST_CLASSES = 1024
+"""The most classes a hospital builds its model at in a study that declares none (no
+table schema): the server's count is at least the hospital's own, since other hospitals
+may hold labels it lacks, but never a count that would exhaust its memory."""
 
 
 class DeploymentError(RuntimeError):

@@ -62,7 +62,7 @@ from dpfl.secure.masking import SecureAggregationError
 def _book(hospital: _Hospital) -> Iterator[Ledger]:
     """The hospital's ledger with its account, as training registers it."""
     me = hospital.me
-    with _ledger(me, hospital.run) as book:
+    with _ledger(me, hospital.run, hospital.silo) as book:
         budgets = {me.name: (me.epsilon, me.delta)}
         register_accounts(book, [_declared(me, hospital.silo)], 1, budgets)
         yield book

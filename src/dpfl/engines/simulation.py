@@ -79,6 +79,7 @@ from dpfl.federation.algorithms.base import (
     Member,
     Reply,
     State,
+    refuse_non_finite,
 )
 from dpfl.federation.algorithms.centralized import pool
 from dpfl.federation.messages import Encoding, SecureSum, payload_bytes
@@ -256,6 +257,7 @@ class _RunState:
                 silo = silos[k] if curator is None else curator
                 local = self.hospitals[r].get(name, {})
                 members.append((r, Member(instruction, silo, local, ctx)))
+        refuse_non_finite([m for _, m in members])
         outcomes = algorithm.client_updates([m for _, m in members]) if members else []
         if charges:
             ledger(charges)

@@ -142,7 +142,9 @@ class ClippedGradientSum:
         }
         norms = torch.stack([_row_norms(g) for g in means.values()]).norm(dim=0)
         factor = _clip_factor(norms, torch.ones_like(norms), clip_norm)
-        return {name: torch.einsum("u,u...->...", factor, g) for name, g in means.items()}, norms
+        return {
+            name: torch.einsum("u,u...->...", factor, _zeroed(g)) for name, g in means.items()
+        }, norms
 
     def stacked(
         self,
@@ -270,7 +272,7 @@ class ClippedGradientSum:
             else torch.linalg.vector_norm(delta, dim=2)
         )
         norms = out_norms.mul_(input_norms)
-        scaled = delta.mul_(_clip_factor(norms, mask, clip_norm).unsqueeze(2))
+        scaled = _zeroed(delta.mul_(_scale(norms, mask, clip_norm).unsqueeze(2)))
         # Σ_i s_i x_iᵀ as products and a sum over the batch
         if scaled.shape[2] == 1:  # the same products and sum, without the outputs axis
             sums = {"weight": (scaled * x).sum(1).unsqueeze(1)}
@@ -300,7 +302,9 @@ class ClippedGradientSum:
         grads: Params = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
         norms = torch.stack([_row_norms(g) for g in grads.values()]).norm(dim=0)
         factor = _clip_factor(norms, mask, clip_norm)
-        return {name: torch.einsum("b,b...->...", factor, g) for name, g in grads.items()}, norms
+        return {
+            name: torch.einsum("b,b...->...", factor, _zeroed(g)) for name, g in grads.items()
+        }, norms
 
     def _layer_by_layer(
         self,
@@ -353,13 +357,15 @@ class ClippedGradientSum:
                     norms_sq = norms_sq + _row_norms(g).square()
                 per_example.append(layer_grads)
         norms = norms_sq.sqrt()
-        factor = _clip_factor(norms, mask, clip_norm)
+        factor = _scale(norms, mask, clip_norm)
         sums: Params = {}
-        for (prefix, _, own), a, delta, grads in zip(
-            with_params, inputs, deltas, per_example, strict=True
+        for i, ((prefix, _, own), a, delta, grads) in enumerate(
+            zip(with_params, inputs, deltas, per_example, strict=True)
         ):
             if grads is None:
-                scaled = delta * factor.unsqueeze(1)
+                scaled = _zeroed(delta * factor.unsqueeze(1))
+                if i:  # a hidden layer's input (the first's is the records: finite)
+                    a = _zeroed(a)
                 sums[prefix + "weight"] = (
                     _sparse_input_sum(a, scaled) if a.is_sparse else scaled.t() @ a
                 )
@@ -368,7 +374,8 @@ class ClippedGradientSum:
             else:
                 for name, g in grads.items():
                     # Σ_i c_i g_i as one product: einsum's parsing costs more than it
-                    sums[prefix + name] = (factor @ g.flatten(1)).view(g.shape[1:])
+                    terms = _zeroed(g.flatten(1))
+                    sums[prefix + name] = (factor.nan_to_num(0.0) @ terms).view(g.shape[1:])
         return {name: sums[name] for name in params}, norms
 
     def _shapes(self, owned: list[tuple[str, nn.Module, Params]], x: Tensor) -> list[torch.Size]:
@@ -585,10 +592,30 @@ def _row_norms(g: Tensor) -> Tensor:
     return norms
 
 
+def _zeroed(terms: Tensor) -> Tensor:
+    """Per-example `terms` of the clipped sum, their NaN and ±∞ made 0, in place. An
+    example whose gradient is not finite (NaN or ∞ anywhere: its norm is NaN or ∞) has a
+    clip factor of 0 (`_clip_factor`; a NaN `_scale` where its terms are scaled before
+    they are zeroed), and its terms here are then exactly 0, never 0·∞ = NaN: it is
+    zeroed, not clipped. Not refused: a refusal, or a skipped step, would tell whether
+    such a record was in the batch (the audit's record with an exact 0 where the model
+    holds ∞); a zero moves the sum by at most C, as a clipped gradient does, so the
+    declared event stays true and the sum finite. An example whose norm is finite has
+    finite terms, left as they were: the same bits."""
+    return terms.nan_to_num_(0.0, 0.0, 0.0)
+
+
 def _clip_factor(norms: Tensor, mask: Tensor, clip_norm: float) -> Tensor:
+    """`_scale`, 0 where ‖g_i‖ is not finite: the factor of a product with per-example
+    terms (`factor @ g`), where a NaN factor would make 0·NaN of a zeroed term."""
+    return _scale(norms, mask, clip_norm).nan_to_num(0.0)  # 1/∞ is 0 already
+
+
+def _scale(norms: Tensor, mask: Tensor, clip_norm: float) -> Tensor:
     """mask_i · min(1, C/‖g_i‖): the per-example scale that bounds each contribution by C
-    (C = ∞, nothing clipped: the mask itself, as the product by 1 would give). C/t is
-    computed as torch computes a number over a tensor, (1/t)·C."""
+    (C = ∞, nothing clipped: the mask itself, as the product by 1 would give); NaN where
+    ‖g_i‖ is, whose product with the example's terms `_zeroed` makes 0. C/t is computed
+    as torch computes a number over a tensor, (1/t)·C."""
     if clip_norm == math.inf:
         return mask
     return mask * torch.clamp((norms + 1e-12).reciprocal_().mul_(clip_norm), max=1.0)

@@ -106,6 +106,29 @@ class Member:
     ctx: HospitalContext
 
 
+def refuse_non_finite(members: Sequence[Member]) -> None:
+    """Refuse (ValueError) the members' work if a model sent to one holds NaN or ±∞, before
+    anything is computed from it or charged: where an instruction reaches the hospital
+    half, in either engine (each model sent once checked once)."""
+    seen: set[int] = set()
+    for member in members:
+        params = member.instruction.params
+        if params is not None and id(params) not in seen:
+            seen.add(id(params))
+            finite(params, f"the model sent to silo {member.silo.name!r}")
+
+
+def finite(params: Params, what: str) -> None:
+    """Refuse (ValueError, naming `what` and the parameter) a model holding NaN or ±∞:
+    0·∞ is NaN, so a server's ∞ in one input weight would turn a whole reply to NaN
+    exactly when a record holds a 0 there, whatever the noise, a bit about that record
+    that no ε covers. A finite sum is proof enough (NaN and ∞ do not cancel), and much
+    cheaper than testing each value, which only a sum that overflowed needs."""
+    for name, value in params.items():
+        if not torch.isfinite(value.sum()) and not bool(torch.isfinite(value).all()):
+            raise ValueError(f"{what} holds NaN or infinity (in {name!r}): refused")
+
+
 def broadcast(state: State, cohort: Sequence[SiloInfo]) -> dict[str, Instruction]:
     """Every silo of the cohort gets the global model."""
     return {s.name: Instruction(state["global"], tuple(cohort)) for s in cohort}
@@ -284,7 +307,9 @@ class Algorithm(ABC):
         self, instruction: Instruction, silo: Silo, state: LocalState, ctx: HospitalContext
     ) -> Outcome:
         """One hospital's half of an exchange (what a deployment runs at the hospital)."""
-        return self.client_updates([Member(instruction, silo, state, ctx)])[0]
+        member = Member(instruction, silo, state, ctx)
+        refuse_non_finite([member])
+        return self.client_updates([member])[0]
 
     def model_of(self, state: State, local: LocalState) -> Params:
         """The model a silo uses: its personal one if it keeps one, else the shared one."""
