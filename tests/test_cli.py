@@ -401,3 +401,40 @@ def test_init_refuses_an_unknown_column_and_never_overwrites(tmp_path: Path) -> 
     assert _init(tmp_path, "--label", "readmitted_30d").exit_code == 0
     again = _init(tmp_path, "--label", "readmitted_30d")
     assert again.exit_code == 2 and "is not overwritten" in again.output
+
+
+def test_a_model_that_predicts_one_class_is_warned_of_in_run_best_and_the_report(
+    tmp_path: Path,
+) -> None:
+    """A threshold beyond every score makes the model say "no" for every record: the
+    run, `best` and the report say so and name the balanced threshold; a model that
+    predicts both classes gets no such warning."""
+    from dpfl.experiments.report import write_report
+
+    said = "predicted the negative class for every test record in 2 of 2 trials"
+    advice = '[threshold] choose = "balanced"'
+    beyond = breast_cancer_study(
+        "cli",
+        rounds=2,
+        silos=2,
+        trials=2,
+        algorithm={"learning_rate": 0.0001},
+        privacy={"noise_multiplier": 1.0},
+        threshold={"value": 0.99},
+    )
+    one = _run(tmp_path, beyond, "one")
+    assert one.exit_code == 0, one.output
+    assert said in _flat(one.stderr) and advice in _flat(one.stderr)
+    best = runner.invoke(app, ["best", str(tmp_path / "one"), "-e", "100", "-d", "1e-5"])
+    assert best.exit_code == 0, best.output
+    assert said in _flat(best.stdout) and advice in _flat(best.stdout)
+    shown = _json(["best", str(tmp_path / "one"), "-e", "100", "-d", "1e-5", "--json"])
+    assert said in str(shown["best"]["one_class"])  # type: ignore[index]
+    page = write_report(tmp_path / "one").read_text()
+    assert said in page and "choose = &quot;balanced&quot;" in page
+    both = _run(tmp_path, STUDY, "both")
+    assert both.exit_code == 0, both.output
+    assert "every test record" not in _flat(both.output)
+    best = runner.invoke(app, ["best", str(tmp_path / "both"), "-e", "100", "-d", "1e-5"])
+    assert "every test record" not in _flat(best.output)
+    assert "every test record" not in write_report(tmp_path / "both").read_text()

@@ -240,6 +240,7 @@ def _best_json(
             "delta": delta,
             "config": chosen.run.config,
             "selection_in_epsilon": False,
+            "one_class": None if chosen.one_class is None else str(chosen.one_class),
         },
         "qualifying": sum(c.qualifies for c in found),
         "finished": len(found),
@@ -291,6 +292,8 @@ def _print_best(chosen: Candidate, finished: int) -> None:
     )
     if research_noise(chosen.run):
         console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
+    if chosen.one_class is not None:
+        console.print(f"[yellow]warning:[/yellow] {escape(str(chosen.one_class))}")
     console.print(
         f"[yellow]ε is the chosen run's alone: choosing it among {finished} finished "
         f"configurations is not in it.[/yellow] {CAVEAT}"
@@ -456,11 +459,23 @@ def _run(
         for s in summaries:
             if s["cross_silo"]:
                 console.print(cross_silo_table(s, metrics[0]))
+    warn_one_class(summaries)
     for run in failed:
         error = escape(run.error or "")
         errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
     if failed:
         raise typer.Exit(1)
+
+
+def warn_one_class(summaries: list[dict[str, Any]]) -> None:
+    """A yellow warning for each run whose final models predicted one class."""
+    for s in summaries:
+        if s["one_class"]:
+            errors.print(
+                f"[yellow]warning:[/yellow] run {s['id'][:8]} ({escape(_grid(s['grid']))}): "
+                + escape(s["one_class"]),
+                soft_wrap=True,
+            )
 
 
 @contextmanager
