@@ -127,13 +127,10 @@ def tune(
     """Select among the study's grid points privately: a random number of DP runs, only
     the best released, the selection charged to every silo's ledger (Papernot & Steinke)."""
     from dpfl.experiments.config import load
-    from dpfl.experiments.study_dir import claim
     from dpfl.experiments.tune import LEDGER, tune
 
     with reported_errors():
         study = load(config)
-        out.mkdir(parents=True, exist_ok=True)
-        claim(out, [c for _, c in study.points], [study.name], add=add)
         tuned = tune(
             study,
             out,
@@ -141,6 +138,7 @@ def tune(
             mean=mean,
             shape=shape,
             validation_fraction=validation,
+            add=add,
         )
         if json:
             print_json(dataclasses.asdict(tuned))

@@ -51,6 +51,7 @@ from dpfl.experiments.best import LOWER_IS_BETTER
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.factory import build_algorithm, decision_threshold
+from dpfl.experiments.study_dir import claim
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
 from dpfl.privacy import Accountant, Budget, Ledger, events, selection
@@ -91,23 +92,27 @@ def tune(
     mean: float = 10.0,
     shape: float = 1.0,
     validation_fraction: float | None = None,
+    add: bool = False,
 ) -> Tuned:
     """Select among `study`'s grid points privately (see the module docstring) and write
     the outcome to `out/tuned.json`, the charges to `out/ledger.sqlite`.
-    `validation_fraction`: the study's `tune.validation_fraction` unless given."""
+    `validation_fraction`: the study's `tune.validation_fraction` unless given. `out` is
+    claimed for the study (`study_dir.claim`; `add` as there) only once every check has
+    passed: a refused selection writes nothing."""
     points = [config for _, config in study.points]
     first = _check(points, validation_fraction)
     fraction = (
         first.tune.validation_fraction if validation_fraction is None else validation_fraction
     )
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     if (folder / RESULT).exists():
         raise ValueError(f"{folder / RESULT} exists: a selection is released once")
     tuning, tested = selection_silos(first, fraction)
     privacy = first.privacy
     budgets = {s.name: _budget(first, s.name) for s in tested} if privacy.private else {}
     sigma = _calibrated(points, tuning, budgets, mean, shape) if privacy.private else None
+    folder.mkdir(parents=True, exist_ok=True)  # only once every check has passed
+    claim(folder, points, [study.name], add=add)
     # K and the candidates' points must be unpredictable for the bound to hold, as the
     # noise must: seeded only with research noise (whose ε holds for no release anyway)
     rng = np.random.default_rng([first.seed, 17] if first.research_noise else None)
