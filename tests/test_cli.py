@@ -438,3 +438,32 @@ def test_a_model_that_predicts_one_class_is_warned_of_in_run_best_and_the_report
     best = runner.invoke(app, ["best", str(tmp_path / "both"), "-e", "100", "-d", "1e-5"])
     assert "every test record" not in _flat(best.output)
     assert "every test record" not in write_report(tmp_path / "both").read_text()
+
+
+def test_inits_site_sizes_say_which_commands_need_what_and_the_other_choice_loads(
+    tmp_path: Path,
+) -> None:
+    """`dpfl init --site` writes DP-counted sizes (run, sweep), which `dpfl tune` refuses:
+    the file says so, and its commented alternative (declared sizes) is a study that loads."""
+    from dpfl.experiments.config import load
+
+    assert _init(tmp_path, "--label", "readmitted_30d", "--site", "hospital").exit_code == 0
+    written = (tmp_path / "s.toml").read_text()
+    filled = written.replace('["?", "?"]', "[0, 100]").replace('["?"]', '["A"]')
+    (tmp_path / "s.toml").write_text(filled)
+    tune = runner.invoke(app, ["tune", str(tmp_path / "s.toml"), "--out", str(tmp_path / "t")])
+    assert tune.exit_code == 2 and "data.public_sizes must be 'declared'" in _flat(tune.output)
+    assert not (tmp_path / "t").exists()
+    comment = _flat(" ".join(line.split("#", 1)[-1] for line in written.splitlines()))
+    assert "a DP count, charged (run, sweep); dpfl tune needs declared sizes:" in comment
+    declared = filled.replace('public_sizes = "dp-count"', "").replace(
+        "# public_sizes", "public_sizes"
+    )
+    declared = declared.replace(
+        "# sites = { name_of_a_site = 1200, another_site = 800 }",
+        "sites = { St-Xavier = 1, Mercy-Point = 1 }",
+    )
+    (tmp_path / "s.toml").write_text(declared)
+    config = load(tmp_path / "s.toml").points[0][1]
+    assert config.data.public_sizes == "declared"
+    assert config.data.sites == {"St-Xavier": 1, "Mercy-Point": 1}
