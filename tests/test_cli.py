@@ -467,3 +467,29 @@ def test_inits_site_sizes_say_which_commands_need_what_and_the_other_choice_load
     config = load(tmp_path / "s.toml").points[0][1]
     assert config.data.public_sizes == "declared"
     assert config.data.sites == {"St-Xavier": 1, "Mercy-Point": 1}
+
+
+def _commands(command: Any, path: list[str]) -> Any:
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, [*path, name])
+
+
+def test_every_commands_help_wraps_only_where_the_terminal_ends() -> None:
+    """A docstring's source line breaks are no breaks in the help: on a terminal wide
+    enough, each paragraph of a command's help, and its line in its group's list of
+    commands, is one line (rich markup mode kept them, "print the" / "privacy–utility
+    table")."""
+    import typer.main
+
+    for path, command in _commands(typer.main.get_command(app), []):
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"})
+        assert shown.exit_code == 0, shown.output
+        lines = [" ".join(line.replace("│", " ").split()) for line in shown.output.splitlines()]
+        paragraphs = (command.help or "").split("\n\n")
+        listed = [
+            (sub.help or "").split("\n\n")[0] for sub in getattr(command, "commands", {}).values()
+        ]
+        for paragraph in [*paragraphs, *listed]:
+            text = " ".join(paragraph.replace("\\[", "[").split())
+            assert any(text in line for line in lines), (path, text)
