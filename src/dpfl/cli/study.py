@@ -150,6 +150,7 @@ def tune(
             f"δ = {tuned.delta:g} (RDP, the selection included; the largest over silos; "
             f"ledger {out / LEDGER})"
         )
+        _warn_tuned_one_class(tuned.test_metrics, study.points[0][1].threshold.choose)
         console.print(
             f"chosen: {_grid(tuned.point)}  validation {metric} {tuned.validation:.4f}\n"
             f"test: "
@@ -463,6 +464,20 @@ def _run(
         errors.print(f"[red]failed:[/red] {run.id} {escape(_grid(run.grid))}: {error}")
     if failed:
         raise typer.Exit(1)
+
+
+def _warn_tuned_one_class(test: dict[str, float], threshold: str) -> None:
+    """A yellow warning if the released model predicted one class on the test records
+    (a binary task whose test records hold both classes: its AUROC is defined)."""
+    import math
+
+    from dpfl.experiments.queries import one_class
+
+    figures = [test.get(m, math.nan) for m in ("balanced_accuracy", "recall", "auroc")]
+    defined = not any(math.isnan(f) for f in figures)
+    found = one_class([figures[0]], [figures[1]], threshold) if defined else None
+    if found is not None:
+        errors.print(f"[yellow]warning:[/yellow] {escape(str(found))}", soft_wrap=True)
 
 
 def warn_one_class(summaries: list[dict[str, Any]]) -> None:
