@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -493,3 +494,26 @@ def test_every_commands_help_wraps_only_where_the_terminal_ends() -> None:
         for paragraph in [*paragraphs, *listed]:
             text = " ".join(paragraph.replace("\\[", "[").split())
             assert any(text in line for line in lines), (path, text)
+        for width in (80, 100):  # and at a normal width, no break leaves room for a word
+            narrow = runner.invoke(app, [*path, "--help"], env={"COLUMNS": str(width)})
+            assert not _early_breaks(narrow.output), (path, width, _early_breaks(narrow.output))
+
+
+def _early_breaks(help_text: str) -> list[tuple[str, str]]:
+    """(line, next word) wherever a command list's help breaks a line that had room for
+    the next line's first word (a continuation: blank under the commands' names)."""
+    panel = help_text.partition("╭─ Commands")[2].partition("╰")[0]
+    rows = [line.strip("│") for line in panel.splitlines() if line.startswith("│")]
+    if not rows:
+        return []
+    name = rows[0].split()[0]
+    column = rows[0].index(name) + len(name)
+    column += len(rows[0][column:]) - len(rows[0][column:].lstrip())  # the help's column
+    found = []
+    for above, below in itertools.pairwise(rows):
+        words = below.split()
+        if not words or below[:column].strip():
+            continue  # a new row: the next command
+        if len(above) - len(above.rstrip()) > len(words[0]) + 1:
+            found.append((above.strip(), words[0]))
+    return found
