@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-loopback lint venv browser clean
+.PHONY: demo test test-loopback test-kernels lint venv browser clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,22 @@ test: lint browser
 
 test-loopback: $(STAMP)
 	$(BIN)/pytest -m loopback
+
+# The golden and two-halves tests again under each family of CPU kernels torch has and
+# this CPU runs (docs/reproductions/README.md, "Bits and tolerances"): their results
+# must not depend on the kernels (about ten minutes on two cores; CI runs it after test).
+KERNEL_TESTS := tests/experiments/test_recipe_golden.py tests/federation/test_golden.py \
+	tests/federation/test_two_halves.py tests/experiments/test_run_keys.py \
+	tests/local/test_cnn_clipped_sum.py
+CAPABILITIES := default $(shell grep -qw avx2 /proc/cpuinfo 2>/dev/null && echo avx2) \
+	$(shell grep -qw avx512f /proc/cpuinfo 2>/dev/null && grep -qw avx512bw /proc/cpuinfo && \
+		grep -qw avx512dq /proc/cpuinfo && grep -qw avx512vl /proc/cpuinfo && echo avx512)
+
+test-kernels: $(STAMP)
+	set -e; for capability in $(CAPABILITIES); do \
+		echo "== ATEN_CPU_CAPABILITY=$$capability"; \
+		ATEN_CPU_CAPABILITY=$$capability $(BIN)/pytest -n 2 --dist load -q $(KERNEL_TESTS); \
+	done
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

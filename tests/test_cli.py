@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import re
 import sys
@@ -401,3 +402,118 @@ def test_init_refuses_an_unknown_column_and_never_overwrites(tmp_path: Path) -> 
     assert _init(tmp_path, "--label", "readmitted_30d").exit_code == 0
     again = _init(tmp_path, "--label", "readmitted_30d")
     assert again.exit_code == 2 and "is not overwritten" in again.output
+
+
+def test_a_model_that_predicts_one_class_is_warned_of_in_run_best_and_the_report(
+    tmp_path: Path,
+) -> None:
+    """A threshold beyond every score makes the model say "no" for every record: the
+    run, `best` and the report say so and name the balanced threshold; a model that
+    predicts both classes gets no such warning."""
+    from dpfl.experiments.report import write_report
+
+    said = "predicted the negative class for every test record in 2 of 2 trials"
+    advice = '[threshold] choose = "balanced"'
+    beyond = breast_cancer_study(
+        "cli",
+        rounds=2,
+        silos=2,
+        trials=2,
+        algorithm={"learning_rate": 0.0001},
+        privacy={"noise_multiplier": 1.0},
+        threshold={"value": 0.99},
+    )
+    one = _run(tmp_path, beyond, "one")
+    assert one.exit_code == 0, one.output
+    assert said in _flat(one.stderr) and advice in _flat(one.stderr)
+    best = runner.invoke(app, ["best", str(tmp_path / "one"), "-e", "100", "-d", "1e-5"])
+    assert best.exit_code == 0, best.output
+    assert said in _flat(best.stdout) and advice in _flat(best.stdout)
+    shown = _json(["best", str(tmp_path / "one"), "-e", "100", "-d", "1e-5", "--json"])
+    assert said in str(shown["best"]["one_class"])  # type: ignore[index]
+    page = write_report(tmp_path / "one").read_text()
+    assert said in page and "choose = &quot;balanced&quot;" in page
+    both = _run(tmp_path, STUDY, "both")
+    assert both.exit_code == 0, both.output
+    assert "every test record" not in _flat(both.output)
+    best = runner.invoke(app, ["best", str(tmp_path / "both"), "-e", "100", "-d", "1e-5"])
+    assert "every test record" not in _flat(best.output)
+    assert "every test record" not in write_report(tmp_path / "both").read_text()
+
+
+def test_inits_site_sizes_say_which_commands_need_what_and_the_other_choice_loads(
+    tmp_path: Path,
+) -> None:
+    """`dpfl init --site` writes DP-counted sizes (run, sweep), which `dpfl tune` refuses:
+    the file says so, and its commented alternative (declared sizes) is a study that loads."""
+    from dpfl.experiments.config import load
+
+    assert _init(tmp_path, "--label", "readmitted_30d", "--site", "hospital").exit_code == 0
+    written = (tmp_path / "s.toml").read_text()
+    filled = written.replace('["?", "?"]', "[0, 100]").replace('["?"]', '["A"]')
+    (tmp_path / "s.toml").write_text(filled)
+    tune = runner.invoke(app, ["tune", str(tmp_path / "s.toml"), "--out", str(tmp_path / "t")])
+    assert tune.exit_code == 2 and "data.public_sizes must be 'declared'" in _flat(tune.output)
+    assert not (tmp_path / "t").exists()
+    comment = _flat(" ".join(line.split("#", 1)[-1] for line in written.splitlines()))
+    assert "a DP count, charged (run, sweep); dpfl tune needs declared sizes:" in comment
+    declared = filled.replace('public_sizes = "dp-count"', "").replace(
+        "# public_sizes", "public_sizes"
+    )
+    declared = declared.replace(
+        "# sites = { name_of_a_site = 1200, another_site = 800 }",
+        "sites = { St-Xavier = 1, Mercy-Point = 1 }",
+    )
+    (tmp_path / "s.toml").write_text(declared)
+    config = load(tmp_path / "s.toml").points[0][1]
+    assert config.data.public_sizes == "declared"
+    assert config.data.sites == {"St-Xavier": 1, "Mercy-Point": 1}
+
+
+def _commands(command: Any, path: list[str]) -> Any:
+    yield path, command
+    for name, sub in getattr(command, "commands", {}).items():
+        yield from _commands(sub, [*path, name])
+
+
+def test_every_commands_help_wraps_only_where_the_terminal_ends() -> None:
+    """A docstring's source line breaks are no breaks in the help: on a terminal wide
+    enough, each paragraph of a command's help, and its line in its group's list of
+    commands, is one line (rich markup mode kept them, "print the" / "privacy–utility
+    table")."""
+    import typer.main
+
+    for path, command in _commands(typer.main.get_command(app), []):
+        shown = runner.invoke(app, [*path, "--help"], env={"COLUMNS": "400"})
+        assert shown.exit_code == 0, shown.output
+        lines = [" ".join(line.replace("│", " ").split()) for line in shown.output.splitlines()]
+        paragraphs = (command.help or "").split("\n\n")
+        listed = [
+            (sub.help or "").split("\n\n")[0] for sub in getattr(command, "commands", {}).values()
+        ]
+        for paragraph in [*paragraphs, *listed]:
+            text = " ".join(paragraph.replace("\\[", "[").split())
+            assert any(text in line for line in lines), (path, text)
+        for width in (80, 100):  # and at a normal width, no break leaves room for a word
+            narrow = runner.invoke(app, [*path, "--help"], env={"COLUMNS": str(width)})
+            assert not _early_breaks(narrow.output), (path, width, _early_breaks(narrow.output))
+
+
+def _early_breaks(help_text: str) -> list[tuple[str, str]]:
+    """(line, next word) wherever a command list's help breaks a line that had room for
+    the next line's first word (a continuation: blank under the commands' names)."""
+    panel = help_text.partition("╭─ Commands")[2].partition("╰")[0]
+    rows = [line.strip("│") for line in panel.splitlines() if line.startswith("│")]
+    if not rows:
+        return []
+    name = rows[0].split()[0]
+    column = rows[0].index(name) + len(name)
+    column += len(rows[0][column:]) - len(rows[0][column:].lstrip())  # the help's column
+    found = []
+    for above, below in itertools.pairwise(rows):
+        words = below.split()
+        if not words or below[:column].strip():
+            continue  # a new row: the next command
+        if len(above) - len(above.rstrip()) > len(words[0]) + 1:
+            found.append((above.strip(), words[0]))
+    return found

@@ -4,6 +4,7 @@ the noise it ran with; the figures kept in the store for the report."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -121,3 +122,23 @@ def test_an_unknown_attack_is_refused(tmp_path: Path) -> None:
     run_study(Study(STUDY), tmp_path)
     result = runner.invoke(app, ["audit", str(tmp_path), "--attack", "gossip"])
     assert result.exit_code == 2 and "no attack 'gossip'" in result.output
+
+
+def test_the_default_audit_says_its_plan_time_and_what_its_bound_can_mean(tmp_path: Path) -> None:
+    """By default a two-world audit of 100 trials a world (a bound up to 2.57 at δ =
+    1e-5, in minutes), its size and expected time said before the bulk of it, and the
+    bound explained beside the most these trials could show."""
+    from dpfl.audit.bounds import two_world_ceiling, two_world_epsilon
+
+    run_study(Study(STUDY), tmp_path)
+    result = runner.invoke(app, ["audit", str(tmp_path), "--no-record"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    said = " ".join(result.stderr.split())
+    assert "auditing 1 run (two-world): 200 trials, each a training run of the study" in said
+    assert re.search(r"expected time: about \d+ (s|min) in all \(10 trials took \d+ s\)", said)
+    shown = " ".join(result.stdout.replace("│", " ").split())
+    assert " 100 ledger ε = " in shown and " 2.57 " in shown
+    assert two_world_ceiling(100, 1e-5) == two_world_epsilon(50, 50, 0, 50, 1e-5)
+    assert f"{two_world_ceiling(100, 1e-5):.2f}" == "2.57"
+    assert "no mechanism that is (ε, δ)-DP with ε below L could have let the attack" in shown
+    assert '"most it could show"' in shown and "raise --trials" in shown

@@ -9,6 +9,12 @@ Rewrite the file only for a change that is meant to move the numbers, and say wh
 
 Each recipe runs once per test session (`smoke`), even across xdist's workers: the other
 recipe test modules read the same runs instead of running the recipe again.
+
+Which CPU kernels torch dispatches to (`ATEN_CPU_CAPABILITY`: default, avx2, avx512; and
+MKL's and oneDNN's own choice by CPU) changes the last bits of exp, sums and convolutions,
+and training carries them on. The rows are compared as printed, every figure exactly,
+except the trained models' figures of the recipes in `SLACK` (`make test-kernels` runs
+this module under each capability; docs/reproductions/README.md, "Bits and tolerances").
 """
 
 from __future__ import annotations
@@ -35,6 +41,23 @@ GOLDEN = Path(__file__).parent / "golden" / "recipes.json"
 REGENERATE = "DPFL_UPDATE_GOLDEN=1 .venv/bin/pytest tests/experiments/test_recipe_golden.py"
 DATA = "<shared data>"
 """Stands for the shared data folder in the golden notes (they name absent folders)."""
+
+SLACK = {"dopamine": 10, "dopamine-retinamnist": 10, "flamby-tcga-brca": 10}
+"""Recipes whose trained models' figures move with the CPU's kernels, and by how many
+units of its last printed digit a figure may differ from its golden value (10: 83.8 %
+± 1.0, AUROC 0.918 ± 0.010). Measured on the smoke runs against the golden rows, under
+ATen's default, AVX2 and AVX-512 kernels, with oneDNN and MKL held to AVX2 or SSE4, and
+on the issue's AMD EPYC: Dopamine's CNNs (PneumoniaMNIST) moved by up to 7 units (83.8 %
+to 84.5 % on SSE4 kernels, 83.3 % on the EPYC; AUROC by up to 3), FLamby's Cox models of
+single small centres by up to 4 (0.751 to 0.755); 10 leaves room above that and still
+catches any change beyond 1 point of accuracy (6 of the 624 test images). RetinaMNIST's CNNs
+did not move but are trained by the same kernels. Every other recipe's rows, and in
+these rows every count and `_SETTING` figure (ε, σ, δ, budgets, the chosen η), were the
+same on every kernel: they are compared exactly."""
+_FIGURE = re.compile(r"(?<![\w.])(-?\d+\.\d+)")
+_SETTING = re.compile(r"(ε|σ|δ|η chosen|budget|[=≤]) *$")
+"""what precedes a figure that is no trained model's (ε, σ, δ, a budget, a chosen step
+size, a bound): always exact"""
 
 Ran = tuple[Reproduction, Path]
 _RUNS: dict[tuple[str, Path], Ran] = {}
@@ -100,7 +123,55 @@ def test_recipe_rows_match_the_golden_rows(
     assert table["notes"] == expected["notes"], moved
     assert len(table["rows"]) == len(expected["rows"]), moved
     for got, want in zip(table["rows"], expected["rows"], strict=True):
-        assert got == want, moved
+        assert sorted(got) == sorted(want), moved
+        for field in want:
+            units = SLACK.get(name, 0) if field in ("ours", "note") else 0
+            assert same_within(got[field], want[field], units), (
+                f"{moved}\n{field}: {got[field]!r}\n  golden: {want[field]!r}"
+            )
+
+
+def same_within(got: str, want: str, units: int) -> bool:
+    """Whether `got` reads as `want`: the same text, each decimal figure within `units` of
+    its last printed digit (0: exactly), but for the figures `_SETTING` marks, which must
+    be exact."""
+    parts, golden = _FIGURE.split(got), _FIGURE.split(want)
+    if len(parts) != len(golden):
+        return False
+    for i, (a, b) in enumerate(zip(parts, golden, strict=True)):
+        if i % 2 == 0 or a == b:  # text, or a figure as printed
+            if a != b:
+                return False
+            continue
+        exact = units == 0 or _SETTING.search(golden[i - 1]) is not None
+        unit = 10.0 ** -len(b.split(".")[1])
+        if exact or abs(float(a) - float(b)) > units * unit * (1 + 1e-9):
+            return False
+    return True
+
+
+def test_torch_runs_the_kernels_that_make_test_kernels_asks_for() -> None:
+    """torch ignores an ATEN_CPU_CAPABILITY it does not know: the run would then test the
+    CPU's own kernels again, not the ones asked for."""
+    import torch
+
+    asked = os.environ.get("ATEN_CPU_CAPABILITY")
+    if asked is None:
+        pytest.skip("no ATEN_CPU_CAPABILITY: the CPU's own kernels (make test-kernels forces each)")
+    assert torch.backends.cpu.get_cpu_capability() == asked.upper()
+
+
+def test_a_figure_may_move_within_the_slack_but_no_setting_or_word() -> None:
+    golden = "accuracy 83.8 %, AUROC 0.918; η chosen 0.01; ε = 0.646 (budget 4), σ = 0.681"
+    assert same_within(golden, golden, 0)
+    amd = "accuracy 83.3 %, AUROC 0.915; η chosen 0.01; ε = 0.646 (budget 4), σ = 0.681"
+    assert same_within(amd, golden, 10) and not same_within(amd, golden, 0)
+    assert not same_within(amd.replace("83.3", "82.7"), golden, 10)  # 11 units of 0.1
+    assert not same_within(amd.replace("0.915", "0.907"), golden, 10)
+    for old, new in (("0.01;", "0.02;"), ("0.646", "0.647"), ("0.681", "0.682")):
+        assert not same_within(golden.replace(old, new), golden, 10)  # η, ε, σ: exact
+    assert not same_within(golden.replace("AUROC", "AUPRC"), golden, 10)
+    assert not same_within(golden + " 1.0", golden, 10)
 
 
 def test_the_golden_file_holds_exactly_the_recipes() -> None:

@@ -544,3 +544,17 @@ def test_another_study_is_refused_unless_added_and_one_trial_shows_n_1(
         CliRunner().invoke(app, ["best", str(out), "-e", "1000", "-d", "1e-5", "--json"]).stdout
     )
     assert answer["best"]["std"] is None and answer["best"]["spread"] == "1 trial × 1 seed"
+
+
+def test_the_same_study_edited_is_refused_naming_it_once(finished: Path, tmp_path: Path) -> None:
+    out = shutil.copytree(finished, tmp_path / "study")
+    config = tmp_path / "tiny.toml"
+    config.write_text(ONE_TRIAL.replace('"other"', '"tiny"'), encoding="utf-8")
+    refused = CliRunner().invoke(app, ["run", str(config), "--out", str(out)])
+    said = " ".join(refused.stderr.split())
+    assert refused.exit_code == 2, refused.output
+    assert (
+        f"{out} holds the results of study 'tiny' (2 points); as its file now reads, it has "
+        "1 point not among them"
+    ) in said
+    assert said.count("'tiny'") == 1

@@ -374,6 +374,40 @@ def test_dpfl_tune_prints_the_choice_and_its_epsilon(tmp_path: Path) -> None:
     assert pooled.exit_code != 0 and "for sweeps" in pooled.output
 
 
+def test_a_refused_tune_writes_nothing_so_the_corrected_one_runs_there(tmp_path: Path) -> None:
+    """The selection's checks come before `--out` is claimed: a study it refuses leaves no
+    study.json behind to refuse the corrected study as another one."""
+    text = (
+        'name = "t"\nrounds = 2\n[data]\ndataset = "breast_cancer"\n'
+        'partition = { kind = "iid", silos = 2 }\n[algorithm]\nname = "fedavg"\n'
+        "learning_rate = [0.5, 1.0]\n[privacy]\nepsilon = 3.0\n"
+    )
+    study, out = tmp_path / "study.toml", tmp_path / "o"
+    study.write_text(text + "noise_multiplier = 1.0\n")
+    refused = CliRunner().invoke(app, ["tune", str(study), "--out", str(out), "--mean", "1"])
+    assert refused.exit_code == 2
+    assert "leave privacy.noise_multiplier out" in " ".join(refused.output.split())
+    assert not out.exists()
+    study.write_text(text)
+    tuned = CliRunner().invoke(app, ["tune", str(study), "--out", str(out), "--mean", "1"])
+    assert tuned.exit_code == 0, tuned.output
+
+
+def test_dpfl_tune_warns_when_the_released_model_predicts_one_class(tmp_path: Path) -> None:
+    study = tmp_path / "study.toml"
+    study.write_text(
+        'name = "t"\nrounds = 2\n[data]\ndataset = "breast_cancer"\n'
+        'partition = { kind = "iid", silos = 2 }\n[algorithm]\nname = "fedavg"\n'
+        "learning_rate = [0.0001, 0.0002]\n[privacy]\nepsilon = 3.0\n"
+        "[threshold]\nvalue = 0.99\n"
+    )
+    tuned = CliRunner().invoke(app, ["tune", str(study), "--out", str(tmp_path / "o")])
+    assert tuned.exit_code == 0, tuned.output
+    said = " ".join(tuned.stderr.split())
+    assert "predicted the negative class for every test record" in said
+    assert '[threshold] choose = "balanced"' in said
+
+
 @pytest.mark.parametrize("name", ["tune-heart-mrmtl", "tune-physionet-mrmtl"])
 def test_the_documented_tuning_studies_load_as_one_search_space(name: str) -> None:
     study = load(Path(__file__).parents[2] / "docs" / "studies" / f"{name}.toml")

@@ -25,6 +25,7 @@ __all__ = [
     "clopper_pearson",
     "one_run_epsilon",
     "one_run_p_value",
+    "two_world_ceiling",
     "two_world_epsilon",
 ]
 
@@ -85,6 +86,14 @@ def two_world_epsilon(
         complement = np.log(np.maximum(1 - fpr - delta, 0.0) / (1 - tpr))
     best = np.fmax(direct, complement)
     return np.asarray(np.maximum(np.nan_to_num(best, nan=0.0, posinf=np.inf), 0.0), np.float64)
+
+
+def two_world_ceiling(trials: int, delta: float, confidence: float = 0.95) -> float:
+    """The largest bound a two-world audit of `trials` trials a world can show: a test
+    right on every trial of the bounding halves (`trials` − ⌊`trials`/2⌋ a world). An ε
+    above it cannot be refuted at these trials, however much a run leaks."""
+    bounding = trials - trials // 2
+    return float(two_world_epsilon(bounding, bounding, 0, bounding, delta, confidence))
 
 
 def one_run_p_value(

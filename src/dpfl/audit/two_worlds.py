@@ -12,7 +12,7 @@ the second half, which that choice never saw, gives the bound (`bounds.two_world
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,37 +61,39 @@ def two_world_audit(
     secure_sum: SecureSum | None = None,
     per_run: int | None = None,
     observer: str | None = None,
+    progress: Callable[[int], None] | None = None,
 ) -> TwoWorldAudit:
     """Audit `algorithm` over `silos` with `canary` planted in `silo` (default: the first)
     or not, `trials` trials per world, against the server or (`observer`) another
     hospital. Each world runs its trials stacked, `per_run` at a
     time (default: all in one run); run c of world w has seed `seed + w + 2c`, so the
-    worlds' trials are independent."""
+    worlds' trials are independent. `progress` hears each run's trials as it ends."""
     if trials < 4:
         raise ValueError(f"need at least 4 trials per world, got {trials}")
     target = silo or silos[0].name
     size = per_run or trials
-    worlds = [
-        [
-            observe(
-                algorithm,
-                silos,
-                target,
-                planted,
-                [canary],
-                rounds=rounds,
-                trials=min(size, trials - start),
-                seed=seed + w + 2 * c,
-                delta=delta,
-                epsilon_budget=epsilon_budget,
-                budgets=budgets,
-                secure_sum=secure_sum,
-                observer=observer,
+    worlds: list[list[Observed]] = [[], []]
+    for w, planted in enumerate([[], [canary]]):
+        for c, start in enumerate(range(0, trials, size)):
+            worlds[w].append(
+                observe(
+                    algorithm,
+                    silos,
+                    target,
+                    planted,
+                    [canary],
+                    rounds=rounds,
+                    trials=min(size, trials - start),
+                    seed=seed + w + 2 * c,
+                    delta=delta,
+                    epsilon_budget=epsilon_budget,
+                    budgets=budgets,
+                    secure_sum=secure_sum,
+                    observer=observer,
+                )
             )
-            for c, start in enumerate(range(0, trials, size))
-        ]
-        for w, planted in enumerate([[], [canary]])
-    ]
+            if progress is not None:
+                progress(min(size, trials - start))
     # per world, [statistics, trials]
     statistics = [np.concatenate([_statistics(o) for o in w], 1) for w in worlds]
     half = trials // 2

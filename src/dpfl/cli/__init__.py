@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import typer
 
 from dpfl import __version__
@@ -26,6 +28,22 @@ app.command("report")(report.report)
 app.command("reproduce")(study.reproduce)
 app.command("audit")(audit.audit)
 app.command("stats")(stats.stats)
+
+
+def _unwrap_help(typer_app: typer.Typer) -> None:
+    """Give every command its docstring as prose: the source's line breaks inside a
+    paragraph joined. Typer's rich markup keeps them in the command lists and in a help's
+    later paragraphs, which then break mid-sentence ("print the" / "privacy–utility
+    table") whatever the terminal's width."""
+    for info in typer_app.registered_commands:
+        doc = info.help or inspect.getdoc(info.callback) or ""
+        info.help = "\n\n".join(" ".join(part.split()) for part in doc.split("\n\n"))
+    for group in typer_app.registered_groups:
+        if group.typer_instance is not None:
+            _unwrap_help(group.typer_instance)
+
+
+_unwrap_help(app)
 
 
 def _show_version(value: bool) -> None:

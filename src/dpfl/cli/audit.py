@@ -8,22 +8,27 @@ from __future__ import annotations
 import json as json_module
 import math
 import os
-from contextlib import nullcontext
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
 from dpfl.experiments.queries import bound_text, exceeds_ledger
 from dpfl.experiments.store import ResultsStore, RunRow
 
-from .common import console, print_json, reported_errors
+from .common import console, errors, print_json, reported_errors
 
 if TYPE_CHECKING:
     from dpfl.experiments.audits import AuditPlan
 
+AUDIT_TRIALS = 100
+"""two-world trials a world by default: a bound up to about 2.6 in minutes (`AuditPlan`)"""
 Rows = tuple[list[dict[str, Any]], list[dict[str, Any]]]
 """An audit's rows of the store's `audit_bounds` and `audit_membership`."""
 
@@ -47,8 +52,12 @@ def audit(
         ),
     ] = "auto",
     trials: Annotated[
-        int, typer.Option(help="two-world: trials per world (half choose, half bound).")
-    ] = 1000,
+        int,
+        typer.Option(
+            help="two-world: trials per world (half choose, half bound). The time grows with "
+            "them, and so does the largest ε they can show (100: about 2.6; 1000: 4.9).",
+        ),
+    ] = AUDIT_TRIALS,
     one_run_canaries: Annotated[
         int | None,
         typer.Option(help="one-run: canaries planted (default 100, at most one a feature)."),
@@ -131,12 +140,48 @@ def _audit_finished(
     if keep and not (os.access(path, os.W_OK) and os.access(directory, os.W_OK)):
         raise ValueError(f"{path} is read-only: --no-record audits without keeping the figures")
     found = []
-    with ResultsStore(path) if keep else nullcontext() as writer:
+    with ResultsStore(path) if keep else nullcontext() as writer, _bar(plan, len(runs)) as told:
         for r in runs:  # each run's figures kept as soon as they are measured
-            found.append((r, rows(audit_run(r, replace(plan, silo=planted[r.id])))))
+            found.append((r, rows(audit_run(r, replace(plan, silo=planted[r.id]), told))))
             if writer is not None:
                 writer.record_audit(r.id, *found[-1][1])
     return found
+
+
+@contextmanager
+def _bar(plan: AuditPlan, runs: int) -> Iterator[Callable[[int], None]]:
+    """Say what the audit will run, then show its progress with the time left (on
+    stderr), and after its first tenth of a run the time it will take in all."""
+    from dpfl.experiments.audits import work
+
+    total = work(plan) * runs
+    attacks = ", ".join(plan.attacks)
+    errors.print(
+        f"auditing {runs} run{'s' * (runs != 1)} ({attacks}): {total:,} trials, each a "
+        "training run of the study; the time they take follows the first of them",
+        soft_wrap=True,
+    )
+    columns = (TextColumn("audit"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn())
+    start, done = time.monotonic(), 0
+    with Progress(*columns, console=errors, transient=True) as progress:
+        task = progress.add_task("audit", total=total)
+
+        def told(trials: int) -> None:
+            nonlocal done
+            if done == 0:
+                spent = time.monotonic() - start
+                progress.console.print(
+                    f"expected time: about {_duration(spent * total / trials)} in all "
+                    f"({trials} trials took {_duration(spent)})"
+                )
+            done += trials
+            progress.advance(task, trials)
+
+        yield told
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.0f} min"
 
 
 def _findings_json(found: list[tuple[RunRow, Rows]]) -> list[dict[str, Any]]:
@@ -154,6 +199,7 @@ def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float)
     for column in ("run", "algorithm", "method", "silo", "observer", "canary", "trials"):
         bounds.add_column(column)
     bounds.add_column("measured", justify="right")
+    bounds.add_column("most it could show", justify="right")
     bounds.add_column("")
     attacks = Table(title=f"{directory}: membership inference on the final models")
     for column in ("run", "algorithm", "silo", "model", "attack"):
@@ -167,6 +213,7 @@ def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float)
                 r.algorithm,
                 *(str(b[k]) for k in ("method", "silo", "observer", "canary", "trials")),
                 bound_text(b["epsilon_ledger"], b["epsilon_lower"], b["confidence"]),
+                f"{_ceiling(b):.2f}",
                 "[red]EXCEEDS THE LEDGER[/red]" if exceeds_ledger(b) else "ok",
             )
         for m in membership:
@@ -180,10 +227,34 @@ def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float)
     for table in (bounds, attacks):
         if table.row_count:
             console.print(table)
+    if bounds.row_count:
+        console.print(BOUND_MEANS.format(confidence=f"{confidence:.0%}"))
     console.print(
         f"bounds at {confidence:.0%} confidence; audits train on the silos' records: "
         "their figures are not DP releases"
     )
+
+
+BOUND_MEANS = (
+    "A lower bound L means: at {confidence} confidence, no mechanism that is (ε, δ)-DP "
+    "with ε below L could have let the attack tell the runs with the canary from those "
+    "without it as well as it did. L above the ledger's ε shows a leak the ledger does "
+    "not account for; L below it is consistent with the ledger but never shows it tight "
+    '(0: the attack found nothing). An audit cannot show more than its "most it could '
+    "show\", the bound of an attack right every time: above the ledger's ε it can catch a "
+    "leak; to audit a larger ε, raise --trials (two-world) or --one-run-canaries."
+)
+
+
+def _ceiling(bound: dict[str, Any]) -> float:
+    """The largest bound the audit could have shown: every guess of its attack right."""
+    from dpfl.audit.bounds import one_run_epsilon, two_world_ceiling  # scipy: slow to import
+
+    delta, confidence = bound["delta"], bound["confidence"]
+    if bound["method"] == "two-world":
+        return two_world_ceiling(bound["trials"], delta, confidence)
+    guesses = json_module.loads(bound["detail"])["guesses"]
+    return one_run_epsilon(bound["trials"], guesses, guesses, delta, confidence)
 
 
 def _headline_silo(store: ResultsStore, run: RunRow) -> str | None:

@@ -119,9 +119,10 @@ def _study(
         metrics = '["c_index"]'
     sites = (
         f"site = {json.dumps(site)}                 # one silo per value\n"
-        'public_sizes = "dp-count"          # each site\'s public size: a DP count, charged;\n'
-        "# [data.sites]                     # or declare each one (at most its records):\n"
-        "# name_of_a_site = 1200\n"
+        'public_sizes = "dp-count"          # each site\'s public size: a DP count, charged\n'
+        "                                   # (run, sweep); dpfl tune needs declared sizes:\n"
+        '# public_sizes = "declared"        # then declare each one (at most its records):\n'
+        "# sites = { name_of_a_site = 1200, another_site = 800 }\n"
         if site is not None
         else 'partition = { kind = "iid", silos = 3 }\n'
     )

@@ -127,13 +127,10 @@ def tune(
     """Select among the study's grid points privately: a random number of DP runs, only
     the best released, the selection charged to every silo's ledger (Papernot & Steinke)."""
     from dpfl.experiments.config import load
-    from dpfl.experiments.study_dir import claim
     from dpfl.experiments.tune import tune
 
     with reported_errors():
         study = load(config)
-        out.mkdir(parents=True, exist_ok=True)
-        claim(out, [c for _, c in study.points], [study.name], add=add)
         tuned = tune(
             study,
             out,
@@ -141,6 +138,7 @@ def tune(
             mean=mean,
             shape=shape,
             validation_fraction=validation,
+            add=add,
         )
         if json:
             print_json(dataclasses.asdict(tuned))
@@ -152,6 +150,7 @@ def tune(
             f"δ = {tuned.delta:g} (RDP, the selection included; the largest over silos; "
             f"ledger {out / tuned.ledger})"
         )
+        _warn_tuned_one_class(tuned.test_metrics, study.points[0][1].threshold.choose)
         console.print(
             f"chosen: {_grid(tuned.point)}  validation {metric} {tuned.validation:.4f}\n"
             f"test: "
@@ -240,6 +239,7 @@ def _best_json(
             "delta": delta,
             "config": chosen.run.config,
             "selection_in_epsilon": False,
+            "one_class": None if chosen.one_class is None else str(chosen.one_class),
         },
         "qualifying": sum(c.qualifies for c in found),
         "finished": len(found),
@@ -291,6 +291,8 @@ def _print_best(chosen: Candidate, finished: int) -> None:
     )
     if research_noise(chosen.run):
         console.print(f"[yellow]{RESEARCH_MARK} {RESEARCH_NOISE}[/yellow]")
+    if chosen.one_class is not None:
+        console.print(f"[yellow]warning:[/yellow] {escape(str(chosen.one_class))}")
     console.print(
         f"[yellow]ε is the chosen run's alone: choosing it among {finished} finished "
         f"configurations is not in it.[/yellow] {CAVEAT}"
@@ -458,6 +460,7 @@ def _run(
         for s in summaries:
             if s["cross_silo"]:
                 console.print(cross_silo_table(s, metrics[0]))
+    warn_one_class(summaries)
     for run in failed:
         error = escape(run.error or "")
         errors.print(
@@ -465,6 +468,31 @@ def _run(
         )
     if failed:
         raise typer.Exit(1)
+
+
+def _warn_tuned_one_class(test: dict[str, float], threshold: str) -> None:
+    """A yellow warning if the released model predicted one class on the test records
+    (a binary task whose test records hold both classes: its AUROC is defined)."""
+    import math
+
+    from dpfl.experiments.queries import one_class
+
+    figures = [test.get(m, math.nan) for m in ("balanced_accuracy", "recall", "auroc")]
+    defined = not any(math.isnan(f) for f in figures)
+    found = one_class([figures[0]], [figures[1]], threshold) if defined else None
+    if found is not None:
+        errors.print(f"[yellow]warning:[/yellow] {escape(str(found))}", soft_wrap=True)
+
+
+def warn_one_class(summaries: list[dict[str, Any]]) -> None:
+    """A yellow warning for each run whose final models predicted one class."""
+    for s in summaries:
+        if s["one_class"]:
+            errors.print(
+                f"[yellow]warning:[/yellow] run {s['id'][:8]} ({escape(_grid(s['grid']))}): "
+                + escape(s["one_class"]),
+                soft_wrap=True,
+            )
 
 
 @contextmanager

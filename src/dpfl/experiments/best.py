@@ -17,7 +17,14 @@ import math
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpfl.experiments.queries import Replicates, open_results, pool_seeds, summarise
+from dpfl.experiments.queries import (
+    OneClass,
+    Replicates,
+    one_class_of,
+    open_results,
+    pool_seeds,
+    summarise,
+)
 from dpfl.experiments.store import RunRow
 
 CAVEAT = (
@@ -44,6 +51,8 @@ class Candidate:
     """what the mean and std are over ("5 trials × 3 seeds")"""
     runs: tuple[RunRow, ...] = ()
     """every run pooled (the run alone unless pooled over seeds)"""
+    one_class: OneClass | None = None
+    """whether its final models put every test record in one class"""
 
 
 LOWER_IS_BETTER = ("loss", "ibs")
@@ -83,6 +92,7 @@ def candidates(
                     spent <= epsilon and score.defined,
                     group.replicates,
                     group.runs,
+                    one_class_of(metrics, group.run.config),
                 )
             )
             names |= metrics.names

@@ -139,6 +139,61 @@ def _spreads(values: dict[Any, list[float | None]]) -> dict[Any, Spread]:
     return {key: Spread.of(listed) for key, listed in values.items()}
 
 
+@dataclass(frozen=True)
+class OneClass:
+    """Trials whose final model put every record of the union's test set in one class
+    (a binary task: balanced accuracy 0.5 with recall 0, all "no", or 1, all "yes"; exact
+    for a test set that holds both classes). Its accuracy is then the majority's share
+    and its balanced accuracy 0.5, whatever its AUROC says of the ranking."""
+
+    predicted: str
+    """"negative", "positive", or both where the trials differ"""
+    trials: int
+    of: int
+    threshold: str
+    """the study's `threshold.choose`: "fixed" (at 0.5 by default), or "balanced"""
+
+    def __str__(self) -> str:
+        advice = (
+            "its model does not separate the classes even at a balanced threshold"
+            if self.threshold == "balanced"
+            else 'set [threshold] choose = "balanced" in the study file: a threshold '
+            "chosen from the silos' DP score histograms (charged to their ledgers) "
+            "instead of the fixed one, which lies beyond every score"
+        )
+        return (
+            f"its final model predicted the {self.predicted} class for every test record "
+            f"in {self.trials} of {self.of} trials (balanced accuracy 0.500): {advice}"
+        )
+
+
+def one_class(
+    balanced_accuracy: Iterable[float], recall: Iterable[float], threshold: str
+) -> OneClass | None:
+    """Which trials' models predicted one class (`OneClass`), from the per-trial final
+    balanced accuracy and recall the run recorded; None if none did."""
+    pairs = list(zip(balanced_accuracy, recall, strict=True))
+    found = [
+        "negative" if r == 0 else "positive"
+        for b, r in pairs
+        if math.isclose(b, 0.5, abs_tol=1e-12) and r in (0.0, 1.0)
+    ]
+    if not found:
+        return None
+    return OneClass(" and ".join(sorted(set(found))), len(found), len(pairs), threshold)
+
+
+def one_class_of(metrics: Metrics, config: dict[str, Any]) -> OneClass | None:
+    """`one_class` of a run's (or pooled runs') final metrics on the union; None where
+    a trial left either figure or AUROC undefined (a test set of one class)."""
+    final = metrics.final.get(None, {})
+    spreads = [final.get(m, Spread(())) for m in ("balanced_accuracy", "recall", "auroc")]
+    if not spreads[0].defined or len({len(s.values) for s in spreads}) != 1:
+        return None
+    choose = str((config.get("threshold") or {}).get("choose", "fixed"))
+    return one_class(spreads[0].values, spreads[1].values, choose)
+
+
 CrossSilo = dict[str | None, dict[str, dict[str, Spread]]]
 """model silo (None: the model every silo shared) -> test silo -> metric -> its final
 value over trials"""

@@ -81,12 +81,14 @@ def claim(
     keys = [c.key() for c in points]
     new = [k for k in dict.fromkeys(keys) if k not in set(held["points"])]
     if held["points"] and new and not add:
+        edited = set(names) <= set(held["studies"])  # the same study, its file since changed
         raise StudyDirectoryError(
             f"{out} holds the results of {_quoted(held['studies'])} "
-            f"({_points(len(held['points']))}); {_quoted(names)} has {_points(len(new))} not "
-            "among them, whose results `best` and `report` would mix with those. Run it into "
-            "a new --out, or pass --add to add its points to this directory. Nothing was "
-            "changed."
+            f"({_points(len(held['points']))}); "
+            + ("as its file now reads, it" if edited else _quoted(names))
+            + f" has {_points(len(new))} not among them, whose results `best` and `report` "
+            "would mix with those. Run it into a new --out, or pass --add to add its points "
+            "to this directory. Nothing was changed."
         )
     _write(
         out,

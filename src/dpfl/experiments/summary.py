@@ -14,7 +14,15 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.datasheet import research_noise
-from dpfl.experiments.queries import CrossSilo, Pooled, Spread, open_results, pool_seeds, summarise
+from dpfl.experiments.queries import (
+    CrossSilo,
+    Pooled,
+    Spread,
+    one_class_of,
+    open_results,
+    pool_seeds,
+    summarise,
+)
 
 
 def run_summaries(directory: str | Path, *, pool: bool = False) -> list[dict[str, Any]]:
@@ -22,7 +30,8 @@ def run_summaries(directory: str | Path, *, pool: bool = False) -> list[dict[str
     both accountants (`accountant` names the one that enforced the budgets), whether
     the noise was seeded (research only), final metrics mean/std over trials and what
     they are over (`spread`), bytes per client, and each silo's model on each silo's
-    test set if the run scored it (`cross_silo`, else None).
+    test set if the run scored it (`cross_silo`, else None); `one_class`: the warning
+    where its final models put every test record in one class (`queries.OneClass`).
 
     `pool`: one dict per group of runs that differ only in their seed (`runs`, `seeds`;
     `id` is the first run's), every figure over all their trials; σ the largest, seconds
@@ -35,6 +44,7 @@ def run_summaries(directory: str | Path, *, pool: bool = False) -> list[dict[str
 def _summary(p: Pooled) -> dict[str, Any]:
     runs = p.runs
     sigmas = [r.noise_multiplier for r in runs if r.noise_multiplier is not None]
+    one = one_class_of(p.metrics, p.run.config)
     return {
         "id": p.run.id,
         "runs": [r.id for r in runs],
@@ -52,6 +62,7 @@ def _summary(p: Pooled) -> dict[str, Any]:
         "epsilon": {a: e.max for a, e in p.epsilon.items() if e.by_silo} or None,
         "research_noise": any(research_noise(r) for r in runs),
         "metrics": _mean_std(p.metrics.final.get(None, {})),
+        "one_class": None if one is None else str(one),
         "cross_silo": cross_silo_rows(p.cross_silo) or None,
         "bytes_up_per_client": p.traffic.per_client("up"),
         "bytes_down_per_client": p.traffic.per_client("down"),

@@ -54,6 +54,7 @@ from dpfl.experiments.best import LOWER_IS_BETTER
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.factory import build_algorithm, decision_threshold
+from dpfl.experiments.study_dir import claim
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
 from dpfl.privacy import Accountant, Ledger, events, selection
@@ -100,19 +101,21 @@ def tune(
     mean: float = 10.0,
     shape: float = 1.0,
     validation_fraction: float | None = None,
+    add: bool = False,
 ) -> Tuned:
     """Select among `study`'s grid points privately (see the module docstring) and write
     the outcome to `out/tuned.json`, the charges where the study's spending goes
     (`dpfl.experiments.spending`: its shared ledger, or `out/ledger.sqlite`), the whole
     selection checked against its budgets and caps before any candidate trains.
-    `validation_fraction`: the study's `tune.validation_fraction` unless given."""
+    `validation_fraction`: the study's `tune.validation_fraction` unless given. `out` is
+    claimed for the study (`study_dir.claim`; `add` as there) only once every check has
+    passed: a refused selection writes nothing."""
     points = [config for _, config in study.points]
     first = _check(points, validation_fraction)
     fraction = (
         first.tune.validation_fraction if validation_fraction is None else validation_fraction
     )
     folder = Path(out)
-    folder.mkdir(parents=True, exist_ok=True)
     if (folder / RESULT).exists():
         raise ValueError(f"{folder / RESULT} exists: a selection is released once")
     tuning, tested = selection_silos(first, fraction)
@@ -124,6 +127,8 @@ def tune(
     release = _release(points, metric, mean, shape, fraction)
     if privacy.private:  # the whole selection, before any candidate trains
         _check_plan(first, release, folder, tuning, budgets, planned)
+    folder.mkdir(parents=True, exist_ok=True)  # only once every check has passed
+    claim(folder, points, [study.name], add=add)
     # K and the candidates' points must be unpredictable for the bound to hold, as the
     # noise must: seeded only with research noise (whose ε holds for no release anyway)
     rng = np.random.default_rng([first.seed, 17] if first.research_noise else None)

@@ -31,6 +31,7 @@ from dpfl.experiments.queries import (
     bound_text,
     exceeds_ledger,
     mean_std_text,
+    one_class_of,
     pool_seeds,
 )
 from dpfl.experiments.store import RunRow, SiloEpsilons
@@ -197,6 +198,10 @@ def _results_table(shown: list[Shown], metric: str) -> str:
         caption += f"<p>{_e(REPORTED)}</p>"
     if any(research_noise(s.run) for s in shown):
         caption += f"<p>{RESEARCH_MARK} {_e(RESEARCH_NOISE)}.</p>"
+    for s in shown:
+        one = one_class_of(s.summary.metrics, s.run.config)
+        if one is not None:
+            caption += f"<p class='warning'>Warning: {_e(s.label)}: {_e(one)}.</p>"
     table = _scores_table(("run", "grid point", *facts), rows, metric)
     return "<h2 id='results'>Results</h2>\n" + table + caption
 
@@ -635,6 +640,7 @@ figcaption { font-size: 0.9rem; color: #555; }
 dl { display: grid; grid-template-columns: max-content auto; gap: 0.2rem 1rem; }
 dt { font-weight: 600; }
 dd { margin: 0; }
+.warning { color: #8a4b00; font-weight: 600; }
 """
 
 
