@@ -127,6 +127,8 @@ expected_batch_size = 16
 [privacy]
 noise_multiplier = 1.0
 epsilon = 10.0
+[evaluation]
+release = "clear"
 """
 
 

@@ -184,8 +184,10 @@ def hospital(
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed, a roster that does
         # not list this hospital's identity key, and data that cannot be read
-        me.silo(me.deployment(deployment_of))
+        run = me.deployment(deployment_of)
+        me.silo(run)
         transport = _transport(insecure, root_certificates)
+        typer.echo(f"{name}'s evaluation: {run.evaluation.describe()}", err=True)
     config = node_config(node)
     _run_supernode(
         [
