@@ -184,8 +184,7 @@ def hospital(
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed, a roster that does
         # not list this hospital's identity key, and data that cannot be read
-        run = me.deployment(deployment_of)
-        me.silo(run)
+        me.silo(run := me.deployment(deployment_of))
         transport = _transport(insecure, root_certificates)
         typer.echo(f"{name}'s evaluation: {run.evaluation.describe()}", err=True)
     config = node_config(node)
