@@ -191,7 +191,8 @@ def assert_the_simulators(
 ) -> None:
     """The deployment ended with the simulator's model, bit for bit, and each hospital's
     ledger holds the events the simulator charged it, and its evaluation's where the
-    study's is DP (the simulator's research figures are outside ε)."""
+    study's is DP (the simulator's research figures are outside ε), in the ε it
+    reported."""
     for name, value in simulation.params.items():
         assert torch.equal(result.params[name], value[0])
     plan = deployment_of(Path(nodes[next(iter(nodes))]["study"])).evaluation
@@ -203,6 +204,8 @@ def assert_the_simulators(
             assert evaluated == [events.gaussian(plan.noise_multiplier).to_json()]
         else:
             assert evaluated == []
+        with Ledger(Path(node["ledger"]), create=False) as own:
+            assert result.epsilon[name] == pytest.approx(own.spent(f"{name}/trial-0").epsilon)
 
 
 class RecordingGrid(InProcessGrid):

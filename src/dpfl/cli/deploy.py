@@ -42,9 +42,10 @@ RootCertOpt = Annotated[
 UnionOpt = Annotated[
     bool,
     typer.Option(
-        help="Send this hospital's counts for the union of the test sets (outside ε: close "
-        "to its test scores record by record); --no-union sends its own metrics only, and "
-        "the server reports no union."
+        help="Let the server pool this hospital's evaluation into the union of the test "
+        "sets; --no-union: the server reports no union. Its own metrics follow the study's "
+        "\\[evaluation] all the same (DP counts charged to its ledger, or, where the study "
+        "says 'clear', exact figures outside ε without the union's counts)."
     ),
 ]
 

@@ -492,7 +492,7 @@ class _Hospital:
             answered = self.evaluations(book)
             why = self.unvouched(saved, kept, answered)
             if why is None and plan.release == "dp":
-                why = unaffordable(book, self.account, plan.event(silo.info), 1)
+                why = book.refusal([(self.account, plan.event(silo.info))])
             if why is not None:
                 LOG.warning("%s: evaluation refused: %s", self.me.name, why)
                 return {"refused": why}
