@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from flwr.app import Context, Message
 from typer.testing import CliRunner
 
 from dpfl.cli import app
@@ -239,3 +240,40 @@ def test_the_noisy_counts_give_the_exact_thresholded_metrics_before_noise(classe
     assert abs(read["auroc"] - truth["auroc"]) < 0.05  # on 10 bins
     silo = SiloInfo("h", 300)
     assert plan.sensitivity(silo, len(exact)) == pytest.approx(np.sqrt(1 if classes == 2 else 4))
+
+
+def test_a_dp_evaluation_its_budget_no_longer_affords_is_refused_nothing_charged(
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its ledger spent meanwhile (another release, e.g. another study over a capped
+    dataset): the evaluation is refused in one line before anything is charged or
+    counted against the study's queries."""
+    nodes = hospitals(study, tmp_path / "hospitals")
+    grid = InProcessGrid(nodes.values())
+    ledger, account = Path(nodes["hospital-1"]["ledger"]), "hospital-1/trial-0"
+
+    def spending(message: Message, context: Context) -> Message:
+        if message.metadata.message_type == "evaluate" and context.node_config["name"] == (
+            "hospital-1"
+        ):
+            with Ledger(ledger) as book:  # the costliest Gaussian that fits, to 1%
+                low, high = 0.5, 50.0  # σ: refused, fits
+                while high > 1.01 * low:
+                    middle = (low * high) ** 0.5
+                    if book.refusal([(account, events.gaussian(middle))]) is None:
+                        high = middle
+                    else:
+                        low = middle
+                book.record(account, events.gaussian(high), label="another release")
+        return grid.app(message, context)
+
+    grid.apps = dict.fromkeys(grid.contexts, spending)
+    with caplog.at_level(logging.INFO, logger="flwr"):
+        result = serve(grid, deployment_of(study))
+    assert result.metrics.keys() == {"hospital-0", "hospital-2"}
+    (refused,) = [r.getMessage() for r in caplog.records if "evaluation refused" in r.getMessage()]
+    assert refused.startswith("hospital-1: evaluation refused: ") and "\n" not in refused
+    assert "would bring ε to" in refused
+    assert evaluations(ledger, account) == []
+    with Ledger(ledger, create=False) as book:
+        assert not book.noted(f"evaluation 0 of study {deployment_of(study).key} by hospital-1")
