@@ -14,7 +14,9 @@ deployment repeats a simulation exactly).
 
 It answers "query.hello" (its public facts), "query.plan" (it checks its plan), "train"
 (one exchange: it replies as its study's `summing` says, `PROTECTIONS`) and "evaluate"
-(its metrics of the final model on its own test set, outside ε as in the simulator);
+(its metrics of the final model on its own test set, a release as the study's
+`[evaluation]` says: DP counts charged to its ledger, or declared clear figures outside
+ε; only the final model of a run it trained in, a bounded number of times);
 in a masked study the session's messages (`flower_masking`), and the key holder of an
 encrypted one "query.he_decrypt" (`flower_he`). Asked again for an exchange it answered,
 it re-sends the same reply (uncharged; a masked one is retrained and paid for).
@@ -358,10 +360,9 @@ class _Hospital:
     ) -> str | None:
         """Why the rest of the plan from `round_` would pass this hospital's budget (for an
         algorithm that stops at its budget: the next round), with the DP evaluations it
-        has still to answer, or None if it fits. A round
-        or an exchange outside the study's is refused: the plan this hospital agreed to
-        is the study's. A round already paid for, whose reply is kept to be sent again, is
-        not paid twice."""
+        has still to answer, or None if it fits. A round or an exchange outside the
+        study's is refused: the plan this hospital agreed to is the study's. A round
+        already paid for, whose reply is kept to be sent again, is not paid twice."""
         if not 0 <= round_ < self.run.rounds:
             return f"round {round_} is not one of the study's {self.run.rounds} rounds"
         exchanges = algorithm.exchanges(silos)

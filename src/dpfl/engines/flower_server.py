@@ -81,8 +81,9 @@ class DeploymentResult:
     """Why the run stopped before its last round otherwise (a hospital that did not
     reply in time, or failed); its hospitals keep what they were charged."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each hospital's metrics of its final model on its own test set, as it reported
-    them (hospitals without a test set report none)."""
+    """Each hospital's metrics of its final model on its own test set: read off its DP
+    counts, or as it sent them where the study's evaluation is clear (hospitals without
+    a test set, or that refused, have none)."""
     absent: list[tuple[int, str, str]] = field(default_factory=list)
     """With `missing="continue"`: (round, hospital, why) for each hospital left out of a
     round (it refused, failed or did not reply in time); the run went on without it."""
@@ -90,7 +91,8 @@ class DeploymentResult:
     """The run instance: kept in the checkpoint, the same across a restart."""
     union: dict[str, float] = field(default_factory=dict)
     """Metrics of the union of the hospitals' test sets, combined from each hospital's
-    counts (`flower_protocol.union_metrics`); empty where some hospital sent none."""
+    counts, DP or clear (`flower_protocol.union_metrics`); empty where some hospital
+    sent none."""
     noise: dict[str, float] = field(default_factory=dict)
     """Each hospital's σ, where the study calibrates it to the hospitals' budgets."""
 
