@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.evaluation import metrics
-from dpfl.engines.flower import DeploymentResult, Evaluation, serve
+from dpfl.engines.flower import DeploymentError, DeploymentResult, Evaluation, serve
 from dpfl.engines.flower_protocol import fields_of, union_metrics
 from dpfl.experiments.deploy import deployment_of, serve_study, study_point
 from dpfl.experiments.queries import open_results
@@ -277,3 +277,11 @@ def test_a_dp_evaluation_its_budget_no_longer_affords_is_refused_nothing_charged
     assert evaluations(ledger, account) == []
     with Ledger(ledger, create=False) as book:
         assert not book.noted(f"evaluation 0 of study {deployment_of(study).key} by hospital-1")
+
+
+def test_a_dp_evaluation_of_patient_level_records_is_refused() -> None:
+    """A patient's test records are counted unbounded (the silo knows no test patient):
+    refused (at load too: `deploy.check_deployable`), never released with a sensitivity
+    that does not hold."""
+    with pytest.raises(DeploymentError, match="patient-level records is not implemented"):
+        Evaluation().sensitivity(SiloInfo("h", 60, patient_level=True, max_records=2), 20)

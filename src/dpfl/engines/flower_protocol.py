@@ -199,7 +199,10 @@ class Evaluation:
     def sensitivity(self, silo: SiloInfo, length: int) -> float:
         """The L2 sensitivity of a `histogram` of that length: a record is in one cell of a
         binary model's, in 1 + C of a C-class model's; a unit of privacy moves its
-        records as it moves a threshold's histogram (`threshold.sensitivity`)."""
+        records as it moves a threshold's histogram (`threshold.sensitivity`). Refused
+        for patients: their test records are counted unbounded."""
+        if silo.patient_level:
+            raise DeploymentError("a DP evaluation of patient-level records is not implemented")
         cells = 1 if length == 2 * self.bins else 1 + self._classes(length)
         return math.sqrt(cells) * threshold.sensitivity(silo)
 

@@ -78,6 +78,11 @@ def _evaluation_problems(config: StudyConfig) -> list[str]:
         return [
             f"evaluation: a DP evaluation counts a classifier's scores; a survival study {clear}"
         ]
+    if config.data.unit is not None:
+        return [
+            "evaluation: a DP evaluation counts each test record once, which bounds no "
+            f"patient's records (data.unit); {clear}"
+        ]
     if kind.sets_own_noise:
         return [
             f"evaluation: {kind.name} spends its whole budget (ε and δ) on its own noise, "
