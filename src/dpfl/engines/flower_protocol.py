@@ -35,8 +35,9 @@ from dpfl.federation.survival_metrics import risk_scores
 from dpfl.local.losses import Loss, time_cuts
 from dpfl.privacy import events
 
-PROTOCOL = 1
-"""Version of the messages below; a hospital on another version is refused."""
+PROTOCOL = 2
+"""Version of the messages below; a hospital on another version is refused. 2: the
+evaluation is a release (`Evaluation`), its reply DP counts or declared clear figures."""
 LOG = logging.getLogger("flwr")
 """Flower's logger: what the ServerApp logs, `flwr run --stream` shows."""
 INSTANCE = re.compile(r"[0-9a-f]{16}")
