@@ -9,6 +9,7 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from dpfl.engines.flower_protocol import PROTOCOL
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import study_point
 
@@ -35,9 +36,9 @@ def public_fields(
 
 def server_message(kind: str, fields: Mapping[str, Any], node: int = 2) -> Message:
     """A message of `kind` (`train`, `query.plan`, ...) from the server to `node` under
-    protocol 1, carrying `fields`."""
+    the protocol's version, carrying `fields`."""
     return Message(
-        RecordDict({"dpfl": ConfigRecord({"protocol": 1, **fields})}),
+        RecordDict({"dpfl": ConfigRecord({"protocol": PROTOCOL, **fields})}),
         dst_node_id=node,
         message_type=kind,
     )

@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.flower import DeploymentError, DeploymentResult
+from dpfl.engines.flower_protocol import PROTOCOL
 from dpfl.experiments.deploy import serve_study, stop_reason, unfinished
 from dpfl.experiments.queries import open_results, read_metrics, summarise
 from dpfl.experiments.report import write_report
@@ -188,7 +189,7 @@ def test_a_failure_before_the_rounds_is_stored_failed(study: Path, tmp_path: Pat
     other = tmp_path / "other.toml"  # the server's study is not the hospitals'
     other.write_text(study.read_text(encoding="utf-8").replace("seed = 3", "seed = 4"))
     out = tmp_path / "results"
-    with pytest.raises(DeploymentError, match="runs protocol 1 of study"):
+    with pytest.raises(DeploymentError, match=f"runs protocol {PROTOCOL} of study"):
         serve_study(InProcessGrid(nodes.values()), run_config(other, out))
     with open_results(out) as store:
         (run,) = store.runs()

@@ -29,7 +29,7 @@ from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import client_app, deployment_of, study_point
 from dpfl.experiments.factory import build_algorithm
 from dpfl.federation.silo import Silo
-from dpfl.privacy import Ledger
+from dpfl.privacy import Ledger, events
 
 from .conftest import public_fields, server_message
 
@@ -50,6 +50,8 @@ noise_multiplier = 1.0
 epsilon = 10.0
 """
 EPSILON, DELTA = 10.0, 1e-5
+CLEAR = '\n[evaluation]\nrelease = "clear"\n'
+"""A study's evaluation in the clear, outside ε: the simulator's research figures."""
 
 
 @pytest.fixture
@@ -164,9 +166,21 @@ def accuracy(params: dict[str, torch.Tensor], silos: list[Silo]) -> float:
     return float((predicted == y.bool()).float().mean())
 
 
+EVALUATION = "evaluation of the final model"
+"""The label of a hospital's DP evaluation in its ledger: a deployment's own release,
+which the simulator's research figures (outside ε) do not charge."""
+
+
 def entries(ledger: Path, account: str) -> list[str]:
+    """The account's events, but its DP evaluation's (`evaluations`)."""
     with Ledger(ledger, create=False) as book:
-        return [e.event.to_json() for e in book.entries(account)]
+        return [e.event.to_json() for e in book.entries(account) if EVALUATION not in e.label]
+
+
+def evaluations(ledger: Path, account: str) -> list[str]:
+    """The account's DP evaluations' events."""
+    with Ledger(ledger, create=False) as book:
+        return [e.event.to_json() for e in book.entries(account) if EVALUATION in e.label]
 
 
 def assert_the_simulators(
@@ -176,12 +190,22 @@ def assert_the_simulators(
     book: Ledger,
 ) -> None:
     """The deployment ended with the simulator's model, bit for bit, and each hospital's
-    ledger holds the events the simulator charged it."""
+    ledger holds the events the simulator charged it, and its evaluation's where the
+    study's is DP (the simulator's research figures are outside ε), in the ε it
+    reported."""
     for name, value in simulation.params.items():
         assert torch.equal(result.params[name], value[0])
+    plan = deployment_of(Path(nodes[next(iter(nodes))]["study"])).evaluation
     for name, node in nodes.items():
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
         assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+        evaluated = evaluations(Path(node["ledger"]), f"{name}/trial-0")
+        if plan.release == "dp":
+            assert evaluated == [events.gaussian(plan.noise_multiplier).to_json()]
+        else:
+            assert evaluated == []
+        with Ledger(Path(node["ledger"]), create=False) as own:
+            assert result.epsilon[name] == pytest.approx(own.spent(f"{name}/trial-0").epsilon)
 
 
 class RecordingGrid(InProcessGrid):
@@ -200,6 +224,8 @@ class RecordingGrid(InProcessGrid):
 def test_in_process_the_deployment_ends_with_the_simulators_model(
     study: Path, tmp_path: Path
 ) -> None:
+    """Its clear figures (declared) are the simulator's research figures."""
+    study.write_text(STUDY + CLEAR, encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path)
@@ -232,23 +258,24 @@ def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
     study: Path, tmp_path: Path, algorithm: str
 ) -> None:
     """Personal models and momentum stay at the hospitals between rounds (a file beside
-    each ledger), hand-offs and sampled cohorts go through the same messages."""
+    each ledger), hand-offs and sampled cohorts go through the same messages; each
+    hospital's DP evaluation of the model it uses is charged once, beside the rounds."""
     study.write_text(STUDY.replace('name = "fedavg"', algorithm), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path)
-    book.close()
     assert result.rounds_completed == 3 and not result.refused
-    assert result.metrics == simulation.silo_metrics[0]
-    for name, value in simulation.params.items():
-        assert torch.equal(result.params[name], value[0])
+    assert result.metrics.keys() == simulation.silo_metrics[0].keys()
+    assert_the_simulators(result, nodes, simulation, book)
+    book.close()
 
 
 def test_in_process_aop_sets_its_noise_from_the_study_and_deploys_as_simulated(
     study: Path, tmp_path: Path
 ) -> None:
     study.write_text(
-        STUDY.replace('name = "fedavg"', 'name = "aop"').replace("noise_multiplier = 1.0\n", ""),
+        STUDY.replace('name = "fedavg"', 'name = "aop"').replace("noise_multiplier = 1.0\n", "")
+        + CLEAR,
         encoding="utf-8",
     )
     nodes = hospitals(study, tmp_path / "hospitals")

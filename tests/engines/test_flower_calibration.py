@@ -22,11 +22,23 @@ from dpfl.experiments.deploy import deployment_of, server_app, study_point
 from dpfl.experiments.factory import build_algorithm
 from dpfl.privacy import Ledger
 
-from .test_flower import DELTA, EPSILON, STUDY, InProcessGrid, entries, hospitals, study
+from .test_flower import (
+    CLEAR,
+    DELTA,
+    EPSILON,
+    STUDY,
+    InProcessGrid,
+    entries,
+    evaluations,
+    hospitals,
+    study,
+)
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
-CALIBRATED = STUDY.replace("noise_multiplier = 1.0\n", "")
+CALIBRATED = STUDY.replace("noise_multiplier = 1.0\n", "") + CLEAR
+"""σ calibrated to the budgets, the evaluation in the clear (outside ε): the simulator's
+plan, which charges no evaluation."""
 BUDGETS = {"hospital-0": 2.0, "hospital-1": 4.0, "hospital-2": 8.0}
 
 
@@ -86,8 +98,13 @@ def test_in_process_hospitals_calibrate_and_the_run_uses_the_largest_sigma(
 def test_in_process_per_silo_calibration_gives_each_hospital_its_own_sigma(
     study: Path, tmp_path: Path
 ) -> None:
+    """Each hospital's plan holds its DP evaluation (the study's default): σ is
+    calibrated to leave room for it, so each spends nearly its own budget with it, never
+    more; the simulator, whose research figures charge nothing, needs less noise."""
     study.write_text(
-        CALIBRATED.replace("epsilon = 10.0", 'epsilon = 10.0\ncalibration = "per-silo"'),
+        STUDY.replace("noise_multiplier = 1.0\n", "").replace(
+            "epsilon = 10.0", 'epsilon = 10.0\ncalibration = "per-silo"'
+        ),
         encoding="utf-8",
     )
     nodes = hospitals(study, tmp_path / "hospitals", BUDGETS)
@@ -95,9 +112,11 @@ def test_in_process_per_silo_calibration_gives_each_hospital_its_own_sigma(
     simulation, book = simulated(study, tmp_path, BUDGETS, calibrate="per-silo")
     book.close()
     assert result.rounds_completed == 3
-    assert result.noise == simulation.metadata["noise_multipliers"]
+    simulated_noise = simulation.metadata["noise_multipliers"]
+    assert all(result.noise[n] > simulated_noise[n] for n in nodes)
     assert result.noise["hospital-0"] > result.noise["hospital-1"] > result.noise["hospital-2"]
     for name, node in nodes.items():  # each spends nearly its own budget, never more
+        assert len(evaluations(Path(node["ledger"]), f"{name}/trial-0")) == 1
         assert 0.99 * BUDGETS[name] < spent(node) <= BUDGETS[name]
 
 
@@ -149,6 +168,8 @@ def test_in_process_hospitals_release_dp_counts_once_as_the_simulator(
 def test_in_process_the_union_of_the_test_sets_is_the_simulators(
     study: Path, tmp_path: Path
 ) -> None:
+    """In the clear (declared): the simulator's research figures."""
+    study.write_text(STUDY + CLEAR, encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     result = serve(InProcessGrid(nodes.values()), deployment_of(study))
     simulation, book = simulated(study, tmp_path, dict.fromkeys(nodes, EPSILON))
@@ -174,8 +195,12 @@ def test_in_process_the_server_and_each_hospital_say_what_they_did(
     assert rounds[2].startswith(
         "round 2 of 3: 3 of 3 hospitals replied (hospital-0, hospital-1, hospital-2) in "
     )
-    largest = max(result.epsilon.values())
-    assert rounds[2].endswith(f"largest ε so far {largest:.4g} (hospital-0, reported)")
+    (trained,) = [line for line in lines if line.startswith("hospital-0: round 2 exchange 0")]
+    so_far = trained.split("; ε ")[1].split(" of ")[0]  # before its evaluation
+    assert rounds[2].endswith(f"largest ε so far {so_far} (hospital-0, reported)")
+    largest = max(result.epsilon.values())  # with its DP evaluation's charge
+    assert f"largest ε {largest:.4g} (hospital-0, reported)" in lines[-1]
+    assert float(so_far) < largest
     assert lines[-1].startswith("finished after 3 of 3 rounds in ")
     assert "union of the test sets: accuracy " in lines[-1]
     charged = [line for line in lines if line.startswith("hospital-1: round 1 exchange 0")]

@@ -16,7 +16,9 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from dpfl.engines.flower import DeploymentError, serve
-from dpfl.experiments.deploy import deployment_of
+from dpfl.experiments import deploy
+from dpfl.experiments.deploy import deployment_of, study_point
+from dpfl.federation.silo import SiloInfo
 
 from .test_flower import (
     STUDY,
@@ -105,9 +107,14 @@ def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
 ) -> None:
     """Killed with round 1's replies unread: the restarted server (a new Flower run, new
     node contexts) asks round 1 again and the hospitals send the same replies, uncharged.
-    Their budgets afford exactly the study's 3 rounds: round 1 is not planned twice."""
+    Their budgets afford exactly the study's 3 rounds and its DP evaluation: round 1 is
+    not planned twice."""
     simulation, book = simulated(study, tmp_path)
-    exact = {n: book.spent(f"{n}/trial-0").epsilon * 1.001 for n in simulation.silo_metrics[0]}
+    evaluation = deploy.evaluation(study_point(study)).event(SiloInfo("any", 1))
+    exact = {
+        n: book.projected(f"{n}/trial-0", evaluation).epsilon * 1.001
+        for n in simulation.silo_metrics[0]
+    }
     nodes = hospitals(study, tmp_path / "hospitals", exact)
     checkpoint = tmp_path / "server" / "checkpoint.pt"
     checkpoint.parent.mkdir()

@@ -18,7 +18,7 @@ from dpfl.engines.flower import DeploymentError, HospitalConfig, serve
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.deploy import deployment_of, study_point
 
-from .test_flower import DELTA, EPSILON, InProcessGrid, entries, simulated
+from .test_flower import CLEAR, DELTA, EPSILON, InProcessGrid, entries, simulated
 from .test_flower import study as flower_study  # noqa: F401 (the fixture)
 
 SITES = {"east": 150, "north": 150, "south": 150}
@@ -103,7 +103,7 @@ def table_hospitals(
 def table_study(flower_study: Path) -> Path:  # noqa: F811 (the fixture)
     """The table study beside the whole cohort, which only the simulator reads."""
     write(flower_study.parent / "cohort.csv", cohort())
-    flower_study.write_text(STUDY, encoding="utf-8")
+    flower_study.write_text(STUDY + CLEAR, encoding="utf-8")  # the simulator's figures
     return flower_study
 
 

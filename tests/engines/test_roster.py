@@ -17,6 +17,7 @@ from flwr.app import ConfigRecord, Context, Message, RecordDict
 
 from dpfl.engines import flower_masking
 from dpfl.engines.flower import DeploymentError, serve
+from dpfl.engines.flower_protocol import PROTOCOL
 from dpfl.engines.roster import (
     Roster,
     RosterError,
@@ -131,7 +132,7 @@ def test_the_server_waits_for_the_roster_and_refuses_a_hello_with_another_key(
         "identity": str(impostor / "identity.pem"),
         "study": str(forged),
     }
-    with pytest.raises(DeploymentError, match="runs protocol 1 of study"):
+    with pytest.raises(DeploymentError, match=f"runs protocol {PROTOCOL} of study"):
         serve(InProcessGrid(nodes.values()), deployment_of(study), wait=1)
 
 
@@ -144,7 +145,7 @@ def test_a_hospital_whose_key_the_roster_does_not_list_refuses_to_start(
     node = {**nodes["hospital-0"], "identity": str(other)}
     context = Context(run_id=7, node_id=2, node_config=node, state=RecordDict(), run_config={})
     message = Message(
-        RecordDict({"dpfl": ConfigRecord({"protocol": 1})}),
+        RecordDict({"dpfl": ConfigRecord({"protocol": PROTOCOL})}),
         dst_node_id=2,
         message_type="query.hello",
     )

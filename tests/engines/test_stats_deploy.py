@@ -194,7 +194,8 @@ def test_patient_level_stats_bound_each_patient_and_charge_per_patient(
     sites = text.replace(
         "east = 150, north = 150, south = 150", "east = 60, north = 60, south = 60"
     )
-    study.write_text(sites, encoding="utf-8")
+    no_evaluation = "\n[evaluation]\nqueries = 0\n"  # a DP one would count patients unbounded
+    study.write_text(sites + no_evaluation, encoding="utf-8")
     by_site = {s: [r for r in rows if r[1] == s] for s in ("east", "north", "south")}
     nodes = table_hospitals(study, tmp_path / "hospitals", by_site)
     served = serve_stats(InProcessGrid(nodes.values()), deployment_of(study))

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -24,8 +25,9 @@ from dpfl.engines.flower_protocol import fields_of, union_counts, union_metrics
 from dpfl.experiments.deploy import deployment_of
 from dpfl.federation.silo import Silo
 from dpfl.local.losses import Loss, logistic_hazard
+from dpfl.privacy import events
 
-from .test_flower import InProcessGrid, hospitals, simulated, study
+from .test_flower import CLEAR, STUDY, InProcessGrid, evaluations, hospitals, simulated, study
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
@@ -127,6 +129,8 @@ expected_batch_size = 16
 [privacy]
 noise_multiplier = 1.0
 epsilon = 10.0
+[evaluation]
+release = "clear"
 """
 
 
@@ -145,30 +149,43 @@ def test_in_process_a_deployed_survival_study_scores_the_simulators_union(
     assert result.union["c_index"] == pytest.approx(union, abs=1e-3)
 
 
+@pytest.mark.parametrize("release", ["dp", "clear"])
 def test_in_process_a_hospital_deployed_with_no_union_sends_its_own_metrics_only(
-    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, release: str
 ) -> None:
-    """`--no-union` (node config union=false): that hospital's evaluation reply holds its
-    metrics and no counts, the server reports no union and names who withheld it."""
+    """`--no-union` (node config union=false): the server reports no union and names who
+    withheld it, and that hospital's own metrics follow the study's rule: DP, its noisy
+    counts only (no clear figure), charged to its ledger, the server reading its metrics
+    off them; clear, its metrics and no counts, logged OUTSIDE ε."""
+    study.write_text(STUDY + (CLEAR if release == "clear" else ""), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     nodes["hospital-1"]["union"] = False
     grid = InProcessGrid(nodes.values())
-    sent: dict[str, set[str]] = {}
+    sent: dict[str, dict[str, Any]] = {}
 
     def recording(message: Message, context: Context) -> Message:
         reply = grid.app(message, context)
         if message.metadata.message_type.endswith("evaluate"):
-            sent[str(context.node_config["name"])] = set(fields_of(reply))
+            sent[str(context.node_config["name"])] = fields_of(reply)
         return reply
 
     grid.apps = dict.fromkeys(grid.contexts, recording)
     with caplog.at_level(logging.INFO, logger="flwr"):
         result = serve(grid, deployment_of(study))
-    assert sent["hospital-1"] == {"metrics", "names", "values"}
-    assert {"cells", "records"} <= sent["hospital-0"]
     assert result.union == {} and result.metrics.keys() == nodes.keys()
     messages = [r.getMessage() for r in caplog.records]
     assert "no union of the test sets: hospital-1 withheld its counts" in messages
+    charged = evaluations(Path(nodes["hospital-1"]["ledger"]), "hospital-1/trial-0")
+    if release == "dp":
+        assert sent["hospital-1"].keys() == {"metrics", "noisy", "union", "epsilon"}
+        assert sent["hospital-1"]["union"] is False and sent["hospital-0"]["union"] is True
+        assert charged == [events.gaussian(5.0).to_json()]
+    else:
+        assert set(sent["hospital-1"]) == {"metrics", "names", "values"}
+        assert {"cells", "records"} <= set(sent["hospital-0"])
+        assert charged == []
+        (withheld,) = [m for m in messages if m.startswith("hospital-1: released")]
+        assert "OUTSIDE ε" in withheld and "(no union: --no-union)" in withheld
 
 
 def test_a_union_switch_that_is_not_a_boolean_is_refused() -> None:

@@ -42,9 +42,10 @@ RootCertOpt = Annotated[
 UnionOpt = Annotated[
     bool,
     typer.Option(
-        help="Send this hospital's counts for the union of the test sets (outside ε: close "
-        "to its test scores record by record); --no-union sends its own metrics only, and "
-        "the server reports no union."
+        help="Let the server pool this hospital's evaluation into the union of the test "
+        "sets; --no-union: the server reports no union. Its own metrics follow the study's "
+        "\\[evaluation] all the same (DP counts charged to its ledger, or, where the study "
+        "says 'clear', exact figures outside ε without the union's counts)."
     ),
 ]
 
@@ -184,8 +185,9 @@ def hospital(
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed, a roster that does
         # not list this hospital's identity key, and data that cannot be read
-        me.silo(me.deployment(deployment_of))
+        me.silo(run := me.deployment(deployment_of))
         transport = _transport(insecure, root_certificates)
+        typer.echo(f"{name}'s evaluation: {run.evaluation.describe()}", err=True)
     config = node_config(node)
     _run_supernode(
         [

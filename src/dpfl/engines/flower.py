@@ -16,6 +16,7 @@ from dpfl.engines.flower_protocol import (
     Deployment,
     DeploymentError,
     DeploymentOf,
+    Evaluation,
     NodeUnavailable,
 )
 from dpfl.engines.flower_server import Checkpoint, DeploymentResult, serve
@@ -27,6 +28,7 @@ __all__ = [
     "DeploymentError",
     "DeploymentOf",
     "DeploymentResult",
+    "Evaluation",
     "HospitalConfig",
     "NodeUnavailable",
     "client_app",

@@ -14,7 +14,9 @@ deployment repeats a simulation exactly).
 
 It answers "query.hello" (its public facts), "query.plan" (it checks its plan), "train"
 (one exchange: it replies as its study's `summing` says, `PROTECTIONS`) and "evaluate"
-(its metrics of the final model on its own test set, outside ε as in the simulator);
+(its metrics of the final model on its own test set, a release as the study's
+`[evaluation]` says: DP counts charged to its ledger, or declared clear figures outside
+ε; only the final model of a run it trained in, a bounded number of times);
 in a masked study the session's messages (`flower_masking`), and the key holder of an
 encrypted one "query.he_decrypt" (`flower_he`). Asked again for an exchange it answered,
 it re-sends the same reply (uncharged; a masked one is retrained and paid for).
@@ -35,7 +37,7 @@ import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from dpfl.analytics import STATS_MASKING
+from dpfl.analytics import STATS_MASKING, release
 from dpfl.engines import flower_he, flower_masking
 from dpfl.engines.accounts import (
     Calibration,
@@ -59,13 +61,14 @@ from dpfl.engines.flower_protocol import (
     fields_of,
     held,
     keep,
+    model_digest,
     record,
     silos_of,
     union_counts,
 )
 from dpfl.engines.roster import PREFIX, RosterError, public_text, read_identity
 from dpfl.engines.simulation import _count_noise
-from dpfl.engines.streams import Streams, member_rng, stream_noise
+from dpfl.engines.streams import Streams, evaluation_noise, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
@@ -363,18 +366,20 @@ class _Hospital:
 
     def least_noise(self, fields: Mapping[str, Any]) -> float:
         """The least σ this hospital's budget allows for the study's whole plan (every
-        round, and its DP count where it releases one), by the study's accountant: a
-        function of public facts and its budget, which it publishes (`_calibrate`)."""
+        round, its DP count where it releases one, and its DP evaluations), by the study's
+        accountant: a function of public facts and its budget, which it publishes
+        (`_calibrate`)."""
         algorithm, silos = self.built(fields)
         (me,) = [s for s in silos if s.name == self.me.name]
         count = [] if self.run.size_noise is None else [events.gaussian(self.run.size_noise)]
+        evaluations = self.run.evaluation.plan(self.silo.info, self.run.evaluation.queries)
         return Calibration(
             algorithm,
             silos,
             {me.name: self.run.rounds},
             {me.name: (self.me.epsilon, self.me.delta)},
             Accountant(self.run.accountant),
-            {me.name: count},
+            {me.name: count + evaluations},
         ).least(me)
 
     def refused(self, round_: int, why: str) -> dict[str, Any]:
@@ -391,10 +396,10 @@ class _Hospital:
         exchange: int = 0,
     ) -> str | None:
         """Why the rest of the plan from `round_` would pass this hospital's budget (for an
-        algorithm that stops at its budget: the next round), or None if it fits. A round
-        or an exchange outside the study's is refused: the plan this hospital agreed to
-        is the study's. A round already paid for, whose reply is kept to be sent again, is
-        not paid twice."""
+        algorithm that stops at its budget: the next round), with the DP evaluations it
+        has still to answer, or None if it fits. A round or an exchange outside the
+        study's is refused: the plan this hospital agreed to is the study's. A round
+        already paid for, whose reply is kept to be sent again, is not paid twice."""
         if not 0 <= round_ < self.run.rounds:
             return f"round {round_} is not one of the study's {self.run.rounds} rounds"
         exchanges = algorithm.exchanges(silos)
@@ -404,7 +409,11 @@ class _Hospital:
         saved = self._load()
         paid = "reply" in saved and saved["at"][0] == round_
         left = 1 if algorithm.stops_at_budget else self.run.rounds - round_
-        return None if paid and left == 1 else unaffordable(book, self.account, event, left - paid)
+        evaluation = self.run.evaluation  # the evaluations it has still to answer
+        later = evaluation.plan(self.silo.info, evaluation.queries - self.evaluations(book))
+        if paid and left == 1:
+            return unaffordable(book, self.account, event, 0, later) if later else None
+        return unaffordable(book, self.account, event, left - paid, later)
 
     @property
     def _state_file(self) -> Path:
@@ -504,35 +513,138 @@ class _Hospital:
         return out
 
     def evaluate(self, fields: Mapping[str, Any]) -> dict[str, Any]:
-        """Metrics of the model this hospital uses (its personal one if it keeps one) on its
-        own test set (`HospitalConfig.silo`); released outside ε, as the simulator's
-        are. None without a test set."""
-        silo = self.silo
+        """The release of its metrics of the final model it uses (its personal one if it
+        keeps one) on its own test set, as the study's `[evaluation]` says (`Evaluation`):
+        DP counts charged to its ledger before they leave, or clear figures outside ε.
+        It scores only the final model of a run it trained in, one model a run (the
+        first it is sent, kept by digest: asked again, it re-sends the same reply and
+        releases nothing new), and at most the study's `queries` over its runs; it
+        refuses, in one line, anything else, and a DP release its budget cannot afford,
+        nothing charged. {"metrics": False} without a test set."""
+        silo, plan = self.silo, self.run.evaluation
         if silo.x_test is None or silo.y_test is None:
             return {"metrics": False}
-        algorithm, _ = self.algorithm(fields)
+        algorithm, silos = self.algorithm(fields)
         sent = _received(fields, parameters_of(algorithm.model))
         if sent is None:
             raise DeploymentError("an evaluation needs the model")
-        local = self._load().get("local", {})
-        with torch_threads(1):  # as the simulator trains: the same float sums
-            model = algorithm.model_of({"global": sent}, local)
-            (row,) = evaluate(
-                algorithm.model, [[model]], [silo], int(fields["round"]), algorithm.loss
+        saved, digest = self._load(), model_digest(bytes(fields["params"]))
+        kept = saved.get("evaluated")
+        if kept is not None and kept["digest"] == digest:
+            LOG.info("%s: the final model's evaluation asked again: the same reply", self.me.name)
+            return dict(kept["reply"])
+        with self.open(algorithm, silos) as book:
+            answered = self.evaluations(book)
+            why = self.unvouched(saved, kept, answered)
+            if why is None and plan.release == "dp":
+                why = book.refusal([(self.account, plan.event(silo.info))])
+            if why is not None:
+                LOG.warning("%s: evaluation refused: %s", self.me.name, why)
+                return {"refused": why}
+            local = saved.get("local", {})
+            with torch_threads(1):  # as the simulator trains: the same float sums
+                model = algorithm.model_of({"global": sent}, local)
+                scores = predictions(algorithm.model, model, silo.x_test, silo.survival)
+                if plan.release == "clear":
+                    out = self.clear(algorithm, model, scores, int(fields["round"]))
+                else:
+                    out = self.noisy(book, algorithm, silos, scores)
+            book.noted(self._evaluation_key(answered), note=True)
+        self._save({**saved, "evaluated": {"digest": digest, "reply": out}})
+        return out
+
+    def evaluations(self, book: Ledger) -> int:
+        """How many of the study's evaluations this hospital answered, over its runs."""
+        queries = self.run.evaluation.queries
+        return next((k for k in range(queries) if not book.noted(self._evaluation_key(k))), queries)
+
+    def _evaluation_key(self, k: int) -> str:
+        return f"evaluation {k} of study {self.run.key} by {self.me.name}"
+
+    def unvouched(
+        self, saved: Mapping[str, Any], kept: Mapping[str, Any] | None, answered: int
+    ) -> str | None:
+        """Why the model sent is not one this hospital scores (None: it is): it trained
+        in no round of the run, or scored another model as the run's final one, or
+        answered the study's every evaluation."""
+        if "at" not in saved:
+            return (
+                f"it trained in no round of run {self.instance}: it scores only the final "
+                "model of a run it trained in"
             )
-            scores = predictions(algorithm.model, model, silo.x_test, silo.survival)
+        if kept is not None:
+            return (
+                f"it scored run {self.instance}'s final model already (model {kept['digest']}): "
+                "it scores no other model"
+            )
+        queries = self.run.evaluation.queries
+        if answered >= queries:
+            return (
+                f"it answered the study's {queries} evaluations ([evaluation] queries = {queries})"
+            )
+        return None
+
+    def clear(
+        self, algorithm: Algorithm, model: Params, scores: np.ndarray, round_: int
+    ) -> dict[str, Any]:
+        """Its exact metrics, and its counts for the union (`union_counts`) unless
+        deployed with `--no-union`: outside ε, as the study explicitly says."""
+        silo = self.silo
+        assert silo.y_test is not None
+        (row,) = evaluate(algorithm.model, [[model]], [silo], round_, algorithm.loss)
         metrics: dict[str, float] = row["silos"][self.me.name]
         out = {"metrics": True, "names": list(metrics), "values": list(metrics.values())}
         if self.me.union:  # its part of the union, counted (`union_counts`)
             labels = silo.y_test.numpy()
             out |= {"records": len(scores), **union_counts(labels, scores, algorithm.loss)}
-        LOG.info(
-            "%s: scored the final model on its %d test records%s",
+        LOG.warning(
+            "%s: released its metrics of the final model on its %d test records in the "
+            "clear%s: OUTSIDE ε (the study's [evaluation] release = 'clear')",
             self.me.name,
             len(scores),
-            "" if self.me.union else " (its counts for the union withheld: no union)",
+            " and its counts for the union" if self.me.union else " (no union: --no-union)",
         )
         return out
+
+    def noisy(
+        self, book: Ledger, algorithm: Algorithm, silos: Sequence[SiloInfo], scores: np.ndarray
+    ) -> dict[str, Any]:
+        """Its test records counted (`Evaluation.histogram`), released with Gaussian noise
+        charged to its account first (`dpfl.analytics.release`): the server reads its
+        metrics, and the union's unless deployed with `--no-union`, off them."""
+        plan, silo = self.run.evaluation, self.silo
+        assert silo.y_test is not None
+        exact = plan.histogram(silo.y_test.numpy(), scores).astype(np.float64)
+        k = [s.name for s in silos].index(self.me.name)
+        noisy = release(
+            exact,
+            plan.sensitivity(silo.info, len(exact)),
+            plan.noise_multiplier,
+            ledger=book,
+            accounts=[self.account],
+            label=f"evaluation of the final model: {algorithm.name} deployment of "
+            f"{self.run.key} instance {self.instance}",
+            rng=evaluation_noise(self.me.research_noise, self.run.seed, k),
+            neighbouring=silo.neighbouring,
+        )
+        spent = book.spent(self.account)
+        LOG.info(
+            "%s: released its test records' counts of the final model with noise, charged "
+            "%s; ε %.4g of %g at δ=%g (%s)%s",
+            self.me.name,
+            plan.event(silo.info).describe(),
+            spent.epsilon,
+            self.me.epsilon,
+            self.me.delta,
+            spent.accountant.value.upper(),
+            "" if self.me.union else " (no union: --no-union)",
+        )
+        return {
+            "metrics": True,
+            "noisy": noisy.tolist(),
+            "union": self.me.union,
+            "epsilon": spent.epsilon,
+        }
 
     def _load(self) -> dict[str, Any]:
         if not self._state_file.exists():
@@ -694,11 +806,12 @@ def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
         return {"accepted": False, **hospital.refused(round_, why)}
     event = algorithm.participation_event(hospital.silo.info, silos)
     LOG.info(
-        "%s: accepts rounds %d to %d of %s",
+        "%s: accepts rounds %d to %d of %s; evaluation: %s",
         hospital.me.name,
         round_,
         hospital.run.rounds - 1,
         event.describe(),
+        hospital.run.evaluation.describe(),
     )
     return {"accepted": True}
 

@@ -27,14 +27,17 @@ from sklearn import metrics as skm
 from dpfl.analytics import Query, Records
 from dpfl.engines.evaluation import metrics
 from dpfl.engines.roster import Roster
+from dpfl.federation import threshold
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.metrics import balanced_accuracy
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.federation.survival_metrics import risk_scores
 from dpfl.local.losses import Loss, time_cuts
+from dpfl.privacy import events
 
-PROTOCOL = 1
-"""Version of the messages below; a hospital on another version is refused."""
+PROTOCOL = 2
+"""Version of the messages below; a hospital on another version is refused. 2: the
+evaluation is a release (`Evaluation`), its reply DP counts or declared clear figures."""
 LOG = logging.getLogger("flwr")
 """Flower's logger: what the ServerApp logs, `flwr run --stream` shows."""
 INSTANCE = re.compile(r"[0-9a-f]{16}")
@@ -99,6 +102,8 @@ class Deployment:
     analytics: Analytics | None = None
     """The study's statistics (`dpfl deploy server --stats`); None: it declares none a
     deployment can release."""
+    evaluation: Evaluation = field(default_factory=lambda: Evaluation())
+    """What each hospital's evaluation of the final model releases, and how often."""
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,100 @@ class Analytics:
         ]
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """A study's `[evaluation]` as a deployment releases it. "dp": each hospital releases
+    its test records counted by (label, score bin) on `bins` public bins of [0, 1] (0.5
+    an edge), and for several classes its confusion matrix and each class's one-vs-rest
+    scores so counted, with Gaussian noise (`noise_multiplier` × `sensitivity`), charged
+    to its ledger before it leaves (`dpfl.analytics.release`); the server reads every
+    metric off the noisy counts (`counted`, `union_metrics`). "clear": its exact metrics
+    and `union_counts`, outside ε. A hospital answers `queries` evaluations over the
+    study's runs, each of the final model of a run it trained in."""
+
+    release: str = "dp"
+    queries: int = 1
+    noise_multiplier: float = 5.0
+    bins: int = 10
+
+    def describe(self) -> str:
+        """In words, as a hospital logs it and the datasheet shows it."""
+        times = f"at most {self.queries} of the final model of a run each hospital trained in"
+        if self.release == "clear":
+            return (
+                f"{times}: its exact metrics in the clear, OUTSIDE ε ([evaluation] release = "
+                "'clear'): the test records are not protected"
+            )
+        return (
+            f"{times}: its test records counted by label and score ({self.bins} bins), with "
+            f"Gaussian noise (σ = {self.noise_multiplier:g} × the counts' sensitivity), "
+            "charged to its ledger"
+        )
+
+    def event(self, silo: SiloInfo) -> events.PrivacyEvent:
+        """What one DP evaluation charges the hospital `silo`."""
+        return events.gaussian(self.noise_multiplier, neighbouring=silo.neighbouring)
+
+    def plan(self, silo: SiloInfo, left: int) -> list[events.PrivacyEvent]:
+        """What `left` more evaluations will charge: nothing where they are clear."""
+        return [events.repeat(self.event(silo), left)] if self.release == "dp" and left else []
+
+    def histogram(self, labels: np.ndarray, predicted: np.ndarray) -> np.ndarray:
+        """The exact counts a DP evaluation adds noise to: a binary model's records by
+        (label, bin); a multi-class model's confusion matrix, then per class its records
+        by (is of the class, bin of the class's score). Refused for survival labels."""
+        if labels.ndim == 2:
+            raise DeploymentError(
+                "a DP evaluation counts a classifier's scores: this study's survival labels "
+                "need [evaluation] release = 'clear' (outside ε) or queries = 0"
+            )
+        labels, width = labels.astype(np.int64), 2 * self.bins
+        if predicted.ndim == 1:
+            return np.bincount(
+                labels * self.bins + _score_bins(predicted, self.bins), minlength=width
+            )
+        classes = predicted.shape[1]
+        confusion = np.bincount(labels * classes + predicted.argmax(axis=1), minlength=classes**2)
+        per_class = [
+            np.bincount(
+                (labels == c) * self.bins + _score_bins(predicted[:, c], self.bins), minlength=width
+            )
+            for c in range(classes)
+        ]
+        return np.concatenate([confusion, *per_class])
+
+    def sensitivity(self, silo: SiloInfo, length: int) -> float:
+        """The L2 sensitivity of a `histogram` of that length: a record is in one cell of a
+        binary model's, in 1 + C of a C-class model's; a unit of privacy moves its
+        records as it moves a threshold's histogram (`threshold.sensitivity`). Refused
+        for patients: their test records are counted unbounded."""
+        if silo.patient_level:
+            raise DeploymentError("a DP evaluation of patient-level records is not implemented")
+        cells = 1 if length == 2 * self.bins else 1 + self._classes(length)
+        return math.sqrt(cells) * threshold.sensitivity(silo)
+
+    def counted(self, noisy: Sequence[float]) -> dict[str, Any]:
+        """A noisy `histogram` as `union_counts` would give it (each count rounded and
+        clamped at 0; each bin at its centre among the `SCORE_BINS`), which
+        `union_metrics` reads: post-processing."""
+        counts = np.maximum(np.rint(np.asarray(noisy, dtype=np.float64)), 0).astype(np.int64)
+        centre = ((np.arange(self.bins) + 0.5) * SCORE_BINS / self.bins).astype(np.int64)
+        cells = (np.arange(2)[:, None] * SCORE_BINS + centre).ravel()
+        if len(counts) == 2 * self.bins:
+            return {"cells": cells.tolist(), "counts": counts.tolist()}
+        classes = self._classes(len(counts))
+        per_class = [2 * c * SCORE_BINS + cells for c in range(classes)]
+        return {
+            "confusion": counts[: classes**2].tolist(),
+            "cells": np.concatenate(per_class).tolist(),
+            "counts": counts[classes**2 :].tolist(),
+        }
+
+    def _classes(self, length: int) -> int:
+        """C, from a C-class histogram's length C² + 2·bins·C."""
+        return math.isqrt(self.bins**2 + length) - self.bins
+
+
 DeploymentOf = Callable[[Path], Deployment]
 """How a half reads a study file (the hospital's from its node config, the server's
 from its run config) into its `Deployment`; refuses one that cannot be deployed."""
@@ -167,6 +266,11 @@ def digest(facts: Mapping[str, Any]) -> str:
     """The public facts' SHA-256, 16 hex digits: what a message refers to them by."""
     text = json.dumps({k: facts[k] for k in sorted(facts)}, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_digest(sent: bytes) -> str:
+    """A model's SHA-256 as the server sends it (its float32 bytes), 16 hex digits."""
+    return hashlib.sha256(sent).hexdigest()[:16]
 
 
 def by_reference(fields: Mapping[str, Any], holds: str | None) -> tuple[dict[str, Any], str | None]:
@@ -269,9 +373,10 @@ def score_counts(labels: np.ndarray, scores: np.ndarray) -> dict[str, list[int]]
     return _counted(cells)
 
 
-def _score_bins(scores: np.ndarray) -> np.ndarray:
-    index = np.minimum((scores * SCORE_BINS).astype(np.int64), SCORE_BINS - 1)
-    half = SCORE_BINS // 2
+def _score_bins(scores: np.ndarray, bins: int = SCORE_BINS) -> np.ndarray:
+    """Each score's bin of [0, 1] in `bins` (even): 0.5 is an edge."""
+    index = np.minimum((scores * bins).astype(np.int64), bins - 1)
+    half = bins // 2
     return np.where(scores >= 0.5, np.maximum(index, half), np.minimum(index, half - 1))
 
 
@@ -333,11 +438,11 @@ def union_metrics(
     AUPRC on the binned scores (ties within a bin of width 1/SCORE_BINS). Multi-class:
     accuracy, balanced accuracy, macro precision and recall exactly (the confusion
     matrix), macro one-vs-rest AUROC and AUPRC on the binned scores. The loss: the
-    records' mean. Survival: `c_index` only, Harrell's concordance of the union, its
-    pairs within each hospital exact and the pairs across hospitals counted on the
-    binned (time, risk): a pair in one time bin or one risk bin counts as tied there
-    (`_cross_pairs`). Uno's C, td-AUC and the IBS need the union's censoring
-    distribution: they stay per hospital."""
+    records' mean (none without `losses`). Survival: `c_index` only, Harrell's
+    concordance of the union, its pairs within each hospital exact and the pairs across
+    hospitals counted on the binned (time, risk): a pair in one time bin or one risk bin
+    counts as tied there (`_cross_pairs`). Uno's C, td-AUC and the IBS need the union's
+    censoring distribution: they stay per hospital."""
     if "pairs" in counted[0]:
         return _union_c_index(counted)
     if "confusion" in counted[0]:
@@ -345,7 +450,9 @@ def union_metrics(
     else:
         labels, scores = _binned_scores(counted, 0)
         union = metrics(labels, scores, None)
-    union["loss"] = sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
+    union.pop("loss", None)  # the binned scores' log loss: not the model's
+    if losses:  # none from noisy counts (`Evaluation.counted`)
+        union["loss"] = sum(loss * n for loss, n in losses) / sum(n for _, n in losses)
     return union
 
 

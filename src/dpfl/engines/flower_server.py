@@ -81,8 +81,9 @@ class DeploymentResult:
     """Why the run stopped before its last round otherwise (a hospital that did not
     reply in time, or failed); its hospitals keep what they were charged."""
     metrics: dict[str, dict[str, float]] = field(default_factory=dict)
-    """Each hospital's metrics of its final model on its own test set, as it reported
-    them (hospitals without a test set report none)."""
+    """Each hospital's metrics of its final model on its own test set: read off its DP
+    counts, or as it sent them where the study's evaluation is clear (hospitals without
+    a test set, or that refused, have none)."""
     absent: list[tuple[int, str, str]] = field(default_factory=list)
     """With `missing="continue"`: (round, hospital, why) for each hospital left out of a
     round (it refused, failed or did not reply in time); the run went on without it."""
@@ -90,7 +91,8 @@ class DeploymentResult:
     """The run instance: kept in the checkpoint, the same across a restart."""
     union: dict[str, float] = field(default_factory=dict)
     """Metrics of the union of the hospitals' test sets, combined from each hospital's
-    counts (`flower_protocol.union_metrics`); empty where some hospital sent none."""
+    counts, DP or clear (`flower_protocol.union_metrics`); empty where some hospital
+    sent none."""
     noise: dict[str, float] = field(default_factory=dict)
     """Each hospital's σ, where the study calibrates it to the hospitals' budgets."""
 
@@ -626,7 +628,13 @@ class _Serving:
         return summing, replies
 
     def evaluate(self) -> None:
-        """Each hospital's metrics of the final model on its own test set."""
+        """Each hospital's metrics of the final model on its own test set, as the study's
+        `[evaluation]` releases them: read off its noisy counts ("dp"), or as it sent
+        them ("clear"); and the union of the test sets where every hospital's counts
+        may be combined. A hospital that refuses is logged, and has no metrics."""
+        plan = self.run.evaluation
+        if not plan.queries:
+            return
         final = encode(Encoding.FLOAT32, flat(self.result.params))
         scored = self.server.ask_named(
             "evaluate",
@@ -634,23 +642,54 @@ class _Serving:
             common={**self.public, "round": self.run.rounds - 1},
             absent=[] if self.go_on else None,
         )
+        for name, fields in scored.items():
+            if "refused" in fields:
+                LOG.warning("%s refused the evaluation: %s", name, fields["refused"])
+        answered = {n: f for n, f in scored.items() if f.get("metrics")}
+        if plan.release == "dp":
+            self.noisy_metrics(answered)
+        else:
+            self.clear_metrics(answered)
+
+    def noisy_metrics(self, answered: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each hospital's metrics, and the union's, read off its DP counts."""
+        plan, result = self.run.evaluation, self.result
+        counted = {}
+        for name, fields in answered.items():
+            if "noisy" not in fields:
+                raise DeploymentError(f"{name}'s evaluation is not the study's DP counts")
+            result.epsilon[name] = float(fields["epsilon"])
+            counted[name] = plan.counted(fields["noisy"])
+            if _scored(counted[name]):
+                result.metrics[name] = union_metrics([counted[name]], [])
+        pooled = [n for n, f in answered.items() if f["union"]]
+        self.union([counted[n] for n in pooled], [], [n for n in answered if n not in pooled])
+
+    def clear_metrics(self, answered: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each hospital's metrics as it sent them, outside ε, and the union's from their
+        `union_counts`."""
         self.result.metrics = {
             name: dict(zip(fields["names"], fields["values"], strict=True))
-            for name, fields in scored.items()
-            if fields["metrics"]
+            for name, fields in answered.items()
         }
-        counted = [fields for fields in scored.values() if "cells" in fields]
-        withheld = [
-            n for n, fields in scored.items() if fields["metrics"] and "cells" not in fields
+        counted = [fields for fields in answered.values() if "cells" in fields]
+        losses = [
+            (self.result.metrics[name]["loss"], int(fields["records"]))
+            for name, fields in answered.items()
+            if "cells" in fields and "loss" in self.result.metrics[name]
         ]
+        self.union(counted, losses, [n for n, f in answered.items() if "cells" not in f])
+
+    def union(
+        self,
+        counted: Sequence[Mapping[str, Any]],
+        losses: Sequence[tuple[float, int]],
+        withheld: Sequence[str],
+    ) -> None:
+        """The union of every test set, where every hospital's counts are there."""
         if withheld:  # a hospital deployed with --no-union: its own metrics only
             LOG.info("no union of the test sets: %s withheld its counts", ", ".join(withheld))
-        if counted and len(counted) == len(self.node):  # the union of every test set
-            losses = [
-                (self.result.metrics[name]["loss"], int(fields["records"]))
-                for name, fields in scored.items()
-                if "loss" in self.result.metrics[name]
-            ]
+        if counted and len(counted) == len(self.node) and _scored(*counted):
             self.result.union = union_metrics(counted, losses)
 
     def summary(self, seconds: float) -> None:
@@ -671,6 +710,11 @@ class _Serving:
             if why
             else (f"; union of the test sets: {union}" if union else ""),
         )
+
+
+def _scored(*counted: Mapping[str, Any]) -> bool:
+    """Whether the counts leave a record to score (noisy counts clamped at 0 may not)."""
+    return any(sum(c.get("confusion", c["counts"])) for c in counted)
 
 
 def _classes(classes: int) -> str:

@@ -105,3 +105,10 @@ def stats_noise(research: bool, seed: int, hospital: int) -> NoiseSource:
     the study's seed and its index among the run's hospitals with research noise, so that
     a deployment repeats the simulator's release; else the CSPRNG."""
     return stream_noise(research, (seed, -1, hospital))
+
+
+def evaluation_noise(research: bool, seed: int, hospital: int) -> NoiseSource:
+    """A deployed hospital's noise for its DP evaluation (`flower_protocol.Evaluation`):
+    seeded by the study's seed and its index among the run's hospitals with research
+    noise (tests), else the CSPRNG."""
+    return stream_noise(research, (seed, -2, hospital))

@@ -489,6 +489,29 @@ class AnalyticsConfig(_Strict):
         return self
 
 
+class EvaluationConfig(_Strict):
+    """What a deployed hospital's evaluation of the final model releases (`dpfl deploy`;
+    the simulator's figures are research figures, outside ε, whatever this says).
+    `release`: "dp", Gaussian noisy counts of its test records by (label, score bin) and,
+    for several classes, its confusion matrix (noise multiplier `noise_multiplier`, over
+    `bins` score bins of [0, 1]), charged to its ledger before they leave and planned
+    with its rounds; the server reads every metric off them. "clear": its exact metrics
+    and counts, outside ε, as the study explicitly says. `queries`: how many evaluations
+    each hospital answers over the study's runs (each of the final model of a run it
+    trained in; 0: none)."""
+
+    release: Literal["dp", "clear"] = "dp"
+    queries: int = Field(1, ge=0)
+    noise_multiplier: float = Field(5.0, gt=0)
+    bins: int = Field(10, ge=2)
+
+    @model_validator(mode="after")
+    def _half_is_an_edge(self) -> EvaluationConfig:
+        if self.bins % 2:
+            raise ValueError(f"evaluation.bins must be even (0.5 is an edge), got {self.bins}")
+        return self
+
+
 class StudyConfig(_Strict):
     """One point of a study: everything a run needs."""
 
@@ -533,6 +556,8 @@ class StudyConfig(_Strict):
     identity` prints it (`dpfl.engines.roster`). The simulator does not read it."""
     analytics: AnalyticsConfig = AnalyticsConfig()
     """`dpfl stats`' statistics; in a run key only where set (no run reads it)."""
+    evaluation: EvaluationConfig = EvaluationConfig()
+    """A deployment's evaluation (`dpfl deploy`); in a run key only where set."""
 
     @model_validator(mode="before")
     @classmethod

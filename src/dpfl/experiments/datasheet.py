@@ -252,10 +252,13 @@ def span(counts: Sequence[int] | int) -> str:
 def _evaluation(config: StudyConfig, result: SimulationResult) -> str:
     evaluated = len({row["round"] for row in result.history})
     return (
-        f"Metrics on each silo's held-out test records (and on their union) are released "
+        "Simulated research figures, outside ε: metrics on each silo's held-out test "
+        "records (and on their union) are released "
         f"after {evaluated} of the {result.rounds_completed} rounds "
-        f"(eval_every = {config.eval_every}), without noise: they are outside ε, which "
-        'protects the training records only. eval_every = "end" releases them once.'
+        f"(eval_every = {config.eval_every}), without noise, which ε does not cover (it "
+        'protects the training records only). eval_every = "end" releases them once. A '
+        "deployment releases its evaluation as the study's [evaluation] says: DP counts "
+        "charged to each hospital's ledger (the default), or clear figures outside ε."
         + (
             " Every silo's final model is also scored on every silo's test set (cross_silo)."
             if result.cross_silo

@@ -69,8 +69,32 @@ def check_deployable(config: StudyConfig) -> None:
         )
     if config.threshold != ThresholdConfig():
         problems.append("threshold: deployed models predict at 0.5; leave the threshold out")
+    problems += _evaluation_problems(config)
     if problems:
         raise ValueError(f"study {config.name!r} cannot be deployed: " + "; ".join(problems))
+
+
+def _evaluation_problems(config: StudyConfig) -> list[str]:
+    """Why the study's DP evaluation cannot be released (`flower.Evaluation`)."""
+    if config.evaluation.release != "dp" or not config.evaluation.queries:
+        return []
+    clear = "declare [evaluation] release = 'clear' (its metrics outside ε) or queries = 0"
+    kind = BY_NAME[config.algorithm.name]
+    if config.model.time_bins or config.algorithm.loss in ("cox", "logistic_hazard"):
+        return [
+            f"evaluation: a DP evaluation counts a classifier's scores; a survival study {clear}"
+        ]
+    if config.data.unit is not None:
+        return [
+            "evaluation: a DP evaluation counts each test record once, which bounds no "
+            f"patient's records (data.unit); {clear}"
+        ]
+    if kind.sets_own_noise:
+        return [
+            f"evaluation: {kind.name} spends its whole budget (ε and δ) on its own noise, "
+            f"which leaves nothing for a DP evaluation; {clear}"
+        ]
+    return []
 
 
 def algorithm_for(
@@ -116,7 +140,13 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         if declared is None
         else partial(datasets.own_silo, config.data, config.seed, sorted(roster.identities)),
         analytics=stats.deployed(config),
+        evaluation=evaluation(config),
     )
+
+
+def evaluation(config: StudyConfig) -> flower.Evaluation:
+    """The study's `[evaluation]`, as its hospitals release it."""
+    return flower.Evaluation(**config.evaluation.model_dump())
 
 
 def schema(width: int, classes: int | None) -> tuple[tuple[int, ...], int]:
@@ -304,11 +334,7 @@ def record(
             "assumptions": ASSUMPTIONS,
             "noise_multiplier": max(result.noise.values(), default=config.privacy.noise_multiplier),
             "clip_norm": None if kind.sets_own_noise else config.algorithm.clip_norm,
-            "evaluation": "Each hospital scores the final model it uses on its own held-out "
-            "test records, once, after the last round, without noise: outside ε, which "
-            "protects the training records only. The server sees each hospital's metrics "
-            "and, for binary models, its test scores counted by label in 10,000 bins, "
-            "which give the union of the test sets (AUROC and AUPRC on the binned scores).",
+            "evaluation": _evaluation(config),
             "silos": {
                 s.name: {
                     "public_size": s.public_size,
@@ -337,6 +363,30 @@ def record(
         store.finish(key, results)
     else:
         store.fail(key, why, results)
+
+
+def _evaluation(config: StudyConfig) -> str:
+    """The datasheet's words on a deployment's evaluation: which kind its metrics are."""
+    plan = evaluation(config)
+    if plan.release == "clear":
+        return (
+            "Deployed metrics in the clear, OUTSIDE ε ([evaluation] release = 'clear', as the "
+            "study explicitly declares): each hospital scores the final model it uses on its "
+            "own held-out test records and sends its exact metrics and, unless deployed "
+            "with --no-union, its test scores counted by label in 10,000 bins (the union's); "
+            "these counts can place a test record's label and scores. Each hospital answers "
+            f"{plan.queries} evaluation(s) over the study's runs, of one model a run."
+        )
+    return (
+        "Deployed DP metrics: each hospital counts its held-out test records by label and "
+        f"score ({plan.bins} bins of [0, 1]; with several classes also its confusion "
+        "matrix), adds Gaussian noise of noise multiplier "
+        f"{plan.noise_multiplier:g} × the counts' sensitivity and charges that release to "
+        "its ledger (in its ε above) before the counts leave; every metric, its own and "
+        "the union's, is read off the noisy counts (no loss). Each hospital answers "
+        f"{plan.queries} evaluation(s) over the study's runs, of the final model of a run "
+        "it trained in, one model a run."
+    )
 
 
 APP_PYPROJECT = """\
