@@ -28,8 +28,12 @@ FIRST = STUDY.replace("rounds = 3", "rounds = 1")
 """One round of the breast-cancer study: ε ≈ 2.97 at each hospital."""
 CAP = 3.5
 """Each hospital's dataset budget: room for one such study, not two."""
-PATIENTS = TABLE.replace('site = "hospital"\n', 'site = "hospital"\nunit = "patient"\n')
-"""The table study with the patient as its unit of privacy."""
+PATIENTS = (
+    TABLE.replace('site = "hospital"\n', 'site = "hospital"\nunit = "patient"\n')
+    + "\n[evaluation]\nqueries = 0\n"
+)
+"""The table study with the patient as its unit of privacy (and no deployed evaluation:
+a DP one bounds no patient's test records, so a patient-level study declares none)."""
 
 
 def capped_hospitals(study: Path, root: Path) -> tuple[dict[str, dict[str, Any]], Path]:

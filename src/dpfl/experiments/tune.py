@@ -48,13 +48,20 @@ import torch
 from dpfl.data import partition
 from dpfl.engines.accounts import Calibration, register_accounts
 from dpfl.engines.evaluation import evaluate
-from dpfl.engines.simulation import account, drawn_schedule, participations, simulate
+from dpfl.engines.simulation import (
+    SimulationResult,
+    account,
+    drawn_schedule,
+    participations,
+    simulate,
+)
 from dpfl.experiments import datasheet, spending
 from dpfl.experiments.best import LOWER_IS_BETTER
 from dpfl.experiments.config import Study, StudyConfig
 from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.factory import build_algorithm, decision_threshold
 from dpfl.experiments.study_dir import claim
+from dpfl.federation.algorithms import Algorithm
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
 from dpfl.privacy import Accountant, Ledger, events, selection
@@ -140,23 +147,8 @@ def tune(
         for k in range(count):
             chosen = int(rng.integers(len(points)))
             config = points[chosen] if sigma is None else fixed_noise(points[chosen], sigma)
-            algorithm = build_algorithm(config, tuning)
             ledger = Path(scratch) / f"candidate-{k}.sqlite"
-            result = simulate(
-                algorithm,
-                tuning,
-                rounds=config.rounds,
-                # the study's seed: its schedule (public cohorts) is the one planned; the
-                # silos' batches and noise are the OS's unless the noise is research noise
-                seed=config.seed,
-                ledger=ledger,
-                budgets=budgets or None,  # each candidate alone spends less than the selection
-                research_noise=config.research_noise,
-                progress=False,
-                eval_every=config.rounds,
-                init=config.model.init,
-                threshold=decision_threshold(config.threshold),
-            )
+            algorithm, result = _candidate(config, tuning, ledger, budgets)
             if sigma is not None:
                 recorded.append(_events(ledger, [s.name for s in tuning]))
             score = result.final_metrics().get(metric, math.nan)
@@ -193,6 +185,29 @@ def tune(
     )
     (folder / RESULT).write_text(json.dumps(dataclasses.asdict(tuned), indent=1) + "\n")
     return tuned
+
+
+def _candidate(
+    config: StudyConfig, silos: list[Silo], ledger: Path, budgets: dict[str, tuple[float, float]]
+) -> tuple[Algorithm, SimulationResult]:
+    """One candidate's run on the tuning silos, its events in its own scratch `ledger`."""
+    algorithm = build_algorithm(config, silos)
+    result = simulate(
+        algorithm,
+        silos,
+        rounds=config.rounds,
+        # the study's seed: its schedule (public cohorts) is the one planned; the silos'
+        # batches and noise are the OS's unless the noise is research noise
+        seed=config.seed,
+        ledger=ledger,
+        budgets=budgets or None,  # each candidate alone spends less than the selection
+        research_noise=config.research_noise,
+        progress=False,
+        eval_every=config.rounds,
+        init=config.model.init,
+        threshold=decision_threshold(config.threshold),
+    )
+    return algorithm, result
 
 
 def _release(
