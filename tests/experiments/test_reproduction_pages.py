@@ -29,7 +29,7 @@ def test_every_page_table_is_its_stored_run_rendered() -> None:
     assert not stale, f"tables edited by hand or runs re-stored without rebuilding: {REBUILD}"
 
 
-def test_every_stored_run_is_a_recipe_s_and_on_its_page() -> None:
+def test_every_stored_run_is_a_recipe_run_shown_on_a_page() -> None:
     shown = {
         (match["name"], match["scale"])
         for page in FOLDER.glob("*.md")
