@@ -100,3 +100,10 @@ def test_dpfl_reproduce_markdown_prints_the_golden_rows_rendered(
     rows = [Row(**row) for row in golden["rows"]]
     assert result.stdout == markdown(RECIPES[name].title, rows, golden["notes"])
     assert {row.trials for row in rows} == {1}  # smoke runs one trial: every row says so
+
+
+def test_dpfl_reproduce_refuses_json_with_markdown(tmp_path: Path) -> None:
+    args = ["reproduce", "owkin-idash2020", "-o", str(tmp_path / "o"), "--json", "--markdown"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 2 and "--json and --markdown: choose one" in result.output
+    assert not (tmp_path / "o").exists()

@@ -339,10 +339,9 @@ def _layout_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
 
 def _reference_trials(by_study: dict[str, list[RunRow]], tag: str) -> int | None:
     """The fewest trials behind `_against_reference`'s cell."""
-    names = (f"pandemic-{tag}-dp", f"pandemic-{tag}-nonprivate", "pandemic-losses-dp")
-    return fewest_trials(
-        run for name in (*names, "pandemic-losses-nonprivate") for run in by_study[name]
-    )
+    studies = [f"pandemic-{tag}-{kind}" for kind in ("dp", "nonprivate")]
+    studies += ["pandemic-losses-dp", "pandemic-losses-nonprivate"]
+    return fewest_trials(run for name in studies for run in by_study[name])
 
 
 def _against_reference(
