@@ -21,6 +21,7 @@ from .common import console, errors, mean_std, print_json, reported_errors
 
 if TYPE_CHECKING:
     from dpfl.experiments.best import Candidate
+    from dpfl.experiments.recipes.base import Scale
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (results, ledgers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -368,6 +369,14 @@ def reproduce(
     ] = None,
     workers: WorkersOpt = CORES,
     json: JsonOpt = False,
+    markdown: Annotated[
+        bool,
+        typer.Option(
+            "--markdown",
+            help="Print the table as Markdown, as the reproduction pages hold it; on a "
+            "finished directory nothing runs again.",
+        ),
+    ] = False,
 ) -> None:
     """Re-run a seed paper's experiment on our data and print ours next to the paper's.
 
@@ -380,7 +389,10 @@ def reproduce(
 
     again = ["reproduce", name, "--out", str(out), *(["--full"] * full)]
     again += [*(["--data-dir", str(data_dir)] if data_dir else []), "-j", str(workers)]
-    with reported_errors(), _resumable([*again, *(["--json"] * json)]):
+    again += [*(["--json"] * json), *(["--markdown"] * markdown)]
+    with reported_errors(), _resumable(again):
+        if json and markdown:
+            raise ValueError("--json and --markdown: choose one")
         if data_dir is not None and not data_dir.is_dir():
             raise ValueError(f"--data-dir: {data_dir} is not a folder")
         folder = data_dir or DEFAULT_DATA
@@ -390,18 +402,26 @@ def reproduce(
                 f"(from the working directory: {folder.resolve()}) does not exist; pass "
                 "--data-dir FOLDER, the folder that holds gse7390/, physionet2012/, ..."
             )
+        scale: Scale = "full" if full else "default"
         result = run_recipe(
             name,
             out,
             data_dir=folder,
-            scale="full" if full else "default",
+            scale=scale,
             workers=workers,
-            report=(lambda line: None) if json else StudyBar(errors.print),
+            report=(lambda line: None) if json or markdown else StudyBar(errors.print),
         )
+        if markdown:
+            from dpfl.experiments.pages import markdown as table_text
+
+            print(table_text(result.title, result.rows, result.notes), end="")
+            return
         if json:
             print_json(
                 {
                     "recipe": result.name,
+                    "title": result.title,
+                    "scale": scale,
                     "rows": [vars(row) for row in result.rows],
                     "notes": result.notes,
                     "runs": [run.id for run in result.runs],
@@ -409,10 +429,11 @@ def reproduce(
             )
             return
         table = Table(title=result.title)
-        for column in ("setting", "paper", "ours", "note"):
+        for column in ("setting", "paper", "ours", "n", "note"):
             table.add_column(column)
         for row in result.rows:
-            table.add_row(row.setting, row.paper, row.ours, row.note)
+            n = "—" if row.trials is None else str(row.trials)
+            table.add_row(row.setting, row.paper, row.ours, n, row.note)
         console.print(table)
         for note in result.notes:
             console.print(f"[yellow]note:[/yellow] {note}")

@@ -6,7 +6,7 @@ without a cycle."""
 from __future__ import annotations
 
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,12 +22,16 @@ and grid)."""
 
 @dataclass(frozen=True)
 class Row:
-    """One comparison: a setting, the paper's figure, ours, and how the data differ."""
+    """One comparison: a setting, the paper's figure, ours, and how the data differ.
+    `trials`: how many trials (or seeds) the measured figures in `ours` are over, the
+    fewest where it compares several runs; None where `ours` holds no measured figure
+    (an accounting bound). The pages mark the single-trial rows (`markdown`)."""
 
     setting: str
     paper: str
     ours: str
     note: str = ""
+    trials: int | None = None
 
 
 @dataclass(frozen=True)
@@ -87,6 +91,12 @@ class Recipe:
     studies: Studies
     compare: Compare
     compare_tuned: CompareTuned = lambda selected: []
+
+
+def fewest_trials(runs: Iterable[RunRow]) -> int | None:
+    """The fewest trials among `runs` (None for none): the `trials` of a row that reads
+    each run's mean over its trials."""
+    return min((run.trials for run in runs), default=None)
 
 
 def real_folder(data_dir: Path | None, folder: str, what: str, notes: list[str]) -> Path | None:

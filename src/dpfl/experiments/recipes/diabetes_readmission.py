@@ -142,6 +142,7 @@ def compare(runs: list[RunRow], store: ResultsStore) -> list[Row]:
                 f"{scores}; {level}",
                 "4 proxy hospitals (admission source groups), not real sites; "
                 f"a patient's first {MAX_RECORDS} encounters",
+                trials=run.trials,
             )
         )
     return rows

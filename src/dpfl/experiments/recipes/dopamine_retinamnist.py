@@ -23,7 +23,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -131,6 +131,7 @@ def _method_row(method: str, epsilon: float | None, run: RunRow, store: ResultsS
         CLAIMS[method],
         ours,
         "APTOS-2019 at 224×224 with SqueezeNet (paper) vs RetinaMNIST 28×28, small CNN",
+        trials=run.trials,
     )
 
 
@@ -143,6 +144,7 @@ def _claim_row(
         f"{epsilon_text(store, [dopamine])} vs {epsilon_text(store, [cdp])}; "
         f"accuracy {_accuracy(store, dopamine)} vs {_accuracy(store, fpdp)}",
         "all three calibrated to the same budget, so ε alone cannot separate them here",
+        trials=fewest_trials([dopamine, cdp, fpdp]),
     )
 
 

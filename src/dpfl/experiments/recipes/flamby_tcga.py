@@ -396,6 +396,7 @@ def _shared_row(
         _paper(published, FLAMBY_METHOD[strategy], pooled=strategy == "pooled"),
         f"clientavg {metric_text(scores.clientavg)}; {_pooled_text(store, run)}",
         _model_note(model, scores, where),
+        trials=run.trials,
     )
 
 
@@ -414,6 +415,7 @@ def _local_row(
         _paper(published, f"Local {k}"),
         f"clientavg {metric_text(scores.clientavg)}",
         _model_note(model, scores, where),
+        trials=run.trials,
     )
 
 
@@ -437,6 +439,7 @@ def _dp_row(run: RunRow, reference: RunRow | None, store: ResultsStore) -> Row:
         "—",
         f"clientavg {metric_text(scores.clientavg)}; {_pooled_text(store, run)}",
         note,
+        trials=run.trials,
     )
 
 

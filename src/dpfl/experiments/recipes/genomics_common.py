@@ -149,7 +149,7 @@ def _row(
         notes.append(f"{failed} run(s) failed")
     notes.append(DATA_NOTES[dataset])
     setting = f"{DATA_LABELS[dataset]} · {describe(best[0].config)} · {privacy}"
-    return Row(setting, figure, ours, "; ".join(notes))
+    return Row(setting, figure, ours, "; ".join(notes), trials=len(accuracy))
 
 
 def _group(runs: Sequence[RunRow], key: Callable[[RunRow], Any]) -> dict[Any, list[RunRow]]:

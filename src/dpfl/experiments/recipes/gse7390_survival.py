@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     SMOKE_NOISE,
     by_scale,
@@ -174,6 +174,7 @@ def compare(runs: list[RunRow], store: ResultsStore) -> list[Row]:
                 f"{setting(run, 'rounds')} rounds, learning rate "
                 f"{setting(run, 'algorithm.learning_rate'):g}; ± over {len(scores['c_index'])} "
                 "trials of one split",
+                trials=len(scores["c_index"]),
             )
         )
     at_one = next((run for run in dp if setting(run, "privacy.epsilon") == 1.0), None)
@@ -198,6 +199,7 @@ def _cost_row(reference: RunRow, private_run: RunRow, store: ResultsStore) -> Ro
         "; ".join(parts) or "n/a",
         "C-index: negative is what privacy costs; IBS: positive is (lower is better); the "
         "same test records in both",
+        trials=fewest_trials([reference, private_run]),
     )
 
 

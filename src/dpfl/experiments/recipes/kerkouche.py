@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.experiments.config import Study
-from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
     by_scale,
@@ -245,6 +245,7 @@ def _accuracy_row(
         paper,
         ours,
         "Premier, 314 hospitals, 24,428 sparse features (paper) vs " + where,
+        trials=fewest_trials([sign, standard]),
     )
 
 
@@ -256,6 +257,7 @@ def _bandwidth_row(where: str, pair: dict[str, RunRow], store: ResultsStore) -> 
         "1.76 MB vs 56.48 MB (1/32; 4,926,201 parameters, 300 rounds, C = 3/314)",
         f"{sign / 1e6:.3f} MB vs {standard / 1e6:.3f} MB (1/{ratio:.2f})",
         "signs packed 8 to a byte vs float32; the model is smaller than the paper's",
+        trials=fewest_trials(pair.values()),
     )
 
 

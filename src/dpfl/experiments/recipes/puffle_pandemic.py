@@ -41,7 +41,7 @@ import numpy as np
 
 from dpfl.experiments.config import DataConfig, Study, StudyConfig
 from dpfl.experiments.datasets import load_dataset
-from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale
+from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials
 from dpfl.experiments.recipes.clinical_common import (
     by_scale,
     final_rows,
@@ -247,6 +247,7 @@ def _losses_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
         ours,
         "under clipping every infected person's gradient is cut to norm C whatever its weight: "
         "weighted BCE's DP run equals plain BCE's",
+        trials=fewest_trials([*dp, *plain]),
     )
 
 
@@ -298,6 +299,7 @@ def _algorithms_row(
         "personalisation (MR-MTL) helps heterogeneous regions",
         "; ".join(shown) + wins + f" (random {rate:.2%})",
         "each region scored by the model it would use (its own for local and MR-MTL)",
+        trials=fewest_trials([*dp, *plain]),
     )
 
 
@@ -321,6 +323,7 @@ def _model_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
         "logistic regression vs MLP (32 hidden), FedAvg, focal: AUPRC",
         "logistic regression 2.05 vs 3-layer MLP 0.33 (×10⁻²): simple is good",
         _against_reference(store, by_study, "mlp", "MLP", "linear"),
+        trials=_reference_trials(by_study, "mlp"),
     )
 
 
@@ -330,7 +333,15 @@ def _layout_row(store: ResultsStore, by_study: dict[str, list[RunRow]]) -> Row:
         "one slot per sampled contact, concatenated (the seed's Fig. 8)",
         _against_reference(store, by_study, "slots", "slots", "summary"),
         "summary: the contacts' features averaged plus hours with infected contacts (ours)",
+        trials=_reference_trials(by_study, "slots"),
     )
+
+
+def _reference_trials(by_study: dict[str, list[RunRow]], tag: str) -> int | None:
+    """The fewest trials behind `_against_reference`'s cell."""
+    studies = [f"pandemic-{tag}-{kind}" for kind in ("dp", "nonprivate")]
+    studies += ["pandemic-losses-dp", "pandemic-losses-nonprivate"]
+    return fewest_trials(run for name in studies for run in by_study[name])
 
 
 def _against_reference(
