@@ -512,6 +512,13 @@ noise_multiplier = 1.0
 """
 
 
+def _refused_run(config: Path, out: Path) -> str:
+    """What `dpfl run CONFIG --out OUT` says when it refuses (exit 2), on one line."""
+    refused = CliRunner().invoke(app, ["run", str(config), "--out", str(out)])
+    assert refused.exit_code == 2, refused.output
+    return " ".join(refused.stderr.split())
+
+
 @pytest.mark.parametrize("record", ["study.json", "none: a directory from before it"])
 def test_another_study_is_refused_unless_added_and_one_trial_shows_n_1(
     finished: Path, tmp_path: Path, record: str
@@ -522,9 +529,7 @@ def test_another_study_is_refused_unless_added_and_one_trial_shows_n_1(
     config = tmp_path / "other.toml"
     config.write_text(ONE_TRIAL, encoding="utf-8")
     before = _contents(out)
-    refused = CliRunner().invoke(app, ["run", str(config), "--out", str(out)])
-    said = " ".join(refused.stderr.split())
-    assert refused.exit_code == 2, refused.output
+    said = _refused_run(config, out)
     assert (
         f"{out} holds the results of study 'tiny' (2 points); study 'other' has 1 point not "
         "among them"
@@ -550,9 +555,7 @@ def test_the_same_study_edited_is_refused_naming_it_once(finished: Path, tmp_pat
     out = shutil.copytree(finished, tmp_path / "study")
     config = tmp_path / "tiny.toml"
     config.write_text(ONE_TRIAL.replace('"other"', '"tiny"'), encoding="utf-8")
-    refused = CliRunner().invoke(app, ["run", str(config), "--out", str(out)])
-    said = " ".join(refused.stderr.split())
-    assert refused.exit_code == 2, refused.output
+    said = _refused_run(config, out)
     assert (
         f"{out} holds the results of study 'tiny' (2 points); as its file now reads, it has "
         "1 point not among them"
