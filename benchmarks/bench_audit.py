@@ -38,13 +38,15 @@ import dpfl
 from bench_common import log_to_stderr
 from dpfl.audit.canaries import dirac_canaries
 from dpfl.audit.two_worlds import two_world_audit
-from dpfl.data import partition, preprocess, tabular
+from dpfl.data import partition, preprocess, public_tables
 
 log = logging.getLogger("bench_audit")
 
 
 def measure(trials: int, rounds: int) -> dict[str, Any]:
-    data = preprocess.scale_to_ranges(tabular.breast_cancer_wisconsin(), tabular.WDBC_RANGES)
+    data = preprocess.scale_to_ranges(
+        public_tables.breast_cancer_wisconsin(), public_tables.WDBC_RANGES
+    )
     silos = dpfl.silos_from_dataset(data, partition.iid_stratified(data.labels, 3, seed=0))
     fedavg = dpfl.algorithms.FedAvg(
         model=dpfl.models.logistic_regression(30),

@@ -11,9 +11,9 @@ hospital with the simulator's seeded noise (research noise), so that the deploye
 must equal the simulator's bit for bit (`same_model`, a check that both ran the same
 study) and with a budget of ε = 100 that no round exceeds.
 
-Deployment: `dpfl.engines.loopback.cluster`, a SuperLink and K SuperNodes (Flower's
+Deployment: `dpfl.engines.flower.loopback.cluster`, a SuperLink and K SuperNodes (Flower's
 `process` isolation mode, each served by one warm ClientApp process,
-`dpfl.engines.flower_clientapp`) as separate processes on 127.0.0.1, TLS with a CA made
+`dpfl.engines.flower.clientapp`) as separate processes on 127.0.0.1, TLS with a CA made
 on the spot, SuperNode keys registered, the ClientApp processes asking for tasks every
 0.1 s. The SuperNodes connect to the SuperLink through a relay in this process (`Relay`:
 threads forwarding TCP bytes both ways and logging each chunk's time, direction and
@@ -77,12 +77,11 @@ from typing import Any
 import torch
 
 from bench_common import log_to_stderr
-from dpfl.engines import loopback
-from dpfl.engines.flower import DeploymentResult
+from dpfl.engines.flower import DeploymentResult, loopback
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.deploy import study_point
-from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.deployment import study_point
 from dpfl.federation.algorithms.base import flat
 from dpfl.local.dpsgd import parameters_of
 from dpfl.privacy import Ledger
@@ -401,7 +400,7 @@ def cold_start() -> float:
     """Seconds a new ClientApp process spends importing Flower's ClientApp and dpfl's
     app before it can answer: what Flower's default isolation pays every message."""
     began = time.perf_counter()
-    imports = "import flwr.clientapp, dpfl.experiments.deploy"
+    imports = "import flwr.clientapp, dpfl.experiments.study.deployment"
     subprocess.run([sys.executable, "-c", imports], check=True)
     return time.perf_counter() - began
 

@@ -18,7 +18,7 @@ import argparse
 import numpy as np
 
 from dpfl.engines.evaluation import metrics
-from dpfl.engines.flower_protocol import Evaluation, union_metrics
+from dpfl.engines.flower.protocol import Evaluation, union_metrics
 
 HOSPITALS = 3
 

@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).parent))  # bench_local's pieces
 
 from bench_local import CONFIG, Case, _cases, _Counting, _opacus, _time
 from dpfl.engines.simulation import simulate
-from dpfl.experiments.config import StudyConfig
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import StudyConfig
+from dpfl.experiments.study.datasets import build_silos
 from dpfl.local.dpsgd import DPSGD, parameters_of
 from dpfl.local.noise import SeededNoise
 

@@ -12,7 +12,7 @@ far (Linux ru_maxrss, which also sees memory tracemalloc does not, e.g. torch's)
 Then the data's shape: people, contacts, positive rates, rows and feature width.
 
 Training, as a study with `data.split = "official"` and the natural partition: one silo
-per region (the same functions as `dpfl.experiments.datasets.build_silos`), then
+per region (the same functions as `dpfl.experiments.study.datasets.build_silos`), then
 `simulate` runs one round of `Local` (logistic regression, focal loss, C = 1, a fixed σ:
 calibration is not what is measured), one epoch at every silo, each charged node-level
 steps (replace one person, RDP). The silos copy the features into tensors, so from
@@ -42,7 +42,7 @@ from bench_common import log_to_stderr
 from dpfl.data import partition
 from dpfl.data.pandemic import SUSCEPTIBLE, pandemic_dataset, pandemic_population
 from dpfl.engines.simulation import simulate
-from dpfl.experiments.datasets import official_splits
+from dpfl.experiments.study.datasets import official_splits
 from dpfl.federation.algorithms import Local
 from dpfl.federation.silo import silos_from_splits
 from dpfl.local.dpsgd import DPSGDConfig

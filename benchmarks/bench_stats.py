@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 
 from dpfl.analytics import Count, KaplanMeier, Mean, Quantiles, Query, Records, describe
-from dpfl.experiments.config import StudyConfig
-from dpfl.experiments.stats import cohort
+from dpfl.experiments.study.analytics import cohort
+from dpfl.experiments.study.config import StudyConfig
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
 from dpfl.secure import InTheClear
 

@@ -10,7 +10,7 @@ so that a busy machine slows every runner alike; each time is the median over re
 
 The workload (issue 42's small study): the UCI heart-disease data of four hospitals (Cleveland,
 Hungary, Switzerland, VA Long Beach; `--data`, default /work/shared/data/uci_heart_disease)
-read by `dpfl.data.tabular.heart_disease` and prepared as a study file's
+read by `dpfl.data.public_tables.heart_disease` and prepared as a study file's
 `heart_disease` dataset is (declared category codes one-hot, declared clinical ranges
 scaled to [0, 1], missing values zero), the natural 4-site split, each site's records
 split 80/20 train/test (stratified, seed 0; `silos_from_dataset`, which declares the
@@ -139,12 +139,12 @@ class Workload:
 
 
 def load_workload(data_dir: Path, rounds: int) -> Workload:
-    from dpfl.data import partition, preprocess, tabular
+    from dpfl.data import partition, preprocess, public_tables
     from dpfl.federation.silo import silos_from_dataset
 
-    data = tabular.heart_disease(data_dir)
-    data = preprocess.one_hot(data, tabular.HEART_CATEGORIES)
-    data = preprocess.zero_impute(preprocess.scale_to_ranges(data, tabular.HEART_RANGES))
+    data = public_tables.heart_disease(data_dir)
+    data = preprocess.one_hot(data, public_tables.HEART_CATEGORIES)
+    data = preprocess.zero_impute(preprocess.scale_to_ranges(data, public_tables.HEART_RANGES))
     assert data.site_ids is not None and data.site_names  # the four hospitals
     parts = list(partition.natural(data.site_ids, 4))
     names = [name.lower().replace(" ", "-") for name in data.site_names]

@@ -17,9 +17,9 @@ from typer.testing import CliRunner
 from dpfl import __version__
 from dpfl.cli import app
 from dpfl.experiments import recipes
-from dpfl.experiments.config import Study
-from dpfl.experiments.datasheet import RESEARCH_NOISE
-from dpfl.experiments.runner import run_study
+from dpfl.experiments.results.datasheet import RESEARCH_NOISE
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger, epsilon, events
 from studies import breast_cancer_study
 
@@ -410,7 +410,7 @@ def test_a_model_that_predicts_one_class_is_warned_of_in_run_best_and_the_report
     """A threshold beyond every score makes the model say "no" for every record: the
     run, `best` and the report say so and name the balanced threshold; a model that
     predicts both classes gets no such warning."""
-    from dpfl.experiments.report import write_report
+    from dpfl.experiments.results.report import write_report
 
     said = "predicted the negative class for every test record in 2 of 2 trials"
     advice = '[threshold] choose = "balanced"'
@@ -446,7 +446,7 @@ def test_inits_site_sizes_say_which_commands_need_what_and_the_other_choice_load
 ) -> None:
     """`dpfl init --site` writes DP-counted sizes (run, sweep), which `dpfl tune` refuses:
     the file says so, and its commented alternative (declared sizes) is a study that loads."""
-    from dpfl.experiments.config import load
+    from dpfl.experiments.study.config import load
 
     assert _init(tmp_path, "--label", "readmitted_30d", "--site", "hospital").exit_code == 0
     written = (tmp_path / "s.toml").read_text()

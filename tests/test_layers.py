@@ -1,6 +1,6 @@
 """The dependency order of docs/architecture.md, checked on every module's imports: a
 package imports only packages below it (the deployment engine, for one, must not read
-study files: `dpfl.experiments.deploy` does that and hands it a `Deployment`)."""
+study files: `dpfl.experiments.study.deployment` does that and hands it a `Deployment`)."""
 
 from __future__ import annotations
 
@@ -70,7 +70,7 @@ def test_the_check_reads_absolute_and_relative_imports(tmp_path: Path) -> None:
     module = tmp_path / "engines" / "sub" / "m.py"
     module.parent.mkdir(parents=True)
     module.write_text(
-        "import dpfl.privacy.ledger\nfrom dpfl.experiments.config import load\n"
+        "import dpfl.privacy.ledger\nfrom dpfl.experiments.study.config import load\n"
         "from ...federation import silo\nfrom ... import secure\nfrom . import sibling\n"
         "import torch\n",
         encoding="utf-8",

@@ -12,11 +12,11 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.accounts import account
-from dpfl.experiments.config import Study
-from dpfl.experiments.queries import bound_text
-from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.queries import bound_text
+from dpfl.experiments.results.report import write_report
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger
 
 STUDY: dict[str, Any] = {

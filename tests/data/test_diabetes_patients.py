@@ -1,4 +1,4 @@
-"""Diabetes 130's patient unit (tabular.diabetes130): a declared cap keeps each patient's
+"""Diabetes 130's patient unit (public_tables.diabetes130): a declared cap keeps each patient's
 first k encounters in file order, each patient at the proxy site of their first, the
 patient numbered as the unit; patients subsampled by a rule on their own number."""
 
@@ -10,21 +10,23 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpfl.data import tabular
+from dpfl.data import public_tables
 
 
 def _zip(tmp_path: Path, encounters: list[tuple[int, str, str]]) -> Path:
     """(patient_nbr, admission_source_id, readmitted) per encounter, in file order."""
     header = "encounter_id,patient_nbr,admission_source_id,age,readmitted," + ",".join(
-        [*tabular.DIABETES_NUMERIC, *tabular.DIABETES_CATEGORIES]
+        [*public_tables.DIABETES_NUMERIC, *public_tables.DIABETES_CATEGORIES]
     )
-    rest = ",".join(["1"] * (len(tabular.DIABETES_NUMERIC) + len(tabular.DIABETES_CATEGORIES)))
+    rest = ",".join(
+        ["1"] * (len(public_tables.DIABETES_NUMERIC) + len(public_tables.DIABETES_CATEGORIES))
+    )
     lines = [
         f"{i},{p},{source},[50-60),{label},{rest}"
         for i, (p, source, label) in enumerate(encounters)
     ]
     with zipfile.ZipFile(tmp_path / "dataset_diabetes.zip", "w") as archive:
-        archive.writestr(tabular.DIABETES_MEMBER, "\n".join([header, *lines]) + "\n")
+        archive.writestr(public_tables.DIABETES_MEMBER, "\n".join([header, *lines]) + "\n")
     return tmp_path
 
 
@@ -39,7 +41,7 @@ ENCOUNTERS = [
 
 
 def test_a_declared_cap_keeps_each_patients_first_encounters(tmp_path: Path) -> None:
-    data = tabular.diabetes130(
+    data = public_tables.diabetes130(
         _zip(tmp_path, ENCOUNTERS),
         one_encounter_per_patient=False,
         proxy_site_column="admission_source_group",
@@ -54,15 +56,15 @@ def test_a_declared_cap_keeps_each_patients_first_encounters(tmp_path: Path) -> 
     group = "admission_source_group="
     # patient 10 stays at "emergency", their first encounter's, though the second is a transfer
     assert sites == [f"{group}emergency", f"{group}referral", f"{group}emergency", f"{group}other"]
-    recorded = tabular.diabetes130(tmp_path, one_encounter_per_patient=False, max_records=2)
+    recorded = public_tables.diabetes130(tmp_path, one_encounter_per_patient=False, max_records=2)
     assert recorded.units is None and recorded.labels.tolist() == [0, 1, 1, 0]
     with pytest.raises(ValueError, match="patient_unit needs a declared max_records"):
-        tabular.diabetes130(tmp_path, one_encounter_per_patient=False, patient_unit=True)
+        public_tables.diabetes130(tmp_path, one_encounter_per_patient=False, patient_unit=True)
 
 
 def test_patients_are_subsampled_by_their_own_number(tmp_path: Path) -> None:
     many = [(p, "7", "NO") for p in range(400) for _ in range(2)]
-    half = tabular.diabetes130(
+    half = public_tables.diabetes130(
         _zip(tmp_path, many),
         one_encounter_per_patient=False,
         max_records=2,
@@ -72,7 +74,7 @@ def test_patients_are_subsampled_by_their_own_number(tmp_path: Path) -> None:
     assert half.units is not None
     kept = len(np.unique(half.units))
     assert 150 < kept < 250 and len(half.labels) == 2 * kept  # all of a kept patient's
-    again = tabular.diabetes130(
+    again = public_tables.diabetes130(
         _zip(tmp_path, many[: len(many) // 2]),
         one_encounter_per_patient=False,
         max_records=2,
@@ -80,7 +82,10 @@ def test_patients_are_subsampled_by_their_own_number(tmp_path: Path) -> None:
         patients_fraction=0.5,
     )
     assert again.units is not None  # a patient's fate does not depend on the others
-    assert set(tabular._hashed(np.asarray([str(p) for p in range(200)])) < 0.5) == {True, False}
+    assert set(public_tables._hashed(np.asarray([str(p) for p in range(200)])) < 0.5) == {
+        True,
+        False,
+    }
     assert len(np.unique(again.units)) == int(
-        (tabular._hashed(np.asarray([str(p) for p in range(200)])) < 0.5).sum()
+        (public_tables._hashed(np.asarray([str(p) for p in range(200)])) < 0.5).sum()
     )

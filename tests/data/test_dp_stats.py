@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpfl.data import dp_stats, preprocess, tabular
+from dpfl.data import dp_preprocess, preprocess, public_tables
 from dpfl.data.dataset import Dataset
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
@@ -18,7 +18,7 @@ RANGES = {"mean radius": (5.0, 30.0), "mean texture": (5.0, 40.0), "mean area": 
 
 @pytest.fixture
 def wdbc() -> Dataset:
-    return tabular.breast_cancer_wisconsin()
+    return public_tables.breast_cancer_wisconsin()
 
 
 @pytest.fixture
@@ -34,7 +34,7 @@ def _columns(data: Dataset) -> np.ndarray:
 
 def test_dp_mean_std_is_accurate_and_spends_budget(wdbc: Dataset, ledger: Ledger) -> None:
     before = ledger.spent("hospital").epsilon
-    moments = dp_stats.dp_mean_std(
+    moments = dp_preprocess.dp_mean_std(
         wdbc,
         RANGES,
         noise_multiplier=5.0,
@@ -59,12 +59,12 @@ def test_refused_release_reveals_nothing(wdbc: Dataset, ledger: Ledger) -> None:
     rng = np.random.default_rng(1)
     with pytest.raises(BudgetExceededError):
         for _ in range(1000):
-            dp_stats.dp_mean_std(
+            dp_preprocess.dp_mean_std(
                 wdbc, RANGES, noise_multiplier=1.0, ledger=ledger, silo="hospital", rng=rng
             )
     state = rng.bit_generator.state
     with pytest.raises(BudgetExceededError):
-        dp_stats.dp_mean_std(
+        dp_preprocess.dp_mean_std(
             wdbc, RANGES, noise_multiplier=1.0, ledger=ledger, silo="hospital", rng=rng
         )
     assert rng.bit_generator.state == state
@@ -73,10 +73,10 @@ def test_refused_release_reveals_nothing(wdbc: Dataset, ledger: Ledger) -> None:
 def test_clipping_bounds_each_records_influence(wdbc: Dataset, ledger: Ledger) -> None:
     """A wild record moves the noiseless sums by no more than the stated sensitivity."""
     ranges = dict(RANGES)
-    clean = dp_stats._normalised(wdbc, ranges)
+    clean = dp_preprocess._normalised(wdbc, ranges)
     features = wdbc.features.copy()
     features[0, wdbc.feature_names.index("mean area")] = 1e9
-    wild = dp_stats._normalised(dataclasses.replace(wdbc, features=features), ranges)
+    wild = dp_preprocess._normalised(dataclasses.replace(wdbc, features=features), ranges)
     assert np.abs(wild).max() <= 1
     assert np.linalg.norm(wild.sum(0) - clean.sum(0)) <= 2 * np.sqrt(len(ranges))
 
@@ -91,7 +91,7 @@ def test_dp_top_k_finds_strong_features(wdbc: Dataset, ledger: Ledger) -> None:
         features=np.concatenate([wdbc.features, noise], axis=1),
         feature_names=(*wdbc.feature_names, *(f"noise{i}" for i in range(4))),
     )
-    top = dp_stats.dp_top_k_features(
+    top = dp_preprocess.dp_top_k_features(
         data, ranges, 2, noise_multiplier=3.0, ledger=ledger, silo="hospital", rng=rng
     )
     assert top == ("mean radius", "worst concave points")
@@ -102,13 +102,13 @@ def test_bad_requests(wdbc: Dataset, heart_like: Dataset, ledger: Ledger) -> Non
     rng = np.random.default_rng(0)
     kwargs = {"ledger": ledger, "silo": "hospital", "rng": rng}
     with pytest.raises(ValueError, match="noise_multiplier must be positive"):
-        dp_stats.dp_mean_std(wdbc, RANGES, noise_multiplier=0.0, **kwargs)
+        dp_preprocess.dp_mean_std(wdbc, RANGES, noise_multiplier=0.0, **kwargs)
     with pytest.raises(ValueError, match="no feature 'weight'"):
-        dp_stats.dp_mean_std(wdbc, {"weight": (0, 1)}, noise_multiplier=1.0, **kwargs)
+        dp_preprocess.dp_mean_std(wdbc, {"weight": (0, 1)}, noise_multiplier=1.0, **kwargs)
     with pytest.raises(ValueError, match="non-finite value"):
-        dp_stats.dp_mean_std(heart_like, {"age": (20, 90)}, noise_multiplier=1.0, **kwargs)
+        dp_preprocess.dp_mean_std(heart_like, {"age": (20, 90)}, noise_multiplier=1.0, **kwargs)
     with pytest.raises(ValueError, match="k must be in"):
-        dp_stats.dp_top_k_features(wdbc, RANGES, 4, noise_multiplier=1.0, **kwargs)
+        dp_preprocess.dp_top_k_features(wdbc, RANGES, 4, noise_multiplier=1.0, **kwargs)
     assert ledger.spent("hospital").epsilon == 0
 
 
@@ -121,7 +121,7 @@ def heart_like(wdbc: Dataset) -> Dataset:
 
 def test_imputed_data_is_accepted(heart_like: Dataset, ledger: Ledger) -> None:
     imputed = preprocess.zero_impute(heart_like)
-    moments = dp_stats.dp_mean_std(
+    moments = dp_preprocess.dp_mean_std(
         imputed,
         {"age": (0, 40)},
         noise_multiplier=3.0,

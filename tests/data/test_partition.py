@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpfl.data import partition, tabular
+from dpfl.data import partition, public_tables
 
 LABELS = np.repeat([0, 1, 2], [600, 300, 100])
 
@@ -85,7 +85,7 @@ def test_owkin_and_kerkouche_splits() -> None:
 
 
 def test_natural_split_and_subdivision(shared_data: Path) -> None:
-    data = tabular.heart_disease(shared_data / "uci_heart_disease")
+    data = public_tables.heart_disease(shared_data / "uci_heart_disease")
     sites = partition.natural(data.site_ids)
     assert [len(s) for s in sites] == [303, 294, 123, 200]
     finer = partition.subdivide(sites, data.labels, 3, seed=0)

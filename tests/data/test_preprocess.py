@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from dpfl.data import preprocess, tabular
+from dpfl.data import preprocess, public_tables
 from dpfl.data.dataset import NONPRIVATE_MARK, Dataset
 
 
 def _default_pipeline(data: Dataset) -> Dataset:
-    data = preprocess.one_hot(data, tabular.HEART_CATEGORIES)
-    data = preprocess.scale_to_ranges(data, tabular.HEART_RANGES)
+    data = preprocess.one_hot(data, public_tables.HEART_CATEGORIES)
+    data = preprocess.scale_to_ranges(data, public_tables.HEART_RANGES)
     return preprocess.require_finite(preprocess.zero_impute(data))
 
 
@@ -28,14 +28,14 @@ def _swap_one_record(data: Dataset, index: int, donor: int) -> Dataset:
 
 @pytest.fixture(scope="module")
 def heart(shared_data: Path) -> Dataset:
-    return tabular.heart_disease(shared_data / "uci_heart_disease")
+    return public_tables.heart_disease(shared_data / "uci_heart_disease")
 
 
 def test_default_preprocessing_reads_no_private_statistic(heart: Dataset) -> None:
     """Replacing one record changes only that record's row: nothing was fitted."""
     neighbour = _swap_one_record(heart, index=10, donor=500)
     # 1.5x may push categorical codes off their declared values: keep those as in the donor.
-    for name in tabular.HEART_CATEGORIES:
+    for name in public_tables.HEART_CATEGORIES:
         j = heart.feature_names.index(name)
         neighbour.features[10, j] = heart.features[500, j]
     before, after = _default_pipeline(heart), _default_pipeline(neighbour)

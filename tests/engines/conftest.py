@@ -9,9 +9,9 @@ from typing import Any
 
 from flwr.app import ConfigRecord, Message, RecordDict
 
-from dpfl.engines.flower_protocol import PROTOCOL
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.deploy import study_point
+from dpfl.engines.flower.protocol import PROTOCOL
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.deployment import study_point
 
 
 def public_fields(

@@ -15,12 +15,12 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.flower import DeploymentError, DeploymentResult
-from dpfl.engines.flower_protocol import PROTOCOL
-from dpfl.experiments.deploy import serve_study, stop_reason, unfinished
-from dpfl.experiments.queries import open_results, read_metrics, summarise
-from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE, owning
-from dpfl.experiments.store import ResultsStore, RunResults, StoreError
+from dpfl.engines.flower.protocol import PROTOCOL
+from dpfl.experiments.results.queries import open_results, read_metrics, summarise
+from dpfl.experiments.results.report import write_report
+from dpfl.experiments.results.store import ResultsStore, RunResults, StoreError
+from dpfl.experiments.study.deployment import serve_study, stop_reason, unfinished
+from dpfl.experiments.study.runner import STORE, owning
 from dpfl.privacy import Ledger
 
 from .test_flower import InProcessGrid, hospitals, study

@@ -22,12 +22,11 @@ from flwr.serverapp import Grid
 from flwr.supercore.task_identity import TaskIdentity
 
 from dpfl import secure
-from dpfl.engines import loopback
-from dpfl.engines.flower import DeploymentError, DeploymentResult, serve
+from dpfl.engines.flower import DeploymentError, DeploymentResult, loopback, serve
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.deploy import client_app, deployment_of, study_point
-from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.deployment import client_app, deployment_of, study_point
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger, events
 

@@ -14,12 +14,11 @@ import torch
 from flwr.app import Context, RecordDict
 
 from dpfl import secure
-from dpfl.engines import loopback
-from dpfl.engines.flower import HospitalConfig, serve
+from dpfl.engines.flower import HospitalConfig, loopback, serve
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.deploy import deployment_of, server_app, study_point
-from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.deployment import deployment_of, server_app, study_point
 from dpfl.privacy import Ledger
 
 from .test_flower import (

@@ -13,9 +13,8 @@ from typing import Any
 import pytest
 from flwr.app import Context, RecordDict
 
-from dpfl.engines import loopback
-from dpfl.engines.flower import serve
-from dpfl.experiments.deploy import deployment_of, server_app
+from dpfl.engines.flower import loopback, serve
+from dpfl.experiments.study.deployment import deployment_of, server_app
 from dpfl.privacy import Ledger, Neighbouring
 
 from .test_flower import STUDY, InProcessGrid, hospitals, study

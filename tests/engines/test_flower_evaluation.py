@@ -20,9 +20,9 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.engines.evaluation import metrics
 from dpfl.engines.flower import DeploymentError, DeploymentResult, Evaluation, serve
-from dpfl.engines.flower_protocol import fields_of, union_metrics
-from dpfl.experiments.deploy import deployment_of, serve_study, study_point
-from dpfl.experiments.queries import open_results
+from dpfl.engines.flower.protocol import fields_of, union_metrics
+from dpfl.experiments.results.queries import open_results
+from dpfl.experiments.study.deployment import deployment_of, serve_study, study_point
 from dpfl.federation.algorithms.base import flat
 from dpfl.federation.messages import Encoding, encode
 from dpfl.federation.silo import SiloInfo

@@ -14,8 +14,8 @@ import pytest
 from flwr.app import Context, Message, RecordDict
 
 from dpfl.engines.flower import serve
-from dpfl.engines.flower_protocol import FACTS, UNHELD, DeploymentError, digest, fields_of
-from dpfl.experiments.deploy import client_app, deployment_of
+from dpfl.engines.flower.protocol import FACTS, UNHELD, DeploymentError, digest, fields_of
+from dpfl.experiments.study.deployment import client_app, deployment_of
 
 from .conftest import public_fields, server_message
 from .test_flower import InProcessGrid, assert_the_simulators, hospitals, simulated, study

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import torch
 
-from dpfl.experiments import deploy
+from dpfl.experiments.study import deployment
 from dpfl.federation.algorithms.base import Algorithm, Reply
 from dpfl.federation.messages import Encoding, encode
 
@@ -84,13 +84,13 @@ def test_a_reply_that_is_not_finite_is_not_sent(
 def guarded(monkeypatch: pytest.MonkeyPatch) -> None:
     """The study's algorithm built only at the study's shape and classes: a hospital that
     built one at the server's word fails here, before it allocates it."""
-    real = deploy.algorithm_for
+    real = deployment.algorithm_for
 
     def built(config: Any, silos: Any, shape: list[int], classes: int) -> Any:
         assert list(shape) in ([30], [6]) and classes == 2, f"built at {shape}, {classes}"
         return real(config, silos, shape, classes)
 
-    monkeypatch.setattr(deploy, "algorithm_for", built)
+    monkeypatch.setattr(deployment, "algorithm_for", built)
 
 
 def _refused_everywhere(grid: InProcessGrid, fields: dict[str, Any], why: str) -> None:

@@ -1,5 +1,5 @@
 """On loopback (beyond tests/engines/test_flower.py), a SuperLink and three SuperNodes as
-separate processes (`dpfl.engines.loopback`), TLS and registered keys, bounded in time:
+separate processes (`dpfl.engines.flower.loopback`), TLS and registered keys, bounded in time:
 a hospital over its budget and an unregistered node, Dopamine's replies masked between
 them, a hospital and the server killed mid-round, then restarted, hospitals calibrating
 to their own budgets, and a second study past the hospitals' dataset cap. Every such test
@@ -19,10 +19,9 @@ from typing import Any
 import pytest
 import torch
 
-from dpfl.engines import loopback
-from dpfl.engines.flower import DeploymentResult, serve
-from dpfl.engines.loopback import Cluster, LoopbackError
-from dpfl.experiments.deploy import deployment_of
+from dpfl.engines.flower import DeploymentResult, loopback, serve
+from dpfl.engines.flower.loopback import Cluster, LoopbackError
+from dpfl.experiments.study.deployment import deployment_of
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import LedgerError
 

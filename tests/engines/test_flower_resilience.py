@@ -16,8 +16,8 @@ from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
 from dpfl.engines.flower import DeploymentError, serve
-from dpfl.experiments import deploy
-from dpfl.experiments.deploy import deployment_of, study_point
+from dpfl.experiments.study import deployment
+from dpfl.experiments.study.deployment import deployment_of, study_point
 from dpfl.federation.silo import SiloInfo
 
 from .test_flower import (
@@ -110,7 +110,7 @@ def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
     Their budgets afford exactly the study's 3 rounds and its DP evaluation: round 1 is
     not planned twice."""
     simulation, book = simulated(study, tmp_path)
-    evaluation = deploy.evaluation(study_point(study)).event(SiloInfo("any", 1))
+    evaluation = deployment.evaluation(study_point(study)).event(SiloInfo("any", 1))
     exact = {
         n: book.projected(f"{n}/trial-0", evaluation).epsilon * 1.001
         for n in simulation.silo_metrics[0]

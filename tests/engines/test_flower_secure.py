@@ -1,5 +1,5 @@
 """Secure aggregation across machines: a deployed study whose replies are masked
-(`dpfl.engines.flower_masking`) or encrypted (`dpfl.engines.flower_he`) ends as the
+(`dpfl.engines.flower.masking`) or encrypted (`dpfl.engines.flower.he`) ends as the
 simulator's run with `PairwiseMasking` or `HomomorphicSum`, and the server never holds a
 reply in the clear. In process (the grid hands each message to the ClientApp, keeping
 each node's context state between messages as a SuperNode does)."""
@@ -14,9 +14,9 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from dpfl.engines.flower import serve
-from dpfl.engines.flower_he import KeyHolderSide, make_key_files
-from dpfl.engines.roster import Roster, public_text
-from dpfl.experiments.deploy import deployment_of, study_point
+from dpfl.engines.flower.he import KeyHolderSide, make_key_files
+from dpfl.engines.flower.roster import Roster, public_text
+from dpfl.experiments.study.deployment import deployment_of, study_point
 from dpfl.secure.he import HomomorphicError, KeyFile
 
 from .conftest import public_fields, server_message

@@ -13,10 +13,9 @@ import pytest
 import torch
 
 from dpfl.data.dataset import DataFormatError
-from dpfl.engines import loopback
-from dpfl.engines.flower import DeploymentError, HospitalConfig, serve
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.deploy import deployment_of, study_point
+from dpfl.engines.flower import DeploymentError, HospitalConfig, loopback, serve
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.deployment import deployment_of, study_point
 
 from .test_flower import CLEAR, DELTA, EPSILON, InProcessGrid, entries, simulated
 from .test_flower import study as flower_study  # noqa: F401 (the fixture)

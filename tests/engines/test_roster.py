@@ -15,10 +15,9 @@ import torch
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from flwr.app import ConfigRecord, Context, Message, RecordDict
 
-from dpfl.engines import flower_masking
-from dpfl.engines.flower import DeploymentError, serve
-from dpfl.engines.flower_protocol import PROTOCOL
-from dpfl.engines.roster import (
+from dpfl.engines.flower import DeploymentError, masking, serve
+from dpfl.engines.flower.protocol import PROTOCOL
+from dpfl.engines.flower.roster import (
     Roster,
     RosterError,
     make_identity,
@@ -26,8 +25,8 @@ from dpfl.engines.roster import (
     read_identity,
     roster_table,
 )
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.deploy import client_app, deployment_of, study_point
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.deployment import client_app, deployment_of, study_point
 from dpfl.federation.messages import Encoding, encode
 from dpfl.secure.he import HomomorphicError, KeyHolder
 from dpfl.secure.masking import SecureAggregationError
@@ -109,10 +108,10 @@ def test_the_masking_session_takes_identity_keys_from_the_roster_not_the_server(
         "identities": [forged] * 3,  # what a server once relayed: now ignored
         "server-public": b"k" * 32,
     }
-    setup = flower_masking.session_setup(announced, roster, length=4, fewest=3)
+    setup = masking.session_setup(announced, roster, length=4, fewest=3)
     assert setup.identities == roster.identities
     with pytest.raises(SecureAggregationError, match="names \\['d'\\]"):
-        flower_masking.session_setup({**announced, "names": ["a", "d"]}, roster, 4, 1)
+        masking.session_setup({**announced, "names": ["a", "d"]}, roster, 4, 1)
 
 
 def test_the_server_waits_for_the_roster_and_refuses_a_hello_with_another_key(

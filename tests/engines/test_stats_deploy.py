@@ -1,4 +1,4 @@
-"""A study's [analytics] released by a deployment (`dpfl.engines.flower_stats`), in
+"""A study's [analytics] released by a deployment (`dpfl.engines.flower.analytics`), in
 process: each hospital reads its own CSV, checks the server's plan against its own copy
 of the study and its whole plan against its own ledger, charges it with the simulator's
 events and adds its own noise; the server pools the sum (masked: the sum alone) into the
@@ -20,11 +20,16 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.cli.deploy import _released
 from dpfl.engines.flower import DeploymentError
-from dpfl.engines.flower_he import EncryptedSum, make_key_files
-from dpfl.engines.flower_hospital import _Hospital
-from dpfl.engines.flower_stats import serve_stats
-from dpfl.experiments.deploy import STATS_ERROR, deployment_of, serve_stats_study, study_point
-from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
+from dpfl.engines.flower.analytics import serve_stats
+from dpfl.engines.flower.he import EncryptedSum, make_key_files
+from dpfl.engines.flower.hospital import _Hospital
+from dpfl.experiments.study.analytics import STATS_JSON, StatsRun, stats
+from dpfl.experiments.study.deployment import (
+    STATS_ERROR,
+    deployment_of,
+    serve_stats_study,
+    study_point,
+)
 from dpfl.federation.messages import Summed
 from dpfl.privacy import Ledger
 

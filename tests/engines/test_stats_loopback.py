@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.engines import loopback
-from dpfl.experiments.deploy import study_point
-from dpfl.experiments.stats import STATS_JSON, StatsRun, stats
+from dpfl.engines.flower import loopback
+from dpfl.experiments.study.analytics import STATS_JSON, StatsRun, stats
+from dpfl.experiments.study.deployment import study_point
 from dpfl.privacy import Ledger
 
 from .test_flower import entries, flower_installed

@@ -21,8 +21,8 @@ from typer.testing import CliRunner
 from dpfl.cli import app, deploy
 from dpfl.engines.evaluation import evaluate, metrics, predictions
 from dpfl.engines.flower import HospitalConfig, serve
-from dpfl.engines.flower_protocol import fields_of, union_counts, union_metrics
-from dpfl.experiments.deploy import deployment_of
+from dpfl.engines.flower.protocol import fields_of, union_counts, union_metrics
+from dpfl.experiments.study.deployment import deployment_of
 from dpfl.federation.silo import Silo
 from dpfl.local.losses import Loss, logistic_hazard
 from dpfl.privacy import events

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.experiments import config as config_module
-from dpfl.experiments.config import MAX_POINTS, ConfigError, Study, load
+from dpfl.experiments.study import config as config_module
+from dpfl.experiments.study.config import MAX_POINTS, ConfigError, Study, load
 from studies import breast_cancer_study
 
 BASE = breast_cancer_study("t", rounds=3, privacy={"epsilon": 1.0})

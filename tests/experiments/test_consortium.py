@@ -13,10 +13,10 @@ from dp_accounting import dp_event as dpe
 from dp_accounting import pld
 
 from dpfl.engines.simulation import account
-from dpfl.experiments.config import ConfigError, Study
-from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.report import write_report
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.config import ConfigError, Study
+from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.privacy import Ledger
 from dpfl.privacy.accounting import PLD_DISCRETISATION
 

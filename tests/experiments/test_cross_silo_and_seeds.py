@@ -18,19 +18,19 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments import best
-from dpfl.experiments.config import Study
-from dpfl.experiments.queries import (
+from dpfl.experiments.results import best
+from dpfl.experiments.results.queries import (
     open_results,
     pool_seeds,
     read_audits,
     read_cross_silo,
     summarise,
 )
-from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore, RunResults
-from dpfl.experiments.summary import run_summaries
+from dpfl.experiments.results.report import write_report
+from dpfl.experiments.results.store import ResultsStore, RunResults
+from dpfl.experiments.results.summary import run_summaries
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import STORE, run_study
 
 STUDY = {
     "name": "cross",
@@ -242,7 +242,7 @@ CREATE TABLE communication (
 );
 CREATE INDEX communication_run ON communication (run_id);
 """
-"""The results store's schema 1, as `git show d2b676d:src/dpfl/experiments/store.py` has it
+"""The results store's schema 1, as `git show d2b676d:src/dpfl/experiments/results/store.py` has it
 (columns joined on fewer lines)."""
 
 

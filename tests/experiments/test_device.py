@@ -15,9 +15,9 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.simulation import simulate
-from dpfl.experiments.config import StudyConfig
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import StudyConfig
+from dpfl.experiments.study.datasets import build_silos
 from dpfl.local.device import DeviceError, DeviceName, resolve
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")

@@ -10,8 +10,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments.config import load
-from dpfl.experiments.runner import STORE
+from dpfl.experiments.study.config import load
+from dpfl.experiments.study.runner import STORE
 from studies import breast_cancer_study
 
 runner = CliRunner()

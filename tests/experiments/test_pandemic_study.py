@@ -7,9 +7,9 @@ from pathlib import Path
 from typing import Any
 
 from dpfl.engines.simulation import account
-from dpfl.experiments.config import Study
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.privacy import Ledger, Neighbouring
 
 STUDY: dict[str, Any] = {

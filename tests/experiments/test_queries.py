@@ -1,4 +1,4 @@
-"""The query layer (`dpfl.experiments.queries`) that the report, the summaries and `best`
+"""The query layer (`dpfl.experiments.results.queries`) that the report, the summaries and `best`
 read: each figure is checked against one computed here in SQL from the store's raw rows,
 on a real (tiny) study and on a hand-built store with the awkward cases."""
 
@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.experiments import best, queries
-from dpfl.experiments.config import Study
-from dpfl.experiments.queries import Spread, epsilon_over_rounds, open_results, summarise
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore, RunResults, RunRow
-from dpfl.experiments.summary import run_summaries, silo_summaries
+from dpfl.experiments.results import best, queries
+from dpfl.experiments.results.queries import Spread, epsilon_over_rounds, open_results, summarise
+from dpfl.experiments.results.store import ResultsStore, RunResults, RunRow
+from dpfl.experiments.results.summary import run_summaries, silo_summaries
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import STORE, run_study
 
 STUDY = {
     "name": "tiny",
@@ -273,7 +273,7 @@ def test_the_conventions_on_a_hand_built_store(tmp_path: Path) -> None:
 def test_one_value_is_shown_as_n_1_never_as_a_spread_of_zero(tmp_path: Path) -> None:
     """Every table prints a single trial's figure as `n = 1`: its spread is unknown."""
     from dpfl.cli.common import mean_std
-    from dpfl.experiments.report.page import _spread_text
+    from dpfl.experiments.results.report.page import _spread_text
 
     assert queries.mean_std_text(0.8378, None, 4) == "0.8378 (n = 1)"
     assert queries.mean_std_text(0.8378, math.nan, 4) == "0.8378 (n = 1)"

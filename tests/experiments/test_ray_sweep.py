@@ -35,10 +35,10 @@ import torch
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments import cluster
-from dpfl.experiments.config import Study, load
-from dpfl.experiments.runner import LOCK, STORE, PointFailure, run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study import cluster
+from dpfl.experiments.study.config import Study, load
+from dpfl.experiments.study.runner import LOCK, STORE, PointFailure, run_study
 
 from .test_study_directory import (
     DPFL,

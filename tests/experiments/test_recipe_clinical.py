@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes import recipe, reproduce
 from dpfl.experiments.recipes.clinical_common import (
     private,
@@ -24,8 +23,9 @@ from dpfl.experiments.recipes.clinical_common import (
     upstream_per_message,
 )
 from dpfl.experiments.recipes.dopamine import METHODS
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import STORE, run_study
 
 from .test_recipe_golden import Ran, smoke
 

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from dpfl.experiments.datasheet import PATIENT_LEVEL_UNIT, group_privacy
 from dpfl.experiments.recipes.clinical_common import setting
 from dpfl.experiments.recipes.diabetes_readmission import DELTA, MAX_RECORDS, studies
-from dpfl.experiments.runner import STORE
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.datasheet import PATIENT_LEVEL_UNIT, group_privacy
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.runner import STORE
 
 from .test_recipe_golden import Ran, smoke
 

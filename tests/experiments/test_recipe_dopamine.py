@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from dpfl.experiments.config import StudyConfig, load
 from dpfl.experiments.recipes import Selected, Tuning, recipe
 from dpfl.experiments.recipes.dopamine import LEARNING_RATES, PNEUMONIA_POOL, compare_tuned
-from dpfl.experiments.tune import Tuned, selection_silos
+from dpfl.experiments.study.config import StudyConfig, load
+from dpfl.experiments.study.tune import Tuned, selection_silos
 
 DOCS = Path(__file__).parents[2] / "docs" / "studies" / "dopamine-tune-pneumonia"
 

@@ -15,8 +15,6 @@ import numpy as np
 import pytest
 
 from dpfl.data import DataFormatError, genomics, signatures, synthetic
-from dpfl.experiments.config import DataConfig
-from dpfl.experiments.datasets import GENERATORS, READERS, build_silos
 from dpfl.experiments.recipes import (
     Reproduction,
     astar,
@@ -24,8 +22,10 @@ from dpfl.experiments.recipes import (
     reproduce,
 )
 from dpfl.experiments.recipes.genomics_common import majority
-from dpfl.experiments.runner import STORE
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import DataConfig
+from dpfl.experiments.study.datasets import GENERATORS, READERS, build_silos
+from dpfl.experiments.study.runner import STORE
 
 from .test_recipe_golden import recipe_lock, smoke
 

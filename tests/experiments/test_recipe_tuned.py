@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from dpfl.experiments import recipes
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes import RECIPES, Plan, Recipe, Row, Selected, Tuning, reproduce
-from dpfl.experiments.tune import RESULT
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.tune import RESULT
 
 
 def _study(name: str) -> Study:

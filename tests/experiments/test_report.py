@@ -25,10 +25,10 @@ from playwright.sync_api import sync_playwright
 from typer.testing import CliRunner
 
 from dpfl.cli.report import report
-from dpfl.experiments.datasheet import RESEARCH_NOISE
-from dpfl.experiments.report import ReportError, write_report
-from dpfl.experiments.report import page as page_module
-from dpfl.experiments.store import ResultsStore, RunResults, StoreError
+from dpfl.experiments.results.datasheet import RESEARCH_NOISE
+from dpfl.experiments.results.report import ReportError, write_report
+from dpfl.experiments.results.report import page as page_module
+from dpfl.experiments.results.store import ResultsStore, RunResults, StoreError
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -556,8 +556,8 @@ def test_page_renders_in_chromium_without_errors(page: Path) -> None:
 
 
 def test_datasheets_written_before_per_trial_counts_and_public_sizes_still_render() -> None:
-    from dpfl.experiments.datasheet import span
-    from dpfl.experiments.report.page import _public_size
+    from dpfl.experiments.results.datasheet import span
+    from dpfl.experiments.results.report.page import _public_size
 
     assert span(5) == "5" and span([4, 5]) == "4–5 (by trial)"
     assert _public_size({"size": 7}) == "7"

@@ -14,14 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments import pages, recipes
-from dpfl.experiments.pages import BLOCK, LEGEND, markdown, rebuild, rendered, stored
-from dpfl.experiments.recipes import RECIPES, Row
+from dpfl.experiments import recipes
+from dpfl.experiments.recipes import RECIPES, Row, pages
+from dpfl.experiments.recipes.pages import BLOCK, LEGEND, markdown, rebuild, rendered, stored
 
 from .test_recipe_golden import GOLDEN, smoke
 
 FOLDER = Path(__file__).parents[2] / "docs" / "reproductions"
-REBUILD = "python -m dpfl.experiments.pages"
+REBUILD = "python -m dpfl.experiments.recipes.pages"
 
 
 def test_every_page_table_is_its_stored_run_rendered() -> None:

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes import RECIPES
+from dpfl.experiments.study.config import Study
 
 GOLDEN = Path(__file__).parent / "golden" / "run_keys.json"
 SCALES = ("smoke", "default", "full")

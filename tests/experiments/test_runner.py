@@ -1,4 +1,4 @@
-"""dpfl.experiments.runner: sweeps end to end. Results land in SQLite, a killed sweep
+"""dpfl.experiments.study.runner: sweeps end to end. Results land in SQLite, a killed sweep
 resumes without loss or double charges, `best` honours both ε and δ, the commands print
 JSON."""
 
@@ -19,12 +19,12 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.simulation import account
-from dpfl.experiments import best
-from dpfl.experiments.config import Study
-from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore
-from dpfl.experiments.summary import run_summaries, silo_summaries
+from dpfl.experiments.results import best
+from dpfl.experiments.results.report import write_report
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.results.summary import run_summaries, silo_summaries
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.privacy import Ledger, epsilon, events
 from studies import breast_cancer_study
 

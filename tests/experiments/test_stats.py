@@ -13,8 +13,8 @@ from typer.testing import CliRunner
 
 from dpfl.analytics import KaplanMeier
 from dpfl.cli import app
-from dpfl.experiments.config import StudyConfig, load
-from dpfl.experiments.stats import cohort, stats
+from dpfl.experiments.study.analytics import cohort, stats
+from dpfl.experiments.study.config import StudyConfig, load
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.privacy.events import Neighbouring

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments.config import load
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import DamagedStoreError, ResultsStore, StoreError
+from dpfl.experiments.results.store import DamagedStoreError, ResultsStore, StoreError
+from dpfl.experiments.study.config import load
+from dpfl.experiments.study.runner import STORE, run_study
 from privacy.test_ledger_files import BESIDE, FAULTS, damage, one_line_naming
 from studies import breast_cancer_study
 

@@ -16,9 +16,9 @@ from dp_accounting.pld import pld_privacy_accountant
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments.config import ConfigError, load
 from dpfl.experiments.recipes import RECIPES
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.config import ConfigError, load
 from dpfl.privacy import Ledger
 from dpfl.privacy.accounting import PLD_DISCRETISATION
 from studies import breast_cancer_study

@@ -30,11 +30,11 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments.config import Study
-from dpfl.experiments.runner import LOCK, STORE, StudyBar, run_study
-from dpfl.experiments.store import ResultsStore, StoreError
-from dpfl.experiments.study_dir import IDENTITY
-from dpfl.experiments.summary import run_summaries
+from dpfl.experiments.results.store import ResultsStore, StoreError
+from dpfl.experiments.results.summary import run_summaries
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.directory import IDENTITY
+from dpfl.experiments.study.runner import LOCK, STORE, StudyBar, run_study
 from studies import breast_cancer_study
 
 # RDP: cheaper than PLD, and these tests are not about ε

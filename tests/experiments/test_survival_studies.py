@@ -13,13 +13,13 @@ import torch
 
 from dpfl.data import Dataset, preprocess
 from dpfl.data.dataset import survival_labels
-from dpfl.experiments import best
-from dpfl.experiments.config import ConfigError, DataConfig, Study
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.factory import build_algorithm
-from dpfl.experiments.report import write_report
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results import best
+from dpfl.experiments.results.report import write_report
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import ConfigError, DataConfig, Study
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.federation.silo import Silo
 
 BINS = [365.0, 730.0, 1095.0, 1825.0, 2555.0, 3650.0]
@@ -175,7 +175,7 @@ def test_a_deployment_builds_the_survival_model_from_the_hospitals_announcement(
     tmp_path: Path,
 ) -> None:
     from dpfl.engines import flower
-    from dpfl.experiments.deploy import algorithm_for
+    from dpfl.experiments.study.deployment import algorithm_for
     from dpfl.federation.silo import SiloInfo
     from dpfl.local.losses import time_cuts
 

@@ -14,8 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.experiments.config import ConfigError, Study, load
-from dpfl.experiments.tune import LEDGER
+from dpfl.experiments.study.config import ConfigError, Study, load
+from dpfl.experiments.study.tune import LEDGER
 from dpfl.privacy import Ledger
 
 runner = CliRunner()

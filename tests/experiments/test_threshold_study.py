@@ -10,10 +10,10 @@ from typing import Any
 import pytest
 
 from dpfl.engines.simulation import account
-from dpfl.experiments.config import Study, StudyConfig
-from dpfl.experiments.deploy import check_deployable
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.config import Study, StudyConfig
+from dpfl.experiments.study.deployment import check_deployable
+from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.privacy import Ledger, events
 
 STUDY: dict[str, Any] = {

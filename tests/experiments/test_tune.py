@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.engines.simulation import account, simulate
-from dpfl.experiments import tune as tune_module
-from dpfl.experiments.config import ConfigError, Study, load
-from dpfl.experiments.datasets import build_silos, load_dataset
-from dpfl.experiments.factory import build_algorithm
-from dpfl.experiments.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
+from dpfl.experiments.study import tune as tune_module
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import ConfigError, Study, load
+from dpfl.experiments.study.datasets import build_silos, load_dataset
+from dpfl.experiments.study.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Accountant, BudgetExceededError, Ledger, events
 

@@ -12,10 +12,10 @@ import pytest
 
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler
 from dpfl.engines.simulation import account
-from dpfl.experiments.config import ConfigError, Study
-from dpfl.experiments.factory import build_algorithm
-from dpfl.experiments.runner import STORE, run_study
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.store import ResultsStore
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import ConfigError, Study
+from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger, epsilon, events
 

@@ -16,9 +16,9 @@ import torch
 from torch import Tensor
 
 from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.config import StudyConfig
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.factory import build_algorithm
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import StudyConfig
+from dpfl.experiments.study.datasets import build_silos
 from dpfl.federation.algorithms import FedSGDSecure, HospitalContext, Member
 from dpfl.federation.algorithms.base import Instruction
 from dpfl.federation.messages import SecureSum, Summed

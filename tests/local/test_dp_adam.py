@@ -12,10 +12,10 @@ import torch
 from torch import Tensor, nn
 
 from dpfl.data.sampling import PoissonSampler
-from dpfl.experiments.config import ConfigError, Study, StudyConfig
-from dpfl.experiments.datasets import build_silos
-from dpfl.experiments.factory import build_algorithm
-from dpfl.experiments.runner import run_study
+from dpfl.experiments.study.build import build_algorithm
+from dpfl.experiments.study.config import ConfigError, Study, StudyConfig
+from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.runner import run_study
 from dpfl.federation.algorithms import DPSGDAlgorithm
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import bce

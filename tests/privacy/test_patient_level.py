@@ -19,8 +19,8 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.data.sampling import PatientPoissonSampler
-from dpfl.experiments.datasheet import group_privacy
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.datasheet import group_privacy
+from dpfl.experiments.results.store import ResultsStore
 from dpfl.federation.algorithms.aop import AOP
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import ClippedGradientSum

@@ -12,8 +12,8 @@ import pytest
 
 from dpfl.data import DataFormatError
 from dpfl.data.table import Column, read_table
-from dpfl.experiments.config import DataConfig
-from dpfl.experiments.datasets import build_silos, own_silo
+from dpfl.experiments.study.config import DataConfig
+from dpfl.experiments.study.datasets import build_silos, own_silo
 from dpfl.federation.silo import SiloInfo
 from dpfl.federation.threshold import BalancedThreshold, sensitivity
 from dpfl.privacy import events

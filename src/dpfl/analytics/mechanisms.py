@@ -520,7 +520,7 @@ def describe(
     hospitals (Δ per patient: max_records × per record). The whole plan (every query,
     every account) is checked against the ledger first: a run past any hospital's
     budget is refused before anything is released. A deployment runs the same halves
-    on each machine (`dpfl.engines.flower_stats`)."""
+    on each machine (`dpfl.engines.flower.analytics`)."""
     names = list(cohort)
     first = next(iter(cohort.values()), Records({}))
     neighbouring, units = neighbouring_of(first), group(first, max_records)

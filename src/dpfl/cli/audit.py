@@ -1,7 +1,7 @@
 """`dpfl audit DIR`: measure what each finished run of a study leaks, as ε lower bounds
 beside its ledger's ε (two-world and one-run canary audits, against the server or under
 Dopamine another hospital) and membership inference on its final models; kept in the
-study's results store for the report (`dpfl.experiments.audits`)."""
+study's results store for the report (`dpfl.experiments.study.audit_runs`)."""
 
 from __future__ import annotations
 
@@ -19,13 +19,13 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dpfl.experiments.queries import bound_text, exceeds_ledger
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.queries import bound_text, exceeds_ledger
+from dpfl.experiments.results.store import ResultsStore, RunRow
 
 from .common import console, errors, print_json, reported_errors
 
 if TYPE_CHECKING:
-    from dpfl.experiments.audits import AuditPlan
+    from dpfl.experiments.study.audit_runs import AuditPlan
 
 AUDIT_TRIALS = 100
 """two-world trials a world by default: a bound up to about 2.6 in minutes (`AuditPlan`)"""
@@ -98,7 +98,7 @@ def audit(
     AUC and TPR at low FPR."""
     with reported_errors():
         # imported here: torch, scikit-learn and the datasets would slow every other command
-        from dpfl.experiments.audits import AuditPlan
+        from dpfl.experiments.study.audit_runs import AuditPlan
 
         plan = AuditPlan(
             attacks=tuple(attack or ["two-world"]),
@@ -128,7 +128,7 @@ def _audit_finished(
 ) -> list[tuple[RunRow, Rows]]:
     """Audit each finished run (or those in `only`) at its planted silo, each run's figures
     kept in the store (with `keep`) as soon as they are measured, so a stop loses none."""
-    from dpfl.experiments.audits import audit_run, auditable, rows
+    from dpfl.experiments.study.audit_runs import audit_run, auditable, rows
 
     path = directory / "results.sqlite"
     with ResultsStore(path, create=False) as store:
@@ -152,7 +152,7 @@ def _audit_finished(
 def _bar(plan: AuditPlan, runs: int) -> Iterator[Callable[[int], None]]:
     """Say what the audit will run, then show its progress with the time left (on
     stderr), and after its first tenth of a run the time it will take in all."""
-    from dpfl.experiments.audits import work
+    from dpfl.experiments.study.audit_runs import work
 
     total = work(plan) * runs
     attacks = ", ".join(plan.attacks)

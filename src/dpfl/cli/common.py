@@ -92,6 +92,6 @@ def _bound(value: float, spec: str = "g") -> str:
 def mean_std(value: dict[str, Any] | None) -> str:
     """A metric's mean ± sample std as the tables print it (`n = 1` for one value); a
     dash where it is undefined."""
-    from dpfl.experiments.queries import mean_std_text
+    from dpfl.experiments.results.queries import mean_std_text
 
     return "—" if value is None else mean_std_text(value["mean"], value["std"])

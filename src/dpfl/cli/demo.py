@@ -31,7 +31,7 @@ from rich.table import Table
 from .common import console, errors, mean_std, print_json, reported_errors
 
 if TYPE_CHECKING:
-    from dpfl.experiments.store import RunRow
+    from dpfl.experiments.results.store import RunRow
 
 BUDGETS = (0.5, 1, 2, 4, 8)
 """ε per hospital of the private points."""
@@ -82,10 +82,10 @@ def demo(
 ) -> None:
     """DP FedAvg over three hospitals at ε = 0.5 to 8 and without privacy: print the
     privacy–utility table, write the report."""
-    from dpfl.experiments.config import Study
-    from dpfl.experiments.datasheet import RESEARCH_NOISE
-    from dpfl.experiments.report import write_report
-    from dpfl.experiments.runner import run_study
+    from dpfl.experiments.results.datasheet import RESEARCH_NOISE
+    from dpfl.experiments.results.report import write_report
+    from dpfl.experiments.study.config import Study
+    from dpfl.experiments.study.runner import run_study
 
     directory = out or Path(tempfile.mkdtemp(prefix="dpfl-demo-"))
     with reported_errors():
@@ -128,8 +128,8 @@ def demo(
 
 def _points(directory: Path, runs: list[RunRow]) -> list[dict[str, Any]]:
     """One JSON-ready dict per run: its budget, σ, metrics and ε, worst and per hospital."""
-    from dpfl.experiments.datasheet import research_noise
-    from dpfl.experiments.summary import run_summaries, silo_summaries
+    from dpfl.experiments.results.datasheet import research_noise
+    from dpfl.experiments.results.summary import run_summaries, silo_summaries
 
     summaries = {s["id"]: s for s in run_summaries(directory)}
     points = []
@@ -179,7 +179,7 @@ def _budget(run: RunRow) -> str:
 
 
 def _table(points: list[dict[str, Any]]) -> Table:
-    from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE
+    from dpfl.experiments.results.datasheet import RESEARCH_MARK, RESEARCH_NOISE
 
     private = [p for p in points if p["private"]]
     own = private[0]["accountant"] if private else "pld"

@@ -4,7 +4,7 @@
 public size, budget, ledger: never the server's); `dpfl deploy register` lets a
 hospital's key join a SuperLink that authenticates SuperNodes; `dpfl deploy server`
 submits the study to a running SuperLink with `flwr run` and waits for its result. Both are thin
-over `dpfl.experiments.deploy` and Flower's own commands, which they print before running.
+over `dpfl.experiments.study.deployment` and Flower's own commands, which they print before running.
 """
 
 from __future__ import annotations
@@ -79,10 +79,10 @@ def _run(
 
 def _clientapp(port: int) -> list[str]:
     """The warm ClientApp process serving the SuperNode whose Runtime API is on `port`
-    (`dpfl.engines.flower_clientapp`): the SuperNode runs in Flower's `process`
+    (`dpfl.engines.flower.clientapp`): the SuperNode runs in Flower's `process`
     isolation mode, so no process starts per message."""
     address = f"127.0.0.1:{port}"
-    worker = [sys.executable, "-m", "dpfl.engines.flower_clientapp"]
+    worker = [sys.executable, "-m", "dpfl.engines.flower.clientapp"]
     return [*worker, "--runtime-api-address", address, "--parent-pid", str(os.getpid())]
 
 
@@ -162,8 +162,8 @@ def hospital(
     """Start this hospital's SuperNode; it trains only what its own budget affords, in a
     federation of the study's \\[roster] only."""
     from dpfl.engines.flower import HospitalConfig
-    from dpfl.engines.loopback import node_config
-    from dpfl.experiments.deploy import deployment_of
+    from dpfl.engines.flower.loopback import node_config
+    from dpfl.experiments.study.deployment import deployment_of
     from dpfl.privacy import Ledger
 
     with reported_errors():
@@ -242,8 +242,8 @@ def server(
     OUT's results store (`dpfl report OUT`). The server checkpoints each round in OUT: run
     it again with the same OUT to resume. With --stats, the hospitals release the study's
     statistics instead, each charged to its own ledger."""
-    from dpfl.experiments.deploy import deployment_of, unfinished, write_app
-    from dpfl.experiments.runner import owning
+    from dpfl.experiments.study.deployment import deployment_of, unfinished, write_app
+    from dpfl.experiments.study.runner import owning
 
     with reported_errors():
         if deployment_of(study).analytics is None and stats:
@@ -282,8 +282,8 @@ def server(
 def _released(out: Path, started: float) -> None:
     """The statistics the server wrote in OUT since `started`, as a table; or exit 1 with
     why none were (a hospital refused or failed: its line, as the server wrote it)."""
-    from dpfl.experiments.deploy import STATS_ERROR
-    from dpfl.experiments.stats import STATS_JSON, StatsRun
+    from dpfl.experiments.study.analytics import STATS_JSON, StatsRun
+    from dpfl.experiments.study.deployment import STATS_ERROR
 
     from .stats import show
 
@@ -321,7 +321,7 @@ def certs_command(
     server.key) for each --host, and with --hospital, that hospital's SuperNode key pair
     (NAME.key, NAME.key.pub). In production, take the certificate from your CA and let each
     hospital make its own key (docs/deployment.md)."""
-    from dpfl.engines.certificates import certificates, keys
+    from dpfl.engines.flower.certificates import certificates, keys
 
     with reported_errors():
         tls = certificates(folder, host, days=days)
@@ -338,7 +338,7 @@ def he_keys_command(
 ) -> None:
     """Make a new run's HE keys: key-holder.he (the secret key: give it to one hospital
     only) and public.he (for the other hospitals and the server)."""
-    from dpfl.engines.flower_he import make_key_files
+    from dpfl.engines.flower.he import make_key_files
 
     with reported_errors():
         secret, public = make_key_files(folder)
@@ -352,7 +352,7 @@ def identity_command(
 ) -> None:
     """Make this hospital's identity key: keep FILE, and send the coordinator the line
     printed, which the study file lists under \\[roster] for every hospital."""
-    from dpfl.engines.roster import make_identity
+    from dpfl.engines.flower.roster import make_identity
 
     with reported_errors():
         public = make_identity(file)

@@ -9,7 +9,7 @@ from typing import Annotated
 
 import typer
 
-from dpfl.experiments.store import ResultsStore
+from dpfl.experiments.results.store import ResultsStore
 
 from .common import print_json, reported_errors
 
@@ -36,7 +36,7 @@ def report(
 ) -> None:
     """Write the study's report (figures, results table, privacy datasheets); print its path."""
     # Imported here: matplotlib would add half a second to every other dpfl command.
-    from dpfl.experiments.report import REPORT_FOLDER, RESULTS_FILE, write_report
+    from dpfl.experiments.results.report import REPORT_FOLDER, RESULTS_FILE, write_report
 
     with reported_errors():  # a missing store or an unknown metric: one red line, status 2
         try:

@@ -1,5 +1,5 @@
 """`dpfl stats STUDY.toml`: the study's `[analytics]`, released under DP in the
-simulator, charged to each hospital's ledger (`dpfl.experiments.stats`)."""
+simulator, charged to each hospital's ledger (`dpfl.experiments.study.analytics`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from rich.table import Table
 from .common import console, print_json, reported_errors
 
 if TYPE_CHECKING:
-    from dpfl.experiments.stats import StatsRun
+    from dpfl.experiments.study.analytics import StatsRun
 
 
 def stats(
@@ -34,8 +34,8 @@ def stats(
 ) -> None:
     """Release the study's DP statistics: each charged to every hospital's ledger first
     (refused past a budget), summed by its secure aggregation, each figure with its noise."""
-    from dpfl.experiments.config import load
-    from dpfl.experiments.stats import stats as release
+    from dpfl.experiments.study.analytics import stats as release
+    from dpfl.experiments.study.config import load
 
     with reported_errors():
         study = load(config)
@@ -50,7 +50,7 @@ def stats(
 
 def show(run: StatsRun, out: Path) -> None:
     """The figures as a table, each with its noise, then the HTML page's path."""
-    from dpfl.experiments.stats import STATS_HTML
+    from dpfl.experiments.study.analytics import STATS_HTML
 
     table = Table(
         title=f"{escape(run.study)}: DP statistics (σ = {run.noise_multiplier:.4g}, "

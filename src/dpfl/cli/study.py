@@ -14,14 +14,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dpfl.experiments.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise
-from dpfl.experiments.store import enforcing_accountant
+from dpfl.experiments.results.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise
+from dpfl.experiments.results.store import enforcing_accountant
 
 from .common import console, errors, mean_std, print_json, reported_errors
 
 if TYPE_CHECKING:
-    from dpfl.experiments.best import Candidate
     from dpfl.experiments.recipes.base import Scale
+    from dpfl.experiments.results.best import Candidate
 
 OutOpt = Annotated[Path, typer.Option("--out", "-o", help="Study directory (results, ledgers).")]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
@@ -42,7 +42,7 @@ WorkersOpt = Annotated[
 
 def run(config: Path, out: OutOpt, json: JsonOpt = False, add: AddOpt = False) -> None:
     """Run one study config (all its trials); refuses a config with grid axes."""
-    from dpfl.experiments.config import load
+    from dpfl.experiments.study.config import load
 
     with reported_errors():
         study = load(config)
@@ -81,7 +81,7 @@ def sweep(
     add: AddOpt = False,
 ) -> None:
     """Run every grid point of a study × its trials; rerun to resume after a stop."""
-    from dpfl.experiments.config import load
+    from dpfl.experiments.study.config import load
 
     where = ["-j", str(CORES if workers is None else workers)] if ray is None else ["--ray", ray]
     again = ["sweep", str(config), "--out", str(out), *where, *(["--json"] * json)]
@@ -127,8 +127,8 @@ def tune(
 ) -> None:
     """Select among the study's grid points privately: a random number of DP runs, only
     the best released, the selection charged to every silo's ledger (Papernot & Steinke)."""
-    from dpfl.experiments.config import load
-    from dpfl.experiments.tune import tune
+    from dpfl.experiments.study.config import load
+    from dpfl.experiments.study.tune import tune
 
     with reported_errors():
         study = load(config)
@@ -184,8 +184,8 @@ def best(
 ) -> None:
     """The best finished configuration whose every silo is within (ε, δ), and whether its ε
     includes the selection (a `dpfl tune` directory) or not (a sweep's)."""
-    from dpfl.experiments.best import candidates
-    from dpfl.experiments.tune import RESULT
+    from dpfl.experiments.results.best import candidates
+    from dpfl.experiments.study.tune import RESULT
 
     with reported_errors():
         if (directory / RESULT).exists():
@@ -220,7 +220,7 @@ def _best_json(
     found: list[Candidate], chosen: Candidate | None, metric: str, delta: float
 ) -> dict[str, Any]:
     """`best --json`'s object: the chosen candidate (or None), the counts and the caveat."""
-    from dpfl.experiments.best import CAVEAT
+    from dpfl.experiments.results.best import CAVEAT
 
     return {
         "best": None
@@ -250,7 +250,7 @@ def _best_json(
 
 def _candidates_table(found: list[Candidate], metric: str, epsilon: float, delta: float) -> Table:
     """`best`'s table: every finished candidate, best first, and whether it is within budget."""
-    from dpfl.experiments.queries import mean_std_text
+    from dpfl.experiments.results.queries import mean_std_text
 
     table = Table(
         title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}",
@@ -283,7 +283,7 @@ def _candidates_table(found: list[Candidate], metric: str, epsilon: float, delta
 def _print_best(chosen: Candidate, finished: int) -> None:
     """`best`'s verdict under the table: the chosen run(s), and that its ε leaves the
     selection among `finished` configurations out."""
-    from dpfl.experiments.best import CAVEAT
+    from dpfl.experiments.results.best import CAVEAT
 
     runs = "runs " + ", ".join(r.id for r in chosen.runs) if len(chosen.runs) > 1 else ""
     console.print(
@@ -303,7 +303,7 @@ def _print_best(chosen: Candidate, finished: int) -> None:
 def _best_tuned(directory: Path, epsilon: float, delta: float, metric: str, json: bool) -> None:
     """`best` of a `dpfl tune` directory: its one released configuration, whose ε (from
     its ledger) includes the selection."""
-    from dpfl.experiments.tune import released
+    from dpfl.experiments.study.tune import released
 
     tuned, worst = released(directory, delta=delta)
     if metric not in tuned.test_metrics:
@@ -385,7 +385,7 @@ def reproduce(
     gse7390-survival or diabetes-readmission
     (docs/reproductions/README.md)."""
     from dpfl.experiments.recipes import reproduce as run_recipe
-    from dpfl.experiments.runner import StudyBar
+    from dpfl.experiments.study.runner import StudyBar
 
     again = ["reproduce", name, "--out", str(out), *(["--full"] * full)]
     again += [*(["--data-dir", str(data_dir)] if data_dir else []), "-j", str(workers)]
@@ -412,7 +412,7 @@ def reproduce(
             report=(lambda line: None) if json or markdown else StudyBar(errors.print),
         )
         if markdown:
-            from dpfl.experiments.pages import markdown as table_text
+            from dpfl.experiments.recipes.pages import markdown as table_text
 
             print(table_text(result.title, result.rows, result.notes), end="")
             return
@@ -449,8 +449,8 @@ def _run(
     ray: str | None = None,
     add: bool = False,
 ) -> None:
-    from dpfl.experiments.runner import run_study
-    from dpfl.experiments.summary import run_summaries
+    from dpfl.experiments.results.summary import run_summaries
+    from dpfl.experiments.study.runner import run_study
 
     runs = run_study(
         study,
@@ -496,7 +496,7 @@ def _warn_tuned_one_class(test: dict[str, float], threshold: str) -> None:
     (a binary task whose test records hold both classes: its AUROC is defined)."""
     import math
 
-    from dpfl.experiments.queries import one_class
+    from dpfl.experiments.results.queries import one_class
 
     figures = [test.get(m, math.nan) for m in ("balanced_accuracy", "recall", "auroc")]
     defined = not any(math.isnan(f) for f in figures)
@@ -603,6 +603,6 @@ def _research_caption(seeded: Iterable[bool]) -> str | None:
 
 def _grid(grid: dict[str, Any]) -> str:
     """`name=fedavg epsilon=0.5`: the last part of each key is enough to tell points apart."""
-    from dpfl.experiments.config import grid_pairs
+    from dpfl.experiments.study.config import grid_pairs
 
     return " ".join(grid_pairs(grid, last_part=True)) or "—"

@@ -1,22 +1,22 @@
 """Datasets, federated partitions, privacy-safe preprocessing and batch samplers.
 
-One module per concern: `dataset` (the typed object and file errors), `tabular`,
+One module per concern: `dataset` (the typed object and file errors), `public_tables`,
 `physionet`, `images`, `genomics` (loaders, each taking a directory), `signatures`
 (published gene lists), `synthetic` (seeded stand-ins for private data), `partition`,
-`preprocess` (safe by default) and `dp_stats` (DP statistics paid for in a ledger).
+`preprocess` (safe by default) and `dp_preprocess` (DP statistics paid for in a ledger).
 """
 
 from dpfl.data.dataset import DataFormatError, Dataset
 from dpfl.data.genomics import bc_tcga, gse7390
 from dpfl.data.images import breastmnist, retinamnist
 from dpfl.data.physionet import physionet2012
-from dpfl.data.synthetic import synthetic_bc_tcga, synthetic_ehr
-from dpfl.data.tabular import (
+from dpfl.data.public_tables import (
     breast_cancer_wisconsin,
     diabetes130,
     heart_disease,
     tcga_brca_clinical,
 )
+from dpfl.data.synthetic import synthetic_bc_tcga, synthetic_ehr
 
 __all__ = [
     "DataFormatError",

@@ -32,7 +32,7 @@ from typing import Literal
 
 import numpy as np
 
-from dpfl.data import preprocess, tabular
+from dpfl.data import preprocess, public_tables
 from dpfl.data.dataset import (
     NONPRIVATE_MARK,
     DataFormatError,
@@ -74,7 +74,7 @@ def flamby_heart_disease(directory: Path | str, *, scaling: Scaling = "flamby") 
     scaled as `scaling` says (see the module's docstring)."""
     if scaling not in SCALINGS:
         raise ValueError(f"scaling must be one of {SCALINGS}, got {scaling!r}")
-    raw = tabular.heart_disease(directory)
+    raw = public_tables.heart_disease(directory)
     assert raw.site_ids is not None  # the loader always gives the four hospitals
     columns = {name: raw.features[:, j] for j, name in enumerate(raw.feature_names)}
     kept = [name for name in raw.feature_names if name not in FLAMBY_DROPPED]
@@ -82,7 +82,7 @@ def flamby_heart_disease(directory: Path | str, *, scaling: Scaling = "flamby") 
     blocks = [columns[name][complete] for name in FLAMBY_NUMERIC]
     for name, values in FLAMBY_DUMMIES.items():
         column = columns[name][complete]
-        declared = tabular.HEART_CATEGORIES[name]
+        declared = public_tables.HEART_CATEGORIES[name]
         bad = np.flatnonzero(~np.isin(column, declared))
         if bad.size:  # get_dummies would have made a column of it: refuse, never drop it
             raise DataFormatError(
@@ -124,7 +124,7 @@ def flamby_heart_disease(directory: Path | str, *, scaling: Scaling = "flamby") 
     )
     if scaling == "public":
         return preprocess.scale_to_ranges(
-            data, {name: tabular.HEART_RANGES[name] for name in FLAMBY_NUMERIC}
+            data, {name: public_tables.HEART_RANGES[name] for name in FLAMBY_NUMERIC}
         )
     return _standardised(data, pooled_training=scaling == "flamby-pooled")
 
@@ -308,6 +308,6 @@ def _read_results(path: Path, seed: int) -> list[tuple[str, int | None, float]]:
         if (label, test) in seen:
             raise DataFormatError(path, f"a second row for {label!r} on {test!r}", line=line)
         seen.add((label, test))
-        value = tabular.parse_float(row[at["Metric"]], path, line, "Metric")
+        value = public_tables.parse_float(row[at["Metric"]], path, line, "Metric")
         out.append((label, None if client is None else int(client.group(1)), value))
     return out

@@ -14,7 +14,7 @@ import numpy as np
 from scipy.io import arff
 
 from dpfl.data.dataset import DataFormatError, Dataset, require_file, require_records
-from dpfl.data.tabular import parse_float
+from dpfl.data.public_tables import parse_float
 
 GSE7390_FILE = "breast_cancer_GSE7390-metastasis.arff"
 GRADES = ("well differentiated", "intermediate", "poorly differentiated")

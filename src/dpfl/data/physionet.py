@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from dpfl.data.dataset import DataFormatError, Dataset, require_file, require_records
-from dpfl.data.tabular import parse_float
+from dpfl.data.public_tables import parse_float
 
 DESCRIPTORS = ("RecordID", "Age", "Gender", "Height", "ICUType", "Weight")
 TIME_SERIES = (
@@ -57,7 +57,7 @@ COUNT_RANGE = (0.0, 150.0)
 
 
 def public_ranges() -> dict[str, tuple[float, float]]:
-    """Bounds for every feature, for `preprocess.scale_to_ranges` or `dp_stats`: each
+    """Bounds for every feature, for `preprocess.scale_to_ranges` or `dp_preprocess`: each
     variable's statistics share its bounds, counts share `COUNT_RANGE`. Values outside
     (the data hold some, e.g. pH 94, Temp -17.8) are clipped by those functions."""
     ranges = {name: VARIABLE_RANGES[name] for name in FEATURE_NAMES[:4]}

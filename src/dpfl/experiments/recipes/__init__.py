@@ -45,9 +45,9 @@ from dpfl.experiments.recipes.base import (
     mean_std,
     real_folder,
 )
-from dpfl.experiments.runner import STORE, Progress, _die_with, run_study
-from dpfl.experiments.store import ResultsStore, RunRow
-from dpfl.experiments.tune import RESULT, released, tune
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.runner import STORE, Progress, _die_with, run_study
+from dpfl.experiments.study.tune import RESULT, released, tune
 
 __all__ = [
     "RECIPES",

@@ -17,7 +17,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale
 from dpfl.experiments.recipes.genomics_common import (
     GenomicsData,
@@ -25,7 +24,8 @@ from dpfl.experiments.recipes.genomics_common import (
     genomics_data,
     repeated,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "astar-aop"
 TITLE = "A*STAR: federated approximate output perturbation, 2 parties, logistic regression"

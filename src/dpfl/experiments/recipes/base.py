@@ -11,9 +11,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from dpfl.experiments.config import Study
-from dpfl.experiments.store import ResultsStore, RunRow
-from dpfl.experiments.tune import Tuned
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
+from dpfl.experiments.study.tune import Tuned
 
 Scale = Literal["smoke", "default", "full"]
 """`smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials, rounds
@@ -38,7 +38,7 @@ class Row:
 class Tuning:
     """A study selected privately by `dpfl tune` instead of swept: its grid is the search
     space, K candidate runs drawn from the law (`mean`, `shape`), only the best on
-    `metric` released, the selection charged to each silo (`dpfl.experiments.tune`)."""
+    `metric` released, the selection charged to each silo (`dpfl.experiments.study.tune`)."""
 
     study: Study
     metric: str

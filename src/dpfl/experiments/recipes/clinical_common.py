@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from typing import Any, TypeVar
 
 from dpfl.experiments.recipes.base import Scale, mean_std
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
 
 T = TypeVar("T")
 

@@ -27,8 +27,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
-from dpfl.experiments.datasheet import group_privacy
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
@@ -37,7 +35,9 @@ from dpfl.experiments.recipes.clinical_common import (
     private,
     setting,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.datasheet import group_privacy
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "diabetes-readmission"
 TITLE = "Diabetes 130-US hospitals: patient-level vs record-level DP FedAvg, 30-day readmission"

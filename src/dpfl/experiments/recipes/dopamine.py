@@ -27,12 +27,12 @@ import itertools
 import statistics
 from pathlib import Path
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, Selected, Tuning, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     by_scale,
     metric_text,
 )
+from dpfl.experiments.study.config import Study
 
 NAME = "dopamine"
 TITLE = "Dopamine (Imperial): DP-FedSGD with secure aggregation vs C, CDP, F, FPDP"

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
@@ -41,7 +40,8 @@ from dpfl.experiments.recipes.dopamine import (
     methods,
     order,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "dopamine-retinamnist"
 TITLE = "Dopamine (Imperial) on RetinaMNIST, untuned: DP-FedSGD with secure aggregation"

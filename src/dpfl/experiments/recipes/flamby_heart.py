@@ -43,7 +43,6 @@ from typing import Any
 
 import numpy as np
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes import flamby_common
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, mean_std, real_folder
 from dpfl.experiments.recipes.clinical_common import (
@@ -53,7 +52,8 @@ from dpfl.experiments.recipes.clinical_common import (
     setting,
     silo_mean,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "flamby-heart-disease"
 TITLE = (

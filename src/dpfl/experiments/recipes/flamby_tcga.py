@@ -76,7 +76,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     SMOKE_NOISE,
@@ -86,7 +85,8 @@ from dpfl.experiments.recipes.clinical_common import (
     metric_text,
     setting,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "flamby-tcga-brca"
 TITLE = (

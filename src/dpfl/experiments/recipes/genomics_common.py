@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from dpfl.experiments.config import DataConfig
-from dpfl.experiments.datasets import build_silos
 from dpfl.experiments.recipes.base import Row, Scale, mean_std, real_folder
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import DataConfig
+from dpfl.experiments.study.datasets import build_silos
 
 SILOS = 2
 TEST_FRACTION = 0.2

@@ -46,7 +46,6 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     SMOKE_NOISE,
@@ -57,7 +56,8 @@ from dpfl.experiments.recipes.clinical_common import (
     private,
     setting,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "gse7390-survival"
 TITLE = "GSE7390 time to distant metastasis: DP FedAvg with a logistic-hazard model, 3 silos"

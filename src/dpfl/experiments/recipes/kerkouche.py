@@ -31,7 +31,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
@@ -42,7 +41,8 @@ from dpfl.experiments.recipes.clinical_common import (
     setting,
     upstream_per_client,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "kerkouche-fl-sign"
 TITLE = "Kerkouche et al. (CHIL 2021): FL-SIGN(-DP) vs FL-STANDARD(-DP), in-hospital mortality"

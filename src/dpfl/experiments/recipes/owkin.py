@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale
 from dpfl.experiments.recipes.genomics_common import (
     GenomicsData,
@@ -23,7 +22,8 @@ from dpfl.experiments.recipes.genomics_common import (
     genomics_data,
     repeated,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "owkin-idash2020"
 TITLE = "Owkin iDASH 2020: cyclic DP-SGD, 2 centres, logistic regression"

@@ -20,7 +20,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from dpfl.experiments.config import Study
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials, real_folder
 from dpfl.experiments.recipes.clinical_common import (
     budget,
@@ -30,7 +29,8 @@ from dpfl.experiments.recipes.clinical_common import (
     setting,
     silo_mean,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import Study
 
 NAME = "puffle-mrmtl"
 TITLE = "puffle (NeurIPS 2022 / PETs prize): MR-MTL vs local training vs FedAvg under silo DP"

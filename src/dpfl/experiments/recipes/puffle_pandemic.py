@@ -39,8 +39,6 @@ from typing import Any
 
 import numpy as np
 
-from dpfl.experiments.config import DataConfig, Study, StudyConfig
-from dpfl.experiments.datasets import load_dataset
 from dpfl.experiments.recipes.base import Plan, Recipe, Row, Scale, fewest_trials
 from dpfl.experiments.recipes.clinical_common import (
     by_scale,
@@ -50,7 +48,9 @@ from dpfl.experiments.recipes.clinical_common import (
     setting,
     silo_mean,
 )
-from dpfl.experiments.store import ResultsStore, RunRow
+from dpfl.experiments.results.store import ResultsStore, RunRow
+from dpfl.experiments.study.config import DataConfig, Study, StudyConfig
+from dpfl.experiments.study.datasets import load_dataset
 from dpfl.privacy import events
 
 NAME = "puffle-pandemic"

@@ -1,0 +1,722 @@
+"""The server half of a Flower deployment: the ServerApp's rounds (`serve`). It runs
+the algorithm's server half (`configure`, `aggregate`) and carries its instructions to
+the hospitals (`dpfl.engines.flower.hospital`) and their replies back; nothing here is
+algorithm logic.
+
+The server builds the algorithm from public facts only: each hospital's name and
+declared public size, the feature shape and the number of classes, which the hospitals
+announce in reply to a first "hello"; it never sees a record. Each exchange's replies
+reach the algorithm through a sum of the study's kind (`SUMS`): in the clear
+(`ClearSum`), masked (`masking.MaskedSum`) or encrypted (`he.EncryptedSum`).
+
+A hospital that refuses, fails or is late stops the run, or with `missing="continue"` is
+left out of that round. The server checkpoints every round; restarted, it continues the
+same run instance. TLS and SuperNode authentication are Flower's (`dpfl deploy`,
+docs/deployment.md).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+import torch
+from flwr.app import Message
+from flwr.serverapp import Grid
+
+from dpfl.engines.flower import he, masking
+from dpfl.engines.flower.protocol import (
+    LOG,
+    PROTOCOL,
+    SURVIVAL,
+    UNHELD,
+    Deployment,
+    DeploymentError,
+    Exchange,
+    NodeUnavailable,
+    by_reference,
+    fields_of,
+    record,
+    union_metrics,
+)
+from dpfl.engines.flower.roster import PREFIX
+from dpfl.engines.streams import Streams, stream_rng
+from dpfl.federation.algorithms.base import (
+    Algorithm,
+    Instruction,
+    Reply,
+    State,
+    flat,
+)
+from dpfl.federation.messages import Encoding, SecureSum, decode, encode
+from dpfl.federation.silo import SiloInfo
+from dpfl.files import replacing
+from dpfl.local.dpsgd import parameters_of
+from dpfl.secure import InTheClear
+from dpfl.secure.he import HomomorphicError
+from dpfl.secure.masking import SecureAggregationError
+
+POLL = 0.1
+"""Seconds between the server's pulls of replies."""
+
+
+@dataclass
+class DeploymentResult:
+    """What the server ends with: the model, how far it got, and why it stopped."""
+
+    rounds_completed: int
+    params: dict[str, torch.Tensor]
+    silos: list[SiloInfo]
+    epsilon: dict[str, float]
+    """Each hospital's ε as it reported it from its own ledger."""
+    refused: dict[str, str]
+    """Hospitals that refused, and why (with `missing="stop"`, the run stopped there)."""
+    stopped: str = ""
+    """Why the run stopped before its last round otherwise (a hospital that did not
+    reply in time, or failed); its hospitals keep what they were charged."""
+    metrics: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each hospital's metrics of its final model on its own test set: read off its DP
+    counts, or as it sent them where the study's evaluation is clear (hospitals without
+    a test set, or that refused, have none)."""
+    absent: list[tuple[int, str, str]] = field(default_factory=list)
+    """With `missing="continue"`: (round, hospital, why) for each hospital left out of a
+    round (it refused, failed or did not reply in time); the run went on without it."""
+    instance: str = ""
+    """The run instance: kept in the checkpoint, the same across a restart."""
+    union: dict[str, float] = field(default_factory=dict)
+    """Metrics of the union of the hospitals' test sets, combined from each hospital's
+    counts, DP or clear (`flower_protocol.union_metrics`); empty where some hospital
+    sent none."""
+    noise: dict[str, float] = field(default_factory=dict)
+    """Each hospital's σ, where the study calibrates it to the hospitals' budgets."""
+
+    def save(self, out: Path) -> None:
+        out.mkdir(parents=True, exist_ok=True)
+        saved = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        torch.save(
+            {**saved, "silos": [(s.name, s.public_size) for s in self.silos]}, out / "result.pt"
+        )
+
+    @staticmethod
+    def load(out: Path) -> DeploymentResult:
+        saved = torch.load(out / "result.pt", weights_only=True)
+        return DeploymentResult(**{**saved, "silos": [SiloInfo(n, s) for n, s in saved["silos"]]})
+
+
+@dataclass
+class _Server:
+    grid: Grid
+    run: Deployment
+    timeout: float
+    names: dict[int, str] = field(default_factory=dict)
+    """The hospitals' names by node, once they said hello."""
+    holds: dict[int, str] = field(default_factory=dict)
+    """The digest of the public facts each node holds (it answered a message stating
+    them), which later messages refer to them by."""
+
+    def ask_named(
+        self,
+        kind: str,
+        by_name: Mapping[str, Mapping[str, Any]],
+        *,
+        common: Mapping[str, Any],
+        absent: list[tuple[str, str]] | None = None,
+    ) -> dict[str, dict[str, Any]]:
+        """`ask` by hospital name, each message with the `common` fields too. With an
+        `absent` list, hospitals that fail or do not reply in time are noted there,
+        (name, why), and left out of the answers instead."""
+        node = {name: n for n, name in self.names.items()}
+        answers, failed = self.collect(kind, {node[n]: {**common, **f} for n, f in by_name.items()})
+        if failed and absent is None:
+            raise DeploymentError(_joined(failed.values()))
+        if absent is not None:
+            absent += [(self.names[n], str(why)) for n, why in failed.items()]
+        return {name: answers[node[name]] for name in by_name if node[name] in answers}
+
+    def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
+        """Send each node its fields; every node must reply in time."""
+        answers, failed = self.collect(kind, nodes)
+        if failed:
+            raise DeploymentError(_joined(failed.values()))
+        return answers
+
+    def collect(
+        self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
+        """Send each node its fields: the fields of the nodes that replied in time, and
+        why each other did not (no reply, an error, not dpfl's, unavailable). The run's
+        public facts go by reference to a node that holds them (`by_reference`), in full
+        again to one that answers it does not."""
+        answers, failed = self.collect_once(kind, nodes)
+        unheld = [node for node, fields in answers.items() if UNHELD in fields]
+        for node in unheld:
+            answers.pop(node), self.holds.pop(node, None)
+        if unheld:
+            again, failed_again = self.collect_once(kind, {n: nodes[n] for n in unheld})
+            answers, failed = answers | again, failed | failed_again
+        return answers, failed
+
+    def collect_once(
+        self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
+    ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
+        sent = {node: by_reference(fields, self.holds.get(node)) for node, fields in nodes.items()}
+        messages = [
+            Message(record({"protocol": PROTOCOL, **fields}), dst_node_id=node, message_type=kind)
+            for node, (fields, _) in sent.items()
+        ]
+        waiting = dict(zip(self.grid.push_messages(messages), nodes, strict=True))
+        by_node: dict[int, Message] = {}
+        deadline = time.monotonic() + self.timeout
+        while waiting and time.monotonic() < deadline:
+            # every POLL seconds: Grid.send_and_receive waits 3 s between pulls
+            time.sleep(POLL)
+            for reply in self.grid.pull_messages(list(waiting)):
+                by_node[waiting.pop(reply.metadata.reply_to_message_id)] = reply
+        answers, failed = {}, {}
+        for node in nodes:
+            name = self.names.get(node, str(node))
+            if node not in by_node:
+                failed[node] = DeploymentError(f"{name}: no {kind} reply within {self.timeout:g}s")
+                continue
+            try:
+                answers[node] = fields_of(by_node[node])
+            except DeploymentError as exc:
+                failed[node] = type(exc)(f"{name}: {exc}")
+        for node, (_, facts) in sent.items():  # what each node holds now
+            if node in answers and facts is not None:
+                self.holds[node] = facts
+            else:
+                self.holds.pop(node, None)
+        return answers, failed
+
+    def hellos(self, count: int, wait: float) -> dict[int, dict[str, Any]]:
+        """Each connected SuperNode's hello, once `count` answered (DeploymentError after
+        `wait` seconds). A node the SuperLink gives up on while asked (a hospital that is
+        restarting after a crash: its old SuperNode is held as connected until it misses
+        its heartbeats) is asked again when it has joined again."""
+        deadline = time.monotonic() + wait
+        hellos: dict[int, dict[str, Any]] = {}
+        while True:
+            new: dict[int, dict[str, Any]] = {
+                n: {} for n in self.grid.get_node_ids() if n not in hellos
+            }
+            answers, failed = self.collect("query.hello", new) if new else ({}, {})
+            hellos.update(answers)
+            gone = [why for why in failed.values() if isinstance(why, NodeUnavailable)]
+            if len(gone) < len(failed):
+                raise DeploymentError(_joined(failed.values()))
+            if len(hellos) >= count:
+                return dict(sorted(hellos.items()))
+            if time.monotonic() > deadline:
+                raise DeploymentError(
+                    f"{len(hellos)} of {count} hospitals answered hello in {wait:g}s"
+                    + (f" ({_joined(gone)})" if gone else "")
+                )
+            time.sleep(0.2)
+
+    def hospitals(self, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
+        """Wait for the roster's hospitals (`hellos`); each must answer hello as a dpfl
+        hospital of this study, under a name of the roster with the roster's identity key
+        for it, and the name its SuperNode key was registered with, if any. By name:
+        (node id, its hello)."""
+        roster = self.run.roster
+        hellos = self.hellos(len(roster), wait)
+        registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
+        by_name: dict[str, tuple[int, dict[str, Any]]] = {}
+        for node, fields in hellos.items():
+            if "refused" in fields:
+                raise DeploymentError(f"{fields.get('name')} refused: {fields['refused']}")
+            if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
+                raise DeploymentError(
+                    f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
+                    f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
+                    f"{self.run.key}"
+                )
+            name = str(fields["name"])
+            if registered.get(node) and registered[node] != name:
+                raise DeploymentError(
+                    f"node {node} says it is {name!r}, its key is registered as "
+                    f"{registered[node]!r}"
+                )
+            if name in by_name:
+                raise DeploymentError(f"two hospitals call themselves {name!r}")
+            pinned = roster.identities.get(name)
+            if pinned is None or fields.get("identity") != PREFIX + pinned.hex():
+                raise DeploymentError(
+                    f"node {node} says it is {name!r}, which the study's roster "
+                    + ("does not list" if pinned is None else "lists with another identity key")
+                )
+            by_name[name] = (node, fields)
+            LOG.info(
+                "%s: node %d, public size %s%s",
+                name,
+                node,
+                fields["public-size"],
+                f", its key registered as {name}" if registered.get(node) else "",
+            )
+        return dict(sorted(by_name.items()))
+
+
+def _joined(failures: Iterable[DeploymentError]) -> str:
+    return "; ".join(map(str, failures))
+
+
+class ExchangeSum(SecureSum, Protocol):
+    """One exchange's sum at the server, the `SecureSum` its algorithm's `aggregate`
+    calls: one kind per `Deployment.summing` (`ClearSum`, `masking.MaskedSum`,
+    `he.EncryptedSum`)."""
+
+    carried: ClassVar[str]
+    """The reply field that carries a hospital's reply, protected as the study says."""
+
+    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        """Of the hospitals instructed (`names`), those the train message goes to, and
+        what it adds for each."""
+        ...
+
+    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
+        """`name`'s reply as the server holds it (in the clear, or its protected bytes)."""
+        ...
+
+
+@dataclass(frozen=True)
+class ClearSum(InTheClear):
+    """One exchange's sum when replies travel in the clear: the server reads each reply
+    and adds them up itself."""
+
+    carried: ClassVar[str] = "vector"
+
+    @classmethod
+    def opener(
+        cls, hellos: Mapping[str, Mapping[str, Any]], keys: Path | None
+    ) -> Callable[[Exchange], ClearSum]:
+        """How the server opens each exchange's sum: nothing to set up."""
+        return cls.open
+
+    @classmethod
+    def open(cls, exchange: Exchange) -> ClearSum:
+        return cls()
+
+    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
+        return {name: {} for name in names}
+
+    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
+        encoding = Encoding(fields["encoding"])
+        vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
+        return Reply(vector, encoding)
+
+
+Opener = Callable[[Exchange], ExchangeSum]
+SUMS: dict[str, Callable[[Mapping[str, Mapping[str, Any]], Path | None], Opener]] = {
+    "none": ClearSum.opener,
+    "masking": masking.MaskedSum.opener,
+    "he": he.EncryptedSum.opener,
+}
+"""By `Deployment.summing`: how the server opens each exchange's sum, given the
+hospitals' hellos by name and the server's HE key file."""
+CARRIED = {"vector", "words", "ciphertext"}
+"""The fields that carry a reply, however it is protected."""
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """The server's state after a completed round, written atomically to one file; a
+    server restarted on it (a new Flower run) continues as the same run instance."""
+
+    path: Path
+
+    def load(self, run: Deployment, silos: Sequence[SiloInfo]) -> dict[str, Any] | None:
+        if not self.path.exists():
+            return None
+        saved: dict[str, Any] = torch.load(self.path, weights_only=True)
+        if saved["study"] != run.key or saved["silos"] != [[s.name, s.public_size] for s in silos]:
+            raise DeploymentError(
+                f"checkpoint {self.path} is of another study or other hospitals: "
+                f"{saved['study']} over {saved['silos']}"
+            )
+        return saved
+
+    def save(self, run: Deployment, result: DeploymentResult, state: Mapping[str, Any]) -> None:
+        saved = {
+            "study": run.key,
+            "silos": [[s.name, s.public_size] for s in result.silos],
+            "instance": result.instance,
+            "round": result.rounds_completed,
+            "state": dict(state),
+            "epsilon": result.epsilon,
+            "absent": result.absent,
+        }
+        with replacing(self.path) as partial:
+            torch.save(saved, partial)
+
+
+def serve(
+    grid: Grid,
+    run: Deployment,
+    *,
+    wait: float = 60.0,
+    timeout: float = 600.0,
+    missing: str = "stop",
+    checkpoint: Path | None = None,
+    he_keys: Path | None = None,
+) -> DeploymentResult:
+    """Run the study's rounds over the hospitals of its roster, connected to the grid: the
+    algorithm's server half, each exchange's instructions sent as messages, its replies
+    summed as the study says (in the clear, masked or encrypted).
+
+    Args:
+        grid: Flower's grid of the ServerApp, which reaches the hospitals' SuperNodes.
+        run: The study's public design.
+        wait: Seconds to wait for every hospital of the roster to answer hello.
+        timeout: Seconds each hospital has to answer each message.
+        missing: What a hospital that refuses, fails or does not reply in time does to
+            the run: "stop" it after the rounds done, or "continue" without that
+            hospital's reply in that round (it is asked again the next; a masked round
+            still needs the sum's quorum, else the run stops).
+        checkpoint: A file the server's state is written to after each round, and
+            resumed from if it exists.
+        he_keys: The public key file of an encrypted study.
+
+    Returns:
+        The model and how far the run got: the hospitals' ε, and who refused or why the
+        run stopped early; each hospital's metrics of the final model, if it completed.
+    """
+    if missing not in ("stop", "continue"):
+        raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
+    started = time.monotonic()
+    serving = _Serving.met(_Server(grid, run, timeout), wait, he_keys, missing == "continue")
+    serving.resume(checkpoint)
+    if serving.calibrated() and serving.plans_accepted() and serving.trained(checkpoint):
+        serving.evaluate()
+    serving.summary(time.monotonic() - started)
+    return serving.result
+
+
+@dataclass
+class _Serving:
+    """One call of `serve`, in phases: `met` (the roster's hospitals said hello),
+    `resume` (the algorithm's state, from the checkpoint if there is one), `calibrated`
+    (σ from the hospitals' budgets, where the study calibrates it), `plans_accepted`
+    (each hospital checked its plan), `trained` (the rounds), `evaluate` (the final model
+    at each hospital) and `summary`."""
+
+    server: _Server
+    silos: list[SiloInfo]
+    node: dict[str, int]
+    """Each hospital's node, by name."""
+    shape: list[int]
+    classes: int
+    open_sum: Opener
+    go_on: bool
+    """`missing="continue"`: a hospital that fails is left out of its round."""
+    algorithm: Algorithm
+    result: DeploymentResult
+    state: State = field(default_factory=dict)
+    public: dict[str, Any] = field(default_factory=dict)
+    """The run's public facts, which every message carries."""
+    resumed: bool = False
+
+    @property
+    def run(self) -> Deployment:
+        return self.server.run
+
+    @classmethod
+    def met(cls, server: _Server, wait: float, he_keys: Path | None, go_on: bool) -> _Serving:
+        """The roster's hospitals, once each said hello, and the public facts they
+        announced: one feature shape, one kind of labels."""
+        known = server.hospitals(wait)
+        for name, (_, hello) in known.items():
+            announced = (tuple(hello["shape"]), int(hello["classes"]))
+            if server.run.schema not in (None, announced):
+                raise DeploymentError(
+                    f"{name}'s records have shape {list(announced[0])} and "
+                    f"{_classes(announced[1])}; the study declares "
+                    f"{list(server.run.schema[0])} and {_classes(server.run.schema[1])}"
+                )
+        shapes = {tuple(hello["shape"]) for _, hello in known.values()}
+        if len(shapes) != 1:
+            raise DeploymentError(f"the hospitals' records have different shapes: {sorted(shapes)}")
+        tasks = {int(hello["classes"]) == SURVIVAL for _, hello in known.values()}
+        if len(tasks) != 1:
+            raise DeploymentError("some hospitals hold survival labels and others classes")
+        classes = max(int(hello["classes"]) for _, hello in known.values())
+        silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
+        node = {name: n for name, (n, _) in known.items()}
+        server.names = {n: name for name, n in node.items()}
+        hellos = {name: hello for name, (_, hello) in known.items()}
+        open_sum = SUMS[server.run.summing](hellos, he_keys)
+        shape = list(shapes.pop())
+        algorithm = server.run.build(silos, shape, classes)
+        result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
+        return cls(server, silos, node, shape, classes, open_sum, go_on, algorithm, result)
+
+    def resume(self, checkpoint: Path | None) -> None:
+        """The algorithm's initial state and a new run instance, or the checkpoint's."""
+        result = self.result
+        self.state = self.algorithm.initial_state(self.silos)
+        result.instance = uuid.uuid4().hex[:16]
+        saved = None if checkpoint is None else Checkpoint(checkpoint).load(self.run, self.silos)
+        if saved is not None:
+            result.instance, result.rounds_completed = saved["instance"], saved["round"]
+            self.state, result.params = saved["state"], saved["state"]["global"]
+            result.epsilon, result.absent = saved["epsilon"], saved["absent"]
+            self.resumed = True
+            LOG.info(
+                "resuming instance %s after round %d", result.instance, result.rounds_completed
+            )
+        self.public = {
+            "study": self.run.key,
+            "instance": result.instance,
+            "silos": [s.name for s in self.silos],
+            "sizes": [s.public_size for s in self.silos],
+            "shape": self.shape,
+            "classes": self.classes,
+        }
+
+    def calibrated(self) -> bool:
+        """Where the study calibrates σ: each hospital publishes the least σ its budget
+        allows for the study's plan; the run uses the largest ("common") or each its own
+        ("per-silo"), stated in every later message. Each hospital then checks its whole
+        plan at that σ (`plans_accepted`). False if a hospital has no σ to give."""
+        calibration, result = self.run.calibration, self.result
+        if calibration is None:
+            return True
+        asked = {n: {**self.public, "round": result.rounds_completed} for n in self.node.values()}
+        least = {}
+        for n, answer in self.server.ask("query.calibrate", asked).items():
+            if "refused" in answer:
+                result.refused[self.server.names[n]] = str(answer["refused"])
+            else:
+                least[self.server.names[n]] = float(answer["noise"])
+        if result.refused:
+            return False
+        common = max(least.values())
+        result.noise = least if calibration == "per-silo" else dict.fromkeys(least, common)
+        self.public["noise"] = [result.noise[s.name] for s in self.silos]
+        self.algorithm = (
+            self.algorithm.with_silo_noise(result.noise)
+            if calibration == "per-silo"
+            else self.algorithm.with_noise(common)
+        )
+        if not self.resumed:  # as the simulator: the initial state of the calibrated one
+            self.state = self.algorithm.initial_state(self.silos)
+        LOG.info(
+            "σ calibrated (%s) to the hospitals' budgets: %s",
+            calibration,
+            ", ".join(f"{name} {least[name]:.6g}" for name in sorted(least))
+            + ("" if calibration == "per-silo" else f"; the run's σ is {common:.6g}"),
+        )
+        return True
+
+    def plans_accepted(self) -> bool:
+        """Each hospital checks the rounds left against its budget. With
+        `missing="stop"`, a refusal ends the run before it trains (False)."""
+        start, result = self.result.rounds_completed, self.result
+        if start < self.run.rounds:
+            asked = {n: {**self.public, "round": start} for n in self.node.values()}
+            for n, plan in self.server.ask("query.plan", asked).items():
+                if not plan["accepted"] and not self.go_on:
+                    result.refused[self.server.names[n]] = str(plan["refused"])
+        return not result.refused
+
+    def trained(self, checkpoint: Path | None) -> bool:
+        """The rounds left, the state checkpointed after each; False if a hospital
+        refused, failed or was late and stopped the run (`result.refused`,
+        `result.stopped`)."""
+        algorithm, result = self.algorithm, self.result
+        for round_ in range(result.rounds_completed, self.run.rounds):
+            began, replied = time.monotonic(), set[str]()
+            rng = Streams(self.run.seed, round_, stream_rng)
+            absent: list[tuple[str, str]] | None = [] if self.go_on else None
+            for exchange in range(algorithm.exchanges(self.silos)):
+                cohort = partial(rng, 0, -1)
+                orders = algorithm.configure(self.state, round_, self.silos, cohort, exchange)
+                common = {**self.public, "round": round_, "exchange": exchange}
+                try:  # a hospital gone, failing or refusing: keep what is done
+                    summing, replies = self.exchange(orders, common, absent)
+                    replied |= replies.keys()
+                    if result.refused:  # nothing of this round is aggregated
+                        return False
+                    if replies:
+                        self.state = algorithm.aggregate(self.state, replies, summing)
+                except (DeploymentError, SecureAggregationError, HomomorphicError) as exc:
+                    result.stopped = f"round {round_}: {exc}"
+                    return False
+            for name, why in absent or []:
+                LOG.warning("round %d goes on without %s", round_, why)
+                result.absent.append((round_, name, why))
+            result.rounds_completed, result.params = round_ + 1, self.state["global"]
+            if checkpoint is not None:
+                Checkpoint(checkpoint).save(self.run, result, self.state)
+            LOG.info(
+                "round %d of %d: %d of %d hospitals replied (%s) in %.1fs; %s",
+                round_,
+                self.run.rounds,
+                len(replied),
+                len(self.node),
+                ", ".join(sorted(replied)),
+                time.monotonic() - began,
+                self.largest_epsilon(),
+            )
+        return True
+
+    def largest_epsilon(self) -> str:
+        """The largest ε the hospitals reported so far, and whose."""
+        reported = self.result.epsilon
+        if not reported:
+            return "no ε reported yet"
+        name = max(reported, key=lambda n: reported[n])
+        return f"largest ε so far {reported[name]:.4g} ({name}, reported)"
+
+    def exchange(
+        self,
+        orders: Mapping[str, Instruction],
+        common: Mapping[str, Any],
+        absent: list[tuple[str, str]] | None,
+    ) -> tuple[ExchangeSum, dict[str, Reply]]:
+        """One exchange: its sum opened, its instructions sent, the replies received
+        (protected as the study says), each hospital's ε noted in `result`; the sum the
+        algorithm will learn the replies' total from. A refusal goes to
+        `result.refused`, or with an `absent` list there, as a failure does."""
+        algorithm, result = self.algorithm, self.result
+        ask = partial(self.server.ask_named, common=common, absent=absent)
+        exchanges = algorithm.exchanges(result.silos)
+        summing = self.open_sum(
+            Exchange(
+                ask,
+                partial(self.server.ask_named, common=common),
+                self.run.roster,
+                list(orders),
+                flat(result.params).numel(),
+                algorithm.fewest_replies(len(result.silos)),
+                he.counter(common["round"], common["exchange"], exchanges),
+            )
+        )
+        extra = summing.instructed(list(orders))
+        asked = {
+            name: {
+                "cohort": [s.name for s in order.cohort],
+                "params": b""
+                if order.params is None
+                else encode(Encoding.FLOAT32, flat(order.params)),
+                **extra[name],
+            }
+            for name, order in orders.items()
+            if name in extra
+        }
+        replies: dict[str, Reply] = {}
+        for name, fields in ask("train", asked).items():
+            if "refused" in fields:
+                if absent is None:
+                    result.refused[name] = str(fields["refused"])
+                else:
+                    absent.append((name, f"refused: {fields['refused']}"))
+                continue
+            result.epsilon[name] = float(fields["epsilon"])
+            if summing.carried in fields:
+                replies[name] = summing.received(name, fields)
+            elif CARRIED & fields.keys():
+                raise DeploymentError(
+                    f"{name}'s reply is not summed as the study says ({self.run.summing})"
+                )
+        return summing, replies
+
+    def evaluate(self) -> None:
+        """Each hospital's metrics of the final model on its own test set, as the study's
+        `[evaluation]` releases them: read off its noisy counts ("dp"), or as it sent
+        them ("clear"); and the union of the test sets where every hospital's counts
+        may be combined. A hospital that refuses is logged, and has no metrics."""
+        plan = self.run.evaluation
+        if not plan.queries:
+            return
+        final = encode(Encoding.FLOAT32, flat(self.result.params))
+        scored = self.server.ask_named(
+            "evaluate",
+            {name: {"params": final} for name in self.node},
+            common={**self.public, "round": self.run.rounds - 1},
+            absent=[] if self.go_on else None,
+        )
+        for name, fields in scored.items():
+            if "refused" in fields:
+                LOG.warning("%s refused the evaluation: %s", name, fields["refused"])
+        answered = {n: f for n, f in scored.items() if f.get("metrics")}
+        if plan.release == "dp":
+            self.noisy_metrics(answered)
+        else:
+            self.clear_metrics(answered)
+
+    def noisy_metrics(self, answered: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each hospital's metrics, and the union's, read off its DP counts."""
+        plan, result = self.run.evaluation, self.result
+        counted = {}
+        for name, fields in answered.items():
+            if "noisy" not in fields:
+                raise DeploymentError(f"{name}'s evaluation is not the study's DP counts")
+            result.epsilon[name] = float(fields["epsilon"])
+            counted[name] = plan.counted(fields["noisy"])
+            if _scored(counted[name]):
+                result.metrics[name] = union_metrics([counted[name]], [])
+        pooled = [n for n, f in answered.items() if f["union"]]
+        self.union([counted[n] for n in pooled], [], [n for n in answered if n not in pooled])
+
+    def clear_metrics(self, answered: Mapping[str, Mapping[str, Any]]) -> None:
+        """Each hospital's metrics as it sent them, outside ε, and the union's from their
+        `union_counts`."""
+        self.result.metrics = {
+            name: dict(zip(fields["names"], fields["values"], strict=True))
+            for name, fields in answered.items()
+        }
+        counted = [fields for fields in answered.values() if "cells" in fields]
+        losses = [
+            (self.result.metrics[name]["loss"], int(fields["records"]))
+            for name, fields in answered.items()
+            if "cells" in fields and "loss" in self.result.metrics[name]
+        ]
+        self.union(counted, losses, [n for n, f in answered.items() if "cells" not in f])
+
+    def union(
+        self,
+        counted: Sequence[Mapping[str, Any]],
+        losses: Sequence[tuple[float, int]],
+        withheld: Sequence[str],
+    ) -> None:
+        """The union of every test set, where every hospital's counts are there."""
+        if withheld:  # a hospital deployed with --no-union: its own metrics only
+            LOG.info("no union of the test sets: %s withheld its counts", ", ".join(withheld))
+        if counted and len(counted) == len(self.node) and _scored(*counted):
+            self.result.union = union_metrics(counted, losses)
+
+    def summary(self, seconds: float) -> None:
+        """One line at the end: how far the run got, in how long, ε and the union's
+        metrics, or why it stopped."""
+        result = self.result
+        why = [f"{name} refused: {reason}" for name, reason in result.refused.items()]
+        why += [result.stopped] if result.stopped else []
+        union = ", ".join(f"{k} {v:.4f}" for k, v in result.union.items() if k != "loss")
+        LOG.info(
+            "%s after %d of %d rounds in %.1fs; %s%s",
+            "stopped" if why else "finished",
+            result.rounds_completed,
+            self.run.rounds,
+            seconds,
+            self.largest_epsilon().replace(" so far", ""),
+            f"; {'; '.join(why)}"
+            if why
+            else (f"; union of the test sets: {union}" if union else ""),
+        )
+
+
+def _scored(*counted: Mapping[str, Any]) -> bool:
+    """Whether the counts leave a record to score (noisy counts clamped at 0 may not)."""
+    return any(sum(c.get("confusion", c["counts"])) for c in counted)
+
+
+def _classes(classes: int) -> str:
+    """A hello's classes, in words."""
+    return "survival labels" if classes == SURVIVAL else f"{classes} classes"

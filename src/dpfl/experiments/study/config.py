@@ -1,0 +1,926 @@
+"""A study described in a TOML file, validated by pydantic.
+
+```toml
+name = "breast-cancer-fedavg"
+rounds = 20
+trials = 5
+
+[data]
+dataset = "breast_cancer"          # see dpfl.experiments.study.datasets.DATASETS
+# path = "../data/uci_heart_disease" # real data: relative to this file's folder
+partition = { kind = "iid", silos = 3 }
+
+[model]
+kind = "logistic_regression"
+
+[algorithm]
+name = "fedavg"
+learning_rate = [0.5, 1.0]         # a list where one value is expected: a grid axis
+
+[privacy]
+epsilon = [0.5, 1, 4]              # per silo; the noise is calibrated to it
+delta = 1e-5
+```
+
+A list where the schema expects one value makes a grid axis; `sweep` runs the product of
+all axes. Keys whose value is itself a list (their schema type is a list or a pair:
+`model.hidden`, `metrics`, `data.features`, `data.columns.NAME.range`, ...) become axes
+when given a list of lists. Unknown keys and bad values (infinite or NaN numbers among
+them) are refused with the dotted path of the key and the reason, before anything runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import tomllib
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from types import MappingProxyType, UnionType
+from typing import Any, Literal, Union, get_args, get_origin
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from dpfl.data.table import HONEST_RANGE, TODO, Column
+from dpfl.federation.algorithms import SETTINGS, AlgorithmSettings, DPSGDSettings
+
+SecureAggregation = Literal["none", "ideal", "masking", "he"]
+Metric = Literal[
+    "accuracy",
+    "balanced_accuracy",
+    "auroc",
+    "auprc",
+    "precision",
+    "recall",
+    "loss",
+    "c_index",
+    "c_index_uno",
+    "ibs",
+    "td_auc",
+]
+"""Classification metrics, and survival ones: Harrell's and Uno's C-index, the integrated
+Brier score (lower is better) and the mean time-dependent AUROC."""
+
+
+MAX_POINTS = 100_000
+"""The largest grid a study may have: a larger one is refused, its size and axes named,
+before any point is built (a few two-valued axes too many make millions)."""
+UNKNOWN_KEY = "unknown key (check its spelling and section)"
+
+
+class ConfigError(ValueError):
+    """A study file that cannot be run, with every problem named by its key."""
+
+
+class _Strict(BaseModel):
+    """Unknown keys and non-finite numbers are errors: TOML's `inf` and `nan` are no
+    budget, noise or rate (a run without a limit leaves `epsilon` out)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+class PartitionConfig(_Strict):
+    """How records are split into silos: `iid` (stratified), `dirichlet` label skew
+    (concentration `alpha`), `quantity` skew (`alpha`), or `natural` (the dataset's own
+    sites, e.g. hospitals; `silos` then keeps only the first sites)."""
+
+    kind: Literal["iid", "dirichlet", "quantity", "natural"] = "iid"
+    silos: int | None = Field(None, ge=1)
+    alpha: float = Field(0.5, gt=0)
+    names: list[str] | None = None
+
+    @model_validator(mode="after")
+    def _needs_a_count(self) -> PartitionConfig:
+        if self.kind != "natural" and self.silos is None:
+            raise ValueError(f"a {self.kind} partition needs `silos` (how many hospitals)")
+        return self
+
+
+class ImagesConfig(_Strict):
+    """The format of an image dataset's files (`dpfl.data.images`): public declarations,
+    none computed from the pixels. Pixels are scaled by the public range 0-255."""
+
+    classes: list[str] | None = Field(None, min_length=1)
+    """The class names: a labels.csv `label` names one, an `.npz` label k is the k-th.
+    Required by `dataset = "images"`; a MedMNIST preset has its own."""
+    mode: Literal["L", "RGB"] | None = None
+    """Every image converted to it (default: as stored, "L" or "RGB", all alike)."""
+    size: tuple[PositiveInt, PositiveInt] | None = None
+    """[h, w]: every image resized to it, bilinear (default: as stored, all alike)."""
+    mean: list[float] | None = None
+    """Per channel, on the [0, 1] scale: pixels become (x - mean) / std."""
+    std: list[PositiveFloat] | None = None
+    min_site_records: int = Field(2, ge=1)
+    """The fewest records a site of labels.csv may have."""
+
+    @model_validator(mode="after")
+    def _normalisation(self) -> ImagesConfig:
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("give both mean and std, per channel, or neither")
+        if self.mean is not None and self.std is not None:
+            channels = {"L": 1, "RGB": 3}.get(self.mode or "", len(self.mean))
+            if len(self.mean) != channels or len(self.std) != channels:
+                raise ValueError(f"mean and std need {channels} value(s), one per channel")
+        if self.classes is not None and len(set(self.classes)) != len(self.classes):
+            raise ValueError(f"classes must differ, got {self.classes}")
+        return self
+
+
+class DataConfig(_Strict):
+    dataset: str
+    path: Path | None = None
+    """Folder of the dataset's files (real data); embedded and synthetic data take none.
+    In a study file, relative to the file's folder."""
+    options: dict[str, Any] = Field(default_factory=dict)
+    """Keyword arguments of the dataset's builder."""
+    partition: PartitionConfig = PartitionConfig(kind="natural")
+    test_fraction: float = Field(0.2, gt=0, lt=1)
+    split: Literal["stratified", "official"] = "stratified"
+    """Each silo's train/test split: "stratified" (by class, or by event for survival),
+    `test_fraction` of its records held out; "official", the dataset's own assignment
+    (FLamby's per-centre splits), `test_fraction` unused."""
+    public_sizes: Literal["declared", "dp-count"] = "declared"
+    """What shapes each silo's mechanism (q, steps, normaliser): "declared", the sizes of
+    the study's own partition, published with the study; "dp-count", a DP count of each
+    silo's training records released before round 0 and charged to its ledger."""
+    size_noise: float = Field(20.0, gt=0, allow_inf_nan=False)
+    """Std, in records, of the Gaussian noise of a "dp-count" release."""
+    label: str | None = None
+    """A table's label column: integer classes, those of `classes`."""
+    classes: list[str | int] | None = None
+    """The label's classes as written in the file, declared (default 0 and 1): never
+    read off the records, where a class's presence is itself a fact about them."""
+    time: str | None = None
+    """A table's survival time column (with `event`, instead of `label`)."""
+    event: str | None = None
+    """A table's survival event column: 1 observed, 0 censored."""
+    site: str | None = None
+    """A table's site column: one silo per site (the natural partition)."""
+    sites: dict[str, int] | None = None
+    """Each site's declared public size (its records in the table), which shapes its
+    mechanism instead of its count; a site holding fewer records is refused."""
+    features: list[str] | None = None
+    """A table's feature columns (default: every column but the label, survival and site
+    ones); an identifier such as a patient number is not a feature unless listed."""
+    columns: dict[str, Column] = Field(default_factory=dict)
+    """Each feature column's public preprocessing (`dpfl.data.table.Column`)."""
+    unit: str | None = None
+    """A table's column naming each record's patient: the unit of privacy becomes the
+    patient (all their records; patient-level DP-SGD samples patients and clips each
+    one's records as one), and public sizes (`sites`, or a DP count) count patients."""
+    max_records: int | None = Field(None, ge=1)
+    """The declared most records one patient has: with `unit`, the most a sampled patient
+    contributes (drawn from their own records); without, the group size of the
+    datasheet's patient-level figure for record-level training."""
+    images: ImagesConfig = ImagesConfig()
+    """`[data.images]`: the image datasets' format (`images`, and the MedMNIST presets,
+    which may declare all but the classes)."""
+
+    @field_validator("dataset")
+    @classmethod
+    def _known(cls, name: str) -> str:
+        from dpfl.experiments.study.datasets import DATASETS  # the registry imports torch
+
+        if name not in DATASETS:
+            raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
+        return name
+
+    @field_validator("path")
+    @classmethod
+    def _a_folder(cls, path: Path | None, info: ValidationInfo) -> Path | None:
+        from dpfl.experiments.study.datasets import TABLES
+
+        if path is None or path.is_dir():
+            return path
+        if info.data.get("dataset") in TABLES:
+            return path  # a table's file: checked with the table's keys
+        if info.data.get("dataset") != "images":
+            raise ValueError(f"{path} is not a folder")
+        if not path.is_file():
+            raise ValueError(f"{path} is neither a folder (with a labels.csv) nor an .npz file")
+        return path
+
+    @model_validator(mode="after")
+    def _image_format(self) -> DataConfig:
+        from dpfl.experiments.study.datasets import IMAGE_READERS
+
+        if self.dataset not in IMAGE_READERS:
+            if self.images != ImagesConfig():
+                raise ValueError(f"data.images: {self.dataset} is not an image dataset")
+            return self
+        if self.options:
+            raise ValueError(f"data.options: {self.dataset} takes none; its format is data.images")
+        if self.dataset == "images" and self.images.classes is None:
+            raise ValueError("data.images.classes: declare the class names")
+        if self.dataset != "images" and self.images.classes is not None:
+            raise ValueError(f"data.images.classes: {self.dataset} has its own classes")
+        return self
+
+    @model_validator(mode="after")
+    def _a_table(self) -> DataConfig:
+        """A table's keys, checked before any record is read; no other dataset takes them."""
+        from dpfl.experiments.study.datasets import TABLES
+
+        fields = type(self).model_fields
+        set_keys = sorted(
+            k
+            for k in TABLE_KEYS
+            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
+        )
+        if self.dataset not in TABLES:
+            if set_keys:
+                keys = ", ".join(f"data.{k}" for k in set_keys)
+                raise ValueError(f"{keys}: only a table (dataset = 'table') takes them")
+            return self
+        if self.path is None or not self.path.is_file():
+            raise ValueError(f"data.path: a table is one CSV or Parquet file; {self.path} is not")
+        if self.label is None and (self.time is None or self.event is None):
+            raise ValueError("a table needs data.label (classes) or data.time and data.event")
+        if self.label is not None and (self.time is not None or self.event is not None):
+            raise ValueError("data.label (classes) or data.time and data.event, not both")
+        if self.classes is not None and (self.label is None or TODO in self.classes):
+            raise ValueError(
+                "data.classes: the label's classes as written in the file, declared from the "
+                "data dictionary (never read off the records)"
+                if self.label is not None
+                else "data.classes: survival takes no classes"
+            )
+        if self.site is None:
+            if self.sites is not None:
+                raise ValueError("data.sites: public sizes of sites, which need data.site")
+        elif self.partition.kind != "natural":
+            raise ValueError("data.site makes one silo per site: leave data.partition out")
+        elif self.public_sizes == "declared" and self.sites is None:
+            raise ValueError(
+                "data.site: each silo's public size must come from the study, never its "
+                "records' count: declare each site's in [data.sites] (e.g. hospital_a = 1200, "
+                "at most its records) or set data.public_sizes = 'dp-count'"
+            )
+        elif self.public_sizes == "dp-count" and self.sites is not None:
+            raise ValueError("data.sites: public sizes are declared or a DP count, not both")
+        if any(size < 1 for size in (self.sites or {}).values()):
+            raise ValueError("data.sites: every declared public size is a positive count")
+        for name in self.features or []:
+            if name not in self.columns:
+                raise ValueError(
+                    f"data.features: {name!r} has no [data.columns.{name}]: a number needs "
+                    f"`range = [low, high]` from {HONEST_RANGE}; text needs `categories`"
+                )
+        extra = sorted(set(self.columns) - set(self.features or self.columns))
+        if extra:
+            raise ValueError(f"data.columns: {extra} are not among data.features")
+        return self
+
+    @model_validator(mode="after")
+    def _files_where_needed(self) -> DataConfig:
+        from dpfl.experiments.study.datasets import READERS, TABLES
+
+        if self.dataset in TABLES:
+            return self  # its file: `_a_table`
+        if self.dataset in READERS and self.path is None:
+            raise ValueError(
+                f"{self.dataset} is read from files: give data.path, the folder that holds them"
+            )
+        if self.dataset not in READERS and self.path is not None:
+            raise ValueError(f"{self.dataset} reads no files: leave data.path out")
+        return self
+
+
+class ModelConfig(_Strict):
+    kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
+    factory: str | None = None
+    """Your own model: `"file.py:build"` (in a study file, relative to the file's folder)
+    or `"package.module:build"`, called as `build(n_features, n_outputs)` for feature
+    vectors and `build(input_shape, n_outputs)` for images, returning a
+    `torch.nn.Module` (`dpfl.models.factories`); instead of `kind`. The run's key holds
+    it and its source file's SHA-256."""
+    hidden: list[int] = Field(default_factory=lambda: [200, 200])
+    """Hidden widths of the MLP (Kerkouche: 200, 200)."""
+    time_bins: list[float] | None = None
+    """Survival with the logistic_hazard loss: the public cut points (in the labels' time
+    unit, increasing) of the discrete time intervals, one hazard output per interval
+    (the last open-ended). Never chosen from the records' times: that would read them."""
+    init: Literal["per-trial", "shared"] = "per-trial"
+    """per-trial: every trial but the first starts from its own initialisation, so the
+    spread over trials includes the initialisation's; shared: all trials start from the
+    study seed's model and differ only in batches and noise. The data split is the
+    study seed's in every trial: vary `seed` as a grid axis to vary it too."""
+
+    @field_validator("factory")
+    @classmethod
+    def _findable(cls, factory: str | None) -> str | None:
+        from dpfl.models.factories import source_file  # imports torch
+
+        if factory is not None:
+            source_file(factory)
+        return factory
+
+    @model_validator(mode="after")
+    def _kind_or_factory(self) -> ModelConfig:
+        if self.factory is not None and self.kind != "logistic_regression":
+            raise ValueError("give model.kind or model.factory, not both")
+        return self
+
+
+class SiloBudget(_Strict):
+    epsilon: float = Field(gt=0)
+    delta: float = Field(gt=0, lt=1)
+
+
+class PrivacyConfig(_Strict):
+    """Per-silo record-level budget. With `epsilon` and no `noise_multiplier` the noise
+    is calibrated to the budgets (`calibration`); with `noise_multiplier` σ is fixed and
+    `epsilon`, if given, is enforced. `private = false` runs the non-private reference: plain SGD
+    on the same batches, without clipping or noise."""
+
+    private: bool = True
+    epsilon: float | None = Field(None, gt=0)
+    delta: float = Field(1e-5, gt=0, lt=1)
+    noise_multiplier: float | None = Field(None, gt=0)
+    accountant: Literal["pld", "rdp"] = "pld"
+    silos: dict[str, SiloBudget] = Field(default_factory=dict)
+    """Budgets of named silos that differ from (epsilon, delta)."""
+    calibration: Literal["common", "per-silo"] = "common"
+    """common: every silo gets the σ of the most constrained one; per-silo: each silo the
+    least σ for its own (ε, δ), so no silo ends far below its budget."""
+    hospitals_per_patient: int | None = Field(None, ge=1)
+    """The declared (public) bound on how many hospitals one patient may have visited: the
+    report and datasheet then show the consortium-level ε, the composition of the plans
+    of the h silos that spent the most (`accounting.consortium_epsilon`), which covers one
+    unit at each: a record, or a patient where `[data] unit` is declared."""
+    consortium_epsilon: float | None = Field(None, gt=0)
+    """A budget on that consortium-level ε at `delta`: σ is calibrated to meet it (and
+    `epsilon`, where given, too)."""
+    ledger: str | None = None
+    """A ledger shared by several studies (a hospital's; in a study file relative to its
+    folder) that every release from the study's records is charged to, instead of the
+    command's own (`dpfl.experiments.study.spending`): a run's, a selection's (`dpfl tune`) and
+    the statistics' (`dpfl stats`) accounts go under `study/release`, and `caps` hold
+    every study over a hospital's records together."""
+    caps: dict[str, SiloBudget] = Field(default_factory=dict)
+    """By hospital (silo) name: the (ε, δ) every study's releases over its records may
+    spend together from `ledger` (`Ledger.cap_dataset`); a release whose plan would pass
+    it is refused before it starts."""
+
+    @model_validator(mode="after")
+    def _private_needs_noise_or_budget(self) -> PrivacyConfig:
+        budget = (self.epsilon, self.noise_multiplier, self.consortium_epsilon)
+        if self.private and budget == (None, None, None):
+            raise ValueError(
+                "a private run needs `epsilon` (noise calibrated to it) or `noise_multiplier`"
+            )
+        if self.consortium_epsilon is not None:
+            if self.hospitals_per_patient is None:
+                raise ValueError("consortium_epsilon needs hospitals_per_patient (the h it is for)")
+            if not self.private:
+                raise ValueError("a non-private run takes no consortium_epsilon")
+            if self.noise_multiplier is not None:
+                raise ValueError("consortium_epsilon sets σ: give no noise_multiplier")
+            if self.calibration == "per-silo":
+                raise ValueError("consortium_epsilon calibrates one σ: calibration = 'common'")
+        if not self.private and (self.noise_multiplier is not None or self.silos):
+            raise ValueError("a non-private run takes no noise_multiplier or silo budgets")
+        if self.calibration == "per-silo" and self.noise_multiplier is not None:
+            raise ValueError("per-silo calibration sets each silo's σ: give no noise_multiplier")
+        if self.caps and self.ledger is None:
+            raise ValueError("caps are kept in a shared ledger: give privacy.ledger")
+        if not self.private and self.ledger is not None:
+            raise ValueError(
+                "a non-private run releases without any ε to charge: a study over the "
+                "records of a shared privacy.ledger (held to its budgets and caps) must be "
+                "private"
+            )
+        return self
+
+
+class ThresholdConfig(_Strict):
+    """The decision threshold of a binary model, which accuracy, balanced accuracy,
+    precision and recall read: "fixed" at the public `value`, or "balanced": at every
+    evaluation each silo releases histograms of its model's scores on its training
+    records (per class, `bins` over logits in [−logit_range, logit_range], Gaussian
+    noise of std `noise` records a count, charged to its ledger and planned with its
+    rounds), and the threshold is the bin edge of the best TPR − FPR on their sum
+    (`dpfl.federation.threshold`)."""
+
+    choose: Literal["fixed", "balanced"] = "fixed"
+    value: float = Field(0.5, gt=0, lt=1)
+    noise: float = Field(10.0, gt=0)
+    bins: int = Field(16, ge=2)
+    logit_range: float = Field(8.0, gt=0)
+
+
+class TuneConfig(_Strict):
+    """`dpfl tune`'s validation records, which pick the released candidate without noise
+    (outside ε); no other command reads them. "from-training": a stratified
+    `validation_fraction` of each silo's training records, which every candidate then
+    trains without; "held-out": that fraction of each silo's test records, in no silo's
+    training set: the candidates train on the study's training records (what `dpfl run`
+    trains on) and the test metrics are read on the rest of the test records; "official"
+    (with `data.split = "official"`): each silo's share of the dataset's official val
+    split, in no silo's training or test set, the test metrics read on all its test
+    records (`validation_fraction` unused)."""
+
+    validation: Literal["from-training", "held-out", "official"] = "from-training"
+    validation_fraction: float = Field(0.2, gt=0, lt=1)
+
+
+class ColumnBins(_Strict):
+    """A column (a table's column, or a built-in dataset's feature) over declared public
+    bin edges, in the column's units."""
+
+    column: str
+    bins: list[float] = Field(min_length=2)
+
+
+class ColumnRange(_Strict):
+    """A column with its declared public range: values are clipped to it."""
+
+    column: str
+    range: tuple[float, float]
+
+
+class ColumnQuantiles(ColumnBins):
+    """Quantiles of a column, searched over its declared bins (the domain)."""
+
+    probabilities: list[float] = Field(default_factory=lambda: [0.01, 0.25, 0.5, 0.75, 0.99])
+
+
+class ColumnCategories(_Strict):
+    """Counts of a column's declared values (and of every other value, together)."""
+
+    column: str
+    values: list[float] = Field(min_length=1)
+
+
+class AnalyticsConfig(_Strict):
+    """`dpfl stats`: DP statistics of the hospitals' records (`dpfl.analytics`), each a
+    Gaussian release charged to every hospital's ledger (the study's budget, `[privacy]`)
+    and summed by the study's `secure_aggregation`. `noise_multiplier`: σ of every
+    statistic (std σ × its sensitivity); or `epsilon`: σ calibrated so that the whole
+    stats run costs each hospital at most this ε at `[privacy] delta` (one of them)."""
+
+    epsilon: float | None = Field(None, gt=0)
+    noise_multiplier: float | None = Field(None, gt=0)
+    counts: bool = True
+    """Counts per hospital, pooled and per declared class label."""
+    categories: list[ColumnCategories] = Field(default_factory=list)
+    histograms: list[ColumnBins] = Field(default_factory=list)
+    means: list[ColumnRange] = Field(default_factory=list)
+    quantiles: list[ColumnQuantiles] = Field(default_factory=list)
+    kaplan_meier: list[float] = Field(default_factory=list)
+    """A Kaplan–Meier curve on these public time bin edges (the `time` column's units)."""
+
+    @model_validator(mode="after")
+    def _one_noise(self) -> AnalyticsConfig:
+        if self.epsilon is not None and self.noise_multiplier is not None:
+            raise ValueError("analytics: give `epsilon` or `noise_multiplier`, not both")
+        return self
+
+
+class EvaluationConfig(_Strict):
+    """What a deployed hospital's evaluation of the final model releases (`dpfl deploy`;
+    the simulator's figures are research figures, outside ε, whatever this says).
+    `release`: "dp", Gaussian noisy counts of its test records by (label, score bin) and,
+    for several classes, its confusion matrix (noise multiplier `noise_multiplier`, over
+    `bins` score bins of [0, 1]), charged to its ledger before they leave and planned
+    with its rounds; the server reads every metric off them. "clear": its exact metrics
+    and counts, outside ε, as the study explicitly says. `queries`: how many evaluations
+    each hospital answers over the study's runs (each of the final model of a run it
+    trained in; 0: none)."""
+
+    release: Literal["dp", "clear"] = "dp"
+    queries: int = Field(1, ge=0)
+    noise_multiplier: float = Field(5.0, gt=0)
+    bins: int = Field(10, ge=2)
+
+    @model_validator(mode="after")
+    def _half_is_an_edge(self) -> EvaluationConfig:
+        if self.bins % 2:
+            raise ValueError(f"evaluation.bins must be even (0.5 is an edge), got {self.bins}")
+        return self
+
+
+class StudyConfig(_Strict):
+    """One point of a study: everything a run needs."""
+
+    name: str = "study"
+    seed: int = 0
+    trials: int = Field(1, ge=1)
+    rounds: int = Field(ge=1)
+    eval_every: int = Field(1, ge=1)
+    """Rounds between evaluations on the test sets; `"end"`: only after the last round.
+    Every evaluation releases metrics of held-out records outside ε."""
+    engine: Literal["simulation"] = "simulation"
+    secure_aggregation: SecureAggregation | None = None
+    """How the server learns the sum of the hospitals' replies: "none", in the clear;
+    "ideal", secure aggregation's ideal functionality in one process (the server's code
+    is handed the sum only); "masking", pairwise masking (SecAgg: X25519, ChaCha20,
+    Shamir; `dpfl.secure.masking`); "he", BFV homomorphic encryption (TenSEAL;
+    `dpfl.secure.he`). Masking and HE sum in fixed point (error ≤ K·2^-17 and K·2^-31
+    a value). Default: "ideal" where the algorithm's ε needs a secure sum
+    (fedsgd_secure), "none" otherwise."""
+    research_noise: bool = True
+    """Seeded noise and batches, reproducible (research); false draws the noise from the
+    OS CSPRNG and the silos' batches from the OS."""
+    metrics: list[Metric] = Field(default_factory=lambda: ["accuracy", "auroc"])  # type: ignore[arg-type]
+    """Metrics printed in tables (all are computed and stored)."""
+    cross_silo: bool = False
+    """Also score every silo's final model on every silo's test set (the FLamby
+    convention; the results store's `cross_silo` table): more metrics released outside
+    ε, after the last round only."""
+    data: DataConfig
+    model: ModelConfig = ModelConfig()
+    algorithm: AlgorithmSettings
+    """The algorithm and its settings, which its own module declares
+    (`dpfl.federation.algorithms`)."""
+    privacy: PrivacyConfig
+    threshold: ThresholdConfig = ThresholdConfig()
+    tune: TuneConfig = TuneConfig()
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """Where local training runs (models, batches, noise): "cuda" refuses to run without
+    CUDA, "auto" takes CUDA where there is one and the CPU otherwise."""
+    roster: dict[str, str] = Field(default_factory=dict)
+    """A deployment's hospitals, pinned: each one's name and identity key, as `dpfl deploy
+    identity` prints it (`dpfl.engines.flower.roster`). The simulator does not read it."""
+    analytics: AnalyticsConfig = AnalyticsConfig()
+    """`dpfl stats`' statistics; in a run key only where set (no run reads it)."""
+    evaluation: EvaluationConfig = EvaluationConfig()
+    """A deployment's evaluation (`dpfl deploy`); in a run key only where set."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _evaluate_at_the_end(cls, raw: Any) -> Any:
+        if isinstance(raw, dict) and raw.get("eval_every") == "end":
+            return {**raw, "eval_every": raw.get("rounds")}
+        return raw
+
+    @model_validator(mode="after")
+    def _fits_the_algorithm(self) -> StudyConfig:
+        """The study's other sections against the algorithm's class facts (its settings
+        checked themselves)."""
+        name, kind = self.algorithm.name, self.algorithm.algorithm
+        if kind.sets_own_noise and not self.privacy.private:
+            raise ValueError(
+                f"{name} has no non-private form; the non-private reference is fedavg or "
+                "centralized with privacy.private = false"
+            )
+        if kind.sets_own_noise and self.privacy.epsilon is None:
+            raise ValueError(f"{name} sets its noise from the budget: give privacy.epsilon")
+        if kind.sets_own_noise and self.privacy.noise_multiplier is not None:
+            raise ValueError(f"{name} calibrates its own noise to privacy.epsilon")
+        if kind.sets_own_noise and self.privacy.consortium_epsilon is not None:
+            raise ValueError(f"{name} sets its noise from privacy.epsilon: no consortium_epsilon")
+        if kind.stops_at_budget and self.privacy.private and self.privacy.epsilon is None:
+            raise ValueError(f"{name} stops at its budget: give privacy.epsilon")
+        if self.privacy.calibration == "per-silo" and not kind.silo_noise_allowed:
+            raise ValueError(f"{name}'s silos cannot have noise multipliers of their own")
+        if self.algorithm.loss == "cox" and self.privacy.private:
+            raise ValueError(
+                "algorithm.loss: the Cox partial likelihood couples the patients of a batch "
+                "through its risk sets, so clipping each patient's gradient does not bound "
+                "one patient's influence: it is not DP. Use loss = 'logistic_hazard' (a sum "
+                "over patients) for private survival, or privacy.private = false"
+            )
+        if self.algorithm.loss == "logistic_hazard" and not self.model.time_bins:
+            raise ValueError("algorithm.loss = 'logistic_hazard' needs model.time_bins")
+        bins = self.model.time_bins or []
+        if any(b <= 0 for b in bins) or any(b >= c for b, c in itertools.pairwise(bins)):
+            raise ValueError(f"model.time_bins must increase from above 0, got {bins}")
+        if kind.needs_linear_model and (
+            self.model.kind != "logistic_regression" or self.model.factory is not None
+        ):
+            raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
+        if kind.needs_secure_sum and self.secure_aggregation == "none":
+            raise ValueError(
+                f"{name}'s ε assumes the server sees only the sum of the replies: "
+                "secure_aggregation 'ideal', 'masking' or 'he'"
+            )
+        if not kind.sums_replies and self.secure_aggregation not in (None, "none"):
+            raise ValueError(f"{name}'s server sums no replies: no secure_aggregation to choose")
+        if self.threshold.choose == "balanced":
+            if kind.stops_at_budget and self.privacy.private:
+                raise ValueError(
+                    f"threshold.choose: {name} runs until its budget is spent, which leaves "
+                    "nothing to release a threshold with; use 'fixed'"
+                )
+            if self.model.time_bins or self.algorithm.loss in ("cox", "logistic_hazard"):
+                raise ValueError("threshold.choose: 'balanced' is for binary classifiers")
+        return self
+
+    @property
+    def summing(self) -> SecureAggregation:
+        """The secure aggregation in force: the chosen one, else the algorithm's default."""
+        if self.secure_aggregation is not None:
+            return self.secure_aggregation
+        return "ideal" if self.algorithm.algorithm.needs_secure_sum else "none"
+
+    def key(self) -> str:
+        """A stable id of this point (its resolved config), the run's key in the store:
+        `KEYED`'s fields, each at this point's value (or the pinned default, where the
+        point's section lacks it), and any other field only where it is not at its
+        default, so that a new option, or an algorithm's own setting, leaves every
+        existing key as it was."""
+        keyed = _keyed(self, KEYED)
+        if self.model.factory is not None:  # an edited model is a new point
+            from dpfl.models.factories import source_digest
+
+            keyed["model"]["factory_sha256"] = source_digest(self.model.factory)
+        text = json.dumps(keyed, sort_keys=True)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+REQUIRED = None
+"""Stands in `KEYED` for a field without a default: every point has its own value."""
+KEYED: Mapping[str, Any] = MappingProxyType(
+    {
+        "name": "study",
+        "seed": 0,
+        "trials": 1,
+        "rounds": REQUIRED,
+        "eval_every": 1,
+        "engine": "simulation",
+        "research_noise": True,
+        "metrics": ["accuracy", "auroc"],
+        "data": {
+            "dataset": REQUIRED,
+            "path": None,
+            "options": {},
+            "partition": {"kind": "iid", "silos": None, "alpha": 0.5, "names": None},
+            "test_fraction": 0.2,
+            "public_sizes": "declared",
+            "size_noise": 20.0,
+        },
+        "model": {"kind": "logistic_regression", "hidden": [200, 200], "init": "per-trial"},
+        "algorithm": {
+            "name": REQUIRED,
+            "learning_rate": 0.5,
+            "clip_norm": 1.0,
+            "expected_batch_size": 16.0,
+            "momentum": 0.0,
+            "loss": None,
+            "positive_weight": 1.0,
+            "local_epochs": 1.0,
+            "client_rate": None,
+            "clients_per_round": None,
+            "weighting": None,
+            "steps_per_visit": 10,
+            "server_learning_rate": 0.005,
+            "strength": 1.0,
+            "federated_rounds": 1,
+            "epochs_per_round": 1.0,
+            "regularization": 0.01,
+            "gradient_tolerance": 0.0001,
+            "feature_norm_bound": 1.0,
+        },
+        "privacy": {
+            "private": True,
+            "epsilon": None,
+            "delta": 1e-05,
+            "noise_multiplier": None,
+            "accountant": "pld",
+            "silos": {},
+            "calibration": "common",
+        },
+    }
+)
+"""The fields (and their defaults) that every run key holds, frozen as they were when
+the study had one flat `[algorithm]` section for every algorithm: each key holds them
+all, whatever the algorithm's own settings, so that no run's id ever moves. Never add
+to it: a new field enters a key only where it is set (`StudyConfig.key`)."""
+TABLE_KEYS = frozenset(
+    {
+        "label",
+        "classes",
+        "time",
+        "event",
+        "site",
+        "sites",
+        "features",
+        "columns",
+        "unit",
+        "max_records",
+    }
+)
+"""`DataConfig`'s keys that only a table takes."""
+UNKEYED = frozenset({"tune"})
+"""Fields no run reads (only `dpfl tune`), which therefore name no run."""
+
+
+def _keyed(section: BaseModel, pinned: Mapping[str, Any]) -> dict[str, Any]:
+    """`section`'s fields for its run key: every `pinned` one, at the section's value or
+    else the pinned default, and every other one where it is not at its default."""
+    dumped = section.model_dump(mode="json")
+    keyed: dict[str, Any] = {}
+    for name, default in pinned.items():
+        value = getattr(section, name, None)
+        if isinstance(value, BaseModel) and isinstance(default, Mapping):
+            keyed[name] = _keyed(value, default)
+        else:
+            keyed[name] = dumped.get(name, default)
+    for name, field in type(section).model_fields.items():
+        if name in pinned or name in UNKEYED:
+            continue
+        if getattr(section, name) != field.get_default(call_default_factory=True):
+            keyed[name] = dumped[name]
+    if isinstance(section, DPSGDSettings):  # other algorithms' settings of a grid over them
+        keyed |= {name: dumped[name] for name in section.others() if name not in pinned}
+    return keyed
+
+
+class Study:
+    """A parsed study file: its grid axes and every point, each validated."""
+
+    def __init__(self, raw: Mapping[str, Any], source: str = "config") -> None:
+        self.source = source
+        # keys and size first: a grid is expanded only once it is known to be a study's
+        errors = [f"  {key}: {UNKNOWN_KEY}" for key in dict.fromkeys(_unknown_keys(raw))]
+        self.axes = {} if errors else dict(_axes(raw))
+        size = math.prod(len(values) for values in self.axes.values())
+        if size > MAX_POINTS:
+            axes = " × ".join(f"{key} ({len(values)})" for key, values in self.axes.items())
+            errors.append(f"  a grid of {size:,} points, over the limit of {MAX_POINTS:,}: {axes}")
+        if errors:
+            raise ConfigError(f"{source}: invalid study\n" + "\n".join(errors))
+        self.points: list[tuple[dict[str, Any], StudyConfig]] = []
+        for values in itertools.product(*self.axes.values()) if self.axes else [()]:
+            grid = dict(zip(self.axes, values, strict=True))
+            try:
+                self.points.append((grid, StudyConfig.model_validate(_with(raw, grid))))
+            except ValidationError as exc:
+                errors.append(_describe(exc, grid))
+        if errors:
+            shown = "\n".join(dict.fromkeys(errors))
+            raise ConfigError(f"{source}: invalid study\n{shown}")
+
+    @property
+    def name(self) -> str:
+        return self.points[0][1].name
+
+
+def load(path: str | Path) -> Study:
+    """Read and validate a study file; errors name the file, the key and the reason.
+    A relative `data.path` or `privacy.ledger` is read from the file's folder, wherever
+    dpfl runs."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError as exc:
+        raise ConfigError(f"{path}: no such file") from exc
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
+    for section, key, resolve in (
+        ("data", "path", _beside),
+        ("privacy", "ledger", _beside),
+        ("model", "factory", _factory_beside),
+    ):
+        table = raw.get(section)
+        if isinstance(table, dict) and key in table:  # a list of them is a grid axis
+            value = table[key]
+            table[key] = (
+                [resolve(path, v) for v in value]
+                if isinstance(value, list)
+                else resolve(path, value)
+            )
+    return Study(raw, str(path))
+
+
+def _factory_beside(study_file: Path, factory: Any) -> Any:
+    """A `"file.py:build"` factory with its file read relative to the study file's
+    folder; a module's factory as it is (a non-text value is left for validation)."""
+    from dpfl.models.factories import in_folder  # imports torch
+
+    return in_folder(factory, study_file.parent) if isinstance(factory, str) else factory
+
+
+def _beside(study_file: Path, folder: Any) -> Any:
+    """`folder` read relative to the study file's folder (a non-text value is left for
+    validation to refuse)."""
+    if not isinstance(folder, str):
+        return folder
+    return str((study_file.parent / Path(folder).expanduser()).resolve())
+
+
+def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tuple[str, list[Any]]]:
+    """(dotted key, values) of every grid axis: lists where one value is expected."""
+    for key, value in raw.items():
+        path = (*prefix, key)
+        if path[:2] == ("data", "options"):
+            continue  # a builder's keyword arguments are passed as given
+        if isinstance(value, dict):
+            yield from _axes(value, path)
+        elif isinstance(value, list) and (
+            not _list_valued(path) or (value and all(isinstance(v, list) for v in value))
+        ):
+            if not value:
+                raise ConfigError(f"{'.'.join(path)}: an empty list is an empty grid")
+            yield ".".join(path), value
+
+
+def _list_valued(path: Sequence[str]) -> bool:
+    """Whether the schema's type of the key at `path` is a list (or a pair), whose one
+    value is then a list: only a list of lists makes it a grid axis."""
+    schema: tuple[type[BaseModel], ...] = (StudyConfig,)
+    by_name = False
+    annotation: Any = None
+    for key in path:
+        if by_name:  # the name of a section by name (data.columns.NAME, privacy.silos.NAME)
+            by_name = False
+            continue
+        fields = [m.model_fields[key] for m in schema if key in m.model_fields]
+        if not fields:
+            return False
+        annotation = fields[0].annotation
+        schema, by_name = _sections(annotation)
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    return any(get_origin(a) in (list, tuple) for a in (annotation, *options))
+
+
+def _unknown_keys(
+    raw: Mapping[str, Any], schema: Sequence[type[BaseModel]] = (StudyConfig,), prefix: str = ""
+) -> Iterator[str]:
+    """The dotted key of every key that no model of `schema` (or a section of it) has,
+    read off the raw file: a misspelt key holding a list is named once, and never
+    expanded. (A key of some algorithm's settings but not of the one named is left to
+    validation, which names the algorithms whose key it is.)"""
+    fields = {name: field for model in schema for name, field in model.model_fields.items()}
+    for key, value in raw.items():
+        dotted = f"{prefix}{key}"
+        field = fields.get(key)
+        if field is None:
+            yield dotted
+            continue
+        sections, by_name = _sections(field.annotation)
+        tables = value if isinstance(value, list) else [value]  # a grid of sections
+        for table in tables if sections else []:
+            if not isinstance(table, Mapping):
+                continue  # not a table: validation names it
+            if not by_name:
+                yield from _unknown_keys(table, sections, f"{dotted}.")
+                continue
+            for name, entry in table.items():  # sections by name (privacy.silos)
+                if isinstance(entry, Mapping):
+                    yield from _unknown_keys(entry, sections, f"{dotted}.{name}.")
+
+
+def _sections(annotation: Any) -> tuple[tuple[type[BaseModel], ...], bool]:
+    """The sections (models) a field holds, if any: one, or those of a union (an
+    algorithm's settings); and whether it holds a table of them by name."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return (annotation,), False
+    if get_origin(annotation) is dict:
+        return _sections(get_args(annotation)[1])[0], True
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    if options and all(isinstance(o, type) and issubclass(o, BaseModel) for o in options):
+        return options, False
+    return (), False
+
+
+def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
+    """`raw` with each axis set to its value in this grid point."""
+    point: dict[str, Any] = json.loads(json.dumps(raw, default=str))
+    for dotted, value in grid.items():
+        *parents, leaf = dotted.split(".")
+        node = point
+        for parent in parents:
+            node = node[parent]
+        node[leaf] = value
+    return point
+
+
+def _describe(exc: ValidationError, grid: Mapping[str, Any]) -> str:
+    where = f" (grid point {', '.join(grid_pairs(grid))})" if grid else ""
+    lines = []
+    for error in exc.errors():
+        loc = error["loc"]
+        if loc[:1] == ("algorithm",) and len(loc) > 1 and loc[1] in SETTINGS:
+            loc = (loc[0], *loc[2:])  # the algorithm's name, which the union adds
+        key = ".".join(str(p) for p in loc) or "(top level)"
+        message = error["msg"].removeprefix("Value error, ")
+        if error["type"] == "union_tag_not_found":  # no algorithm named
+            key, message = f"{key}.name", "Field required"
+        if error["type"] == "union_tag_invalid":  # an algorithm of no such name
+            *names, last = (repr(name) for name in SETTINGS)
+            key, message = f"{key}.name", f"Input should be {', '.join(names)} or {last}"
+        if error["type"] == "extra_forbidden":
+            message = UNKNOWN_KEY
+        lines.append(f"  {key}: {message}{where}")
+    return "\n".join(lines)
+
+
+def grid_pairs(grid: Mapping[str, Any], *, last_part: bool = False) -> list[str]:
+    """`key=value` for each axis of a grid point, in its order, for messages and tables;
+    `last_part` keeps the last part of each dotted key, enough to tell a sweep's points
+    apart (`noise_multiplier=1.0` for `privacy.noise_multiplier=1.0`)."""
+    return [f"{k.rsplit('.', 1)[-1] if last_part else k}={v}" for k, v in grid.items()]
