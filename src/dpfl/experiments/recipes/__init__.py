@@ -7,7 +7,9 @@ objects, possibly none when its real data are absent, with `notes` saying so) an
 them by name. `reproduce` runs the studies through the ordinary sweep machinery, so a
 reproduction is itself a study directory: resumable, with a results store, `best` and
 `report`. A plan's tuned studies (`Tuning`) are selected by `dpfl tune`, each into its
-own folder under `tuned/`, and read by the recipe's `compare_tuned`.
+own folder under `tuned/`, and read by the recipe's `compare_tuned`. Beside them, `base`
+and the `*_common` modules hold what recipes share, and `pages` renders the reproduction
+pages' tables from the stored rows.
 
 Scales: `smoke` (seconds; the tests), `default` (minutes), `full` (the paper's trials,
 rounds and grid).
