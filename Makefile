@@ -6,7 +6,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-loopback test-kernels lint venv browser clean
+.PHONY: demo test test-loopback test-kernels lint venv browser docs clean
 
 venv: $(STAMP)
 
@@ -21,8 +21,8 @@ demo: $(STAMP)
 	$(BIN)/dpfl demo
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests $(wildcard benchmarks/*.py)
-	$(BIN)/ruff format --check src tests $(wildcard benchmarks/*.py)
+	$(BIN)/ruff check src tests $(wildcard benchmarks/*.py) docs/api_reference.py
+	$(BIN)/ruff format --check src tests $(wildcard benchmarks/*.py) docs/api_reference.py
 	$(BIN)/mypy
 
 # The report's rendering test drives Debian's Chromium; install it where we may (CI runs
@@ -58,5 +58,12 @@ test-kernels: $(STAMP)
 		ATEN_CPU_CAPABILITY=$$capability $(BIN)/pytest -n 2 --dist load -q $(KERNEL_TESTS); \
 	done
 
+# The API reference of the public Python surface (the names `import dpfl` offers, the
+# privacy layer, the algorithms and their settings, the DP statistics), rendered by pdoc
+# into build/api/ (open build/api/index.html; docs/api_reference.py). The test run renders
+# the same pages and checks the dpfl names their docstrings cite (tests/test_api_reference.py).
+docs: $(STAMP)
+	$(BIN)/python docs/api_reference.py build/api
+
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache build/api
