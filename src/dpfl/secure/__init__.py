@@ -28,7 +28,9 @@ from dpfl.secure import he, masking
 from dpfl.secure.base import Dropouts, SecureMode, dropped, plain_sum
 
 __all__ = [
+    "IDEAL",
     "MODES",
+    "NONE",
     "Dropouts",
     "IdealSecureSum",
     "InTheClear",
