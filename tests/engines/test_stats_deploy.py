@@ -22,7 +22,7 @@ from dpfl.cli.deploy import _released
 from dpfl.engines.flower import DeploymentError
 from dpfl.engines.flower.analytics import serve_stats
 from dpfl.engines.flower.he import EncryptedSum, make_key_files
-from dpfl.engines.flower.hospital import _Hospital
+from dpfl.engines.flower.hospital import Hospital
 from dpfl.experiments.study.analytics import STATS_JSON, StatsRun, stats
 from dpfl.experiments.study.deployment import (
     STATS_ERROR,
@@ -259,7 +259,7 @@ def test_a_masked_statistics_session_needs_every_hospitals_input(
         run_id=7, node_id=2, node_config=nodes["east"], state=RecordDict(), run_config={}
     )
     fields = {"study": deployment_of(study).key, "instance": "0123456789abcdef"}
-    hospital = _Hospital.of(context, deployment_of, fields)
+    hospital = Hospital.of(context, deployment_of, fields)
     assert hospital.run.analytics is not None
     asked = {**fields, "plan": hospital.run.analytics.plan(1), "silos": ["east"]}
     assert hospital.masking(asked).fewest == 3

@@ -11,7 +11,6 @@ figure with the standard deviation of its noise beside it.
 """
 
 from dpfl.analytics.mechanisms import (
-    STATS_MASKING,
     Count,
     Figure,
     Histogram,
@@ -34,7 +33,6 @@ from dpfl.analytics.mechanisms import (
 )
 
 __all__ = [
-    "STATS_MASKING",
     "Count",
     "Figure",
     "Histogram",

@@ -21,15 +21,12 @@ import torch
 from dpfl.data.dataset import first_records
 from dpfl.privacy import events
 from dpfl.privacy.errors import BudgetExceededError
-from dpfl.secure.masking import PairwiseMasking
 
 if TYPE_CHECKING:
     from dpfl.federation.messages import SecureSum
     from dpfl.local.noise import NoiseSource
     from dpfl.privacy import Ledger
 
-STATS_MASKING = PairwiseMasking(bits=64, scale=2.0**16, clip=2.0**40)
-"""Pairwise masking of the statistics' vectors: a 64-bit ring wide enough for counts."""
 Z95 = 1.959963984540054
 """The standard normal's 97.5% quantile: the bands are ±Z95 standard deviations."""
 

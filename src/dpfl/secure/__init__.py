@@ -9,50 +9,38 @@ the simulator uses it for algorithms that need a secure sum (Dopamine).
 `masking.PairwiseMasking` is the real protocol (SecAgg with dropout recovery);
 `he.HomomorphicSum` does it by BFV encryption (TenSEAL): the server adds ciphertexts, a
 key holder that is not the server decrypts the sum.
+
+Each is a `SecureMode` (`base`), a study file's `secure_aggregation`, declared beside its
+sum; `MODES` lists them: adding a mode adds its module and its entry there (and, where it
+deploys, its Flower halves: `dpfl.engines.flower.sums`). Nothing else in dpfl compares a
+mode's name (tests/test_secure_mode_names.py).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
-import torch
 from torch import Tensor
 
 from dpfl.federation.messages import SecureSum, Summed
+from dpfl.secure import he, masking
+from dpfl.secure.base import Dropouts, SecureMode, dropped, plain_sum
 
-__all__ = ["Dropouts", "IdealSecureSum", "InTheClear", "by_name", "dropped", "plain_sum"]
-
-Dropouts = Collection[str] | Callable[[tuple[str, ...]], Collection[str]]
-"""Who drops out of a sum: names, or a function of the names sending replies (tests and
-simulations of unreliable hospitals)."""
-
-
-def dropped(dropouts: Dropouts, names: tuple[str, ...]) -> frozenset[str]:
-    """The names among `names` that drop out."""
-    chosen = dropouts(names) if callable(dropouts) else dropouts
-    return frozenset(chosen) & frozenset(names)
-
-
-def plain_sum(vectors: Mapping[str, Tensor], at_least: int = 1) -> Summed:
-    """The sum of the vectors, added in their order, and who is in it (at least
-    `at_least`)."""
-    if not vectors:
-        raise ValueError("nothing to sum: no replies")
-    if len(vectors) < at_least:
-        raise ValueError(
-            f"{len(vectors)} replies, fewer than the {at_least} the sum needs; not revealed"
-        )
-    shapes = {tuple(v.shape) for v in vectors.values()}
-    if len(shapes) != 1 or len(next(iter(shapes))) != 1:
-        raise ValueError(f"replies must be flat vectors of one length, got shapes {shapes}")
-    replies = iter(vectors.values())
-    total = next(replies).clone()
-    for vector in replies:  # one pass over each reply (stacking first copies them all)
-        total += vector
-    if not bool(torch.isfinite(total).all()):
-        raise ValueError("a reply contains NaN or infinity; refusing to sum it")
-    return Summed(total, tuple(vectors))
+__all__ = [
+    "IDEAL",
+    "MODES",
+    "NONE",
+    "Dropouts",
+    "IdealSecureSum",
+    "InTheClear",
+    "SecureMode",
+    "by_name",
+    "default_mode",
+    "dropped",
+    "mode",
+    "plain_sum",
+]
 
 
 @dataclass(frozen=True)
@@ -84,18 +72,46 @@ class IdealSecureSum:
         return plain_sum({n: v for n, v in vectors.items() if n not in lost}, at_least)
 
 
-def by_name(kind: str) -> SecureSum:
-    """A study's `secure_aggregation`: "none", "ideal", "masking" or "he" (defaults)."""
-    if kind == "none":
-        return InTheClear()
-    if kind == "ideal":
-        return IdealSecureSum()
-    if kind == "masking":
-        from dpfl.secure.masking import PairwiseMasking
+NONE = SecureMode(
+    name="none",
+    described="none: the server sees every reply",
+    hides_replies=False,
+    exact=True,
+    deployable=True,
+    key_holder=False,
+    sums=InTheClear,
+)
+IDEAL = SecureMode(
+    name="ideal",
+    described="simulated by its ideal functionality: one process holds the replies and "
+    "hands the server's code their sum only (a deployment needs masking or HE)",
+    hides_replies=True,
+    exact=True,
+    deployable=False,
+    key_holder=False,
+    sums=IdealSecureSum,
+)
 
-        return PairwiseMasking()
-    if kind == "he":
-        from dpfl.secure.he import HomomorphicSum  # TenSEAL loads only when chosen
+MODES: Mapping[str, SecureMode] = {m.name: m for m in (NONE, IDEAL, masking.MODE, he.MODE)}
+"""The registry: every `secure_aggregation` by the name a study file gives it, in the
+order the study file's schema lists them."""
 
-        return HomomorphicSum()
-    raise ValueError(f"unknown secure aggregation {kind!r}: none, ideal, masking or he")
+
+def mode(name: str) -> SecureMode:
+    """The mode a study file names; ValueError naming the known ones."""
+    if name not in MODES:
+        *most, last = MODES
+        raise ValueError(f"unknown secure aggregation {name!r}: {', '.join(most)} or {last}")
+    return MODES[name]
+
+
+def by_name(name: str) -> SecureSum:
+    """The simulator's sum of a study's `secure_aggregation`."""
+    return mode(name).sum()
+
+
+def default_mode(hides_replies: bool) -> SecureMode:
+    """The exact sum that hides the replies or shows them: the simulator's default (and
+    its stand-in for a cryptographic sum, whose replies it sums alike)."""
+    (found,) = (m for m in MODES.values() if m.exact and m.hides_replies == hides_replies)
+    return found

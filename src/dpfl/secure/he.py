@@ -101,9 +101,10 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from torch import Tensor
 
 from dpfl.federation.messages import Summed
-from dpfl.secure import Dropouts, dropped
+from dpfl.secure.base import Dropouts, SecureMode, dropped
 
 __all__ = [
+    "MODE",
     "Aggregator",
     "BFVParams",
     "HomomorphicError",
@@ -660,3 +661,16 @@ class HomomorphicSum:
         total, included = self.key_holder.decrypt_sum(summed, round_, at_least)
         dtype = functools.reduce(torch.promote_types, (v.dtype for v in vectors.values()))
         return Summed(total.to(dtype if dtype.is_floating_point else torch.float32), included)
+
+
+MODE = SecureMode(
+    name="he",
+    described="BFV homomorphic encryption (TenSEAL, N = 8192, 128-bit security, fixed point "
+    "2^-30); a key holder that is not the server decrypts the sum only",
+    hides_replies=True,
+    exact=False,
+    deployable=True,
+    key_holder=True,
+    sums=HomomorphicSum,
+)
+"""A study's `secure_aggregation = "he"`."""

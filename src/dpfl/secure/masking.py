@@ -122,9 +122,11 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 from torch import Tensor
 
 from dpfl.federation.messages import Summed
-from dpfl.secure import Dropouts, dropped
+from dpfl.secure.base import Dropouts, SecureMode, dropped
 
 __all__ = [
+    "MODE",
+    "STATS_MASKING",
     "AdvertiseKeys",
     "Client",
     "EncryptedShare",
@@ -1069,3 +1071,20 @@ class PairwiseMasking:
         replies = [net(clients[v].unmask(net(request))) for v in request.survivors if v not in late]
         summed = server.aggregate(replies)
         return Transcript(setup, tuple(server.received), summed)
+
+
+STATS_MASKING = PairwiseMasking(bits=64, scale=2.0**16, clip=2.0**40)
+"""Pairwise masking of the statistics' vectors: a 64-bit ring wide enough for counts."""
+
+MODE = SecureMode(
+    name="masking",
+    described="pairwise masking (SecAgg with dropout recovery: X25519, ChaCha20 masks, "
+    "Shamir shares; fixed point 2^-16 in Z_2^32)",
+    hides_replies=True,
+    exact=False,
+    deployable=True,
+    key_holder=False,
+    sums=PairwiseMasking,
+    stats_sums=lambda: STATS_MASKING,
+)
+"""A study's `secure_aggregation = "masking"`."""

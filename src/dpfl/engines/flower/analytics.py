@@ -1,7 +1,7 @@
 """A study's `[analytics]` released by a Flower deployment: the simulator's `dpfl stats`
 with each half on its own machine (`dpfl.analytics`'s halves, not a copy of them).
 
-Two messages, after the hellos (`flower_server._Server.hospitals`), each carrying the
+Two messages, after the hellos (`flower.server.Server.hospitals`), each carrying the
 study's key, the roster's hospitals in order and the plan in words (`Analytics.plan`),
 which each hospital checks against its own copy of the study before it does anything:
 
@@ -12,7 +12,7 @@ which each hospital checks against its own copy of the study before it does anyt
    std σ·Δ (seeded with research noise, else the CSPRNG: `streams.stats_noise`); its
    vectors leave end to end as one reply, in the clear or through the study's masking
    or HE session, as training's replies do (a masked session in the statistics' ring,
-   `STATS_MASKING`, unmasked only as the sum of every hospital's).
+   `dpfl.secure.masking.STATS_MASKING`, unmasked only as the sum of every hospital's).
 
 The server pools the replies (the sum alone, where masked or encrypted) and
 post-processes each statistic's figures (`figures_of`) as the simulator does.
@@ -21,8 +21,7 @@ post-processes each statistic's figures (`figures_of`) as the simulator does.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -33,7 +32,6 @@ import torch
 from flwr.serverapp import Grid
 
 from dpfl.analytics import (
-    STATS_MASKING,
     Records,
     Released,
     figures_of,
@@ -43,14 +41,12 @@ from dpfl.analytics import (
     released,
     vectors,
 )
-from dpfl.engines.accounts import register_accounts
-from dpfl.engines.flower import he, masking
-from dpfl.engines.flower.hospital import _declared, _Hospital, _ledger
+from dpfl.engines.flower.hospital import Hospital
 from dpfl.engines.flower.protocol import LOG, Analytics, Deployment, DeploymentError, Exchange
 from dpfl.engines.flower.roster import RosterError
-from dpfl.engines.flower.server import ClearSum, ExchangeSum, _Server
+from dpfl.engines.flower.server import Server
+from dpfl.engines.flower.sums import Work, deployed
 from dpfl.engines.streams import stats_noise
-from dpfl.federation.algorithms.base import Reply
 from dpfl.privacy import Ledger
 from dpfl.secure.he import HomomorphicError
 from dpfl.secure.masking import SecureAggregationError
@@ -58,17 +54,7 @@ from dpfl.secure.masking import SecureAggregationError
 # -- the hospital half ------------------------------------------------------------------
 
 
-@contextmanager
-def _book(hospital: _Hospital) -> Iterator[Ledger]:
-    """The hospital's ledger with its account, as training registers it."""
-    me = hospital.me
-    with _ledger(me, hospital.run, hospital.silo) as book:
-        budgets = {me.name: (me.epsilon, me.delta)}
-        register_accounts(book, [_declared(me, hospital.silo)], 1, budgets)
-        yield book
-
-
-def _refusal(hospital: _Hospital, fields: Mapping[str, Any], book: Ledger) -> str | None:
+def _refusal(hospital: Hospital, fields: Mapping[str, Any], book: Ledger) -> str | None:
     """Why this hospital does not release the statistics the server asks for: not its
     study's, not its roster's hospitals, not its study's plan, or past its budget."""
     analytics, run = hospital.run.analytics, hospital.run
@@ -96,18 +82,18 @@ def _refusal(hospital: _Hospital, fields: Mapping[str, Any], book: Ledger) -> st
     )
 
 
-def _records(hospital: _Hospital, analytics: Analytics) -> Records:
+def _records(hospital: Hospital, analytics: Analytics) -> Records:
     return analytics.records(hospital.me.name, hospital.me.data)
 
 
-def _refused(hospital: _Hospital, why: str) -> dict[str, Any]:
+def _refused(hospital: Hospital, why: str) -> dict[str, Any]:
     LOG.warning("%s: statistics refused: %s", hospital.me.name, why)
     return {"refused": why}
 
 
-def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _plan(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     """Accept the whole plan (nothing charged), or refuse it, saying why."""
-    with _book(hospital) as book:
+    with hospital.ledger() as book:
         why = _refusal(hospital, fields, book)
     if why is not None:
         return _refused(hospital, why)
@@ -115,11 +101,11 @@ def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {"accepted": True}
 
 
-def _release(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _release(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     """Check again, charge the ledger and release every statistic, protected as the
     study's `secure_aggregation` says."""
     me, run = hospital.me, hospital.run
-    with _book(hospital) as book:
+    with hospital.ledger() as book:
         why = _refusal(hospital, fields, book) or hospital.protection.refusal(hospital, fields)
         if why is not None:
             return _refused(hospital, why)
@@ -149,18 +135,15 @@ def _release(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
         me.delta,
     )
     vector = torch.from_numpy(np.concatenate(noisy))
-    if run.summing == "none":
-        out = {"vector": vector.numpy().astype("<f8").tobytes()}
-    else:
-        out = hospital.protection.protected(hospital, fields, Reply(vector), 0)
+    out = hospital.protection.released(hospital, fields, vector)
     return {"epsilon": spent.epsilon, **out}
 
 
-HOSPITAL: dict[str, Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]]] = {
+HOSPITAL: dict[str, Work] = {
     "stats_plan": _plan,
     "stats": _release,
 }
-"""The hospital's handlers, by query name (`flower_hospital.client_app`)."""
+"""The hospital's handlers, by query name (`flower.client_app`)."""
 
 
 # -- the server half --------------------------------------------------------------------
@@ -175,26 +158,6 @@ class StatsServed:
     epsilon: dict[str, float]
     noise_multiplier: float
     released: Released
-
-
-@dataclass(frozen=True)
-class _ClearStats(ClearSum):
-    """The statistics' replies in the clear: float64 vectors, the server's sum exact."""
-
-    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
-        vector = np.frombuffer(bytes(fields["vector"]), dtype="<f8").astype(np.float64)
-        return Reply(torch.from_numpy(vector))
-
-
-def _opener(
-    summing: str, hellos: Mapping[str, Mapping[str, Any]], he_keys: Path | None
-) -> Callable[[Exchange], ExchangeSum]:
-    """How the server opens the statistics' sum, as the study's `secure_aggregation` says."""
-    if summing == "masking":
-        return partial(masking.MaskedSum.open, masking=STATS_MASKING)
-    if summing == "he":
-        return he.EncryptedSum.opener(hellos, he_keys)
-    return lambda exchange: _ClearStats()
 
 
 def serve_stats(
@@ -215,7 +178,7 @@ def serve_stats(
             f"study {run.key} declares no [analytics] a deployment releases (a table "
             "study's, each hospital reading its own file)"
         )
-    server = _Server(grid, run, timeout)
+    server = Server(grid, run, timeout)
     known = server.hospitals(wait)
     server.names = {node: name for name, (node, _) in known.items()}
     names = list(known)
@@ -229,7 +192,8 @@ def serve_stats(
     ask = partial(server.ask_named, common=common)
     _check(ask("query.stats_plan", {name: {} for name in names}))
     length = analytics.length(len(names))
-    opened = _opener(run.summing, {n: hello for n, (_, hello) in known.items()}, he_keys)
+    hellos = {n: hello for n, (_, hello) in known.items()}
+    opened = deployed(run.summing).stats_opener(hellos, he_keys)
     try:  # a session that fails is one line too, naming why
         summing = opened(Exchange(ask, ask, run.roster, names, length, len(names), 0))
         answers = _check(ask("query.stats", summing.instructed(names)))

@@ -29,7 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -37,10 +37,14 @@ from torch import Tensor
 
 from dpfl.engines.flower.protocol import Ask, DeploymentError, Exchange
 from dpfl.engines.flower.roster import Roster
+from dpfl.engines.flower.sums import DeployedSum, register
 from dpfl.federation.algorithms.base import Reply
 from dpfl.federation.messages import Summed
 from dpfl.files import replacing
-from dpfl.secure.he import Aggregator, HomomorphicError, KeyFile, KeyHolder
+from dpfl.secure.he import MODE, Aggregator, HomomorphicError, KeyFile, KeyHolder
+
+if TYPE_CHECKING:
+    from dpfl.engines.flower.hospital import Hospital
 
 _TRAILER = 12 + 16
 """A sealed message's nonce and tag: what differs between two sealings of one sum."""
@@ -166,3 +170,49 @@ class EncryptedSum:
             )
         total = np.frombuffer(bytes(answer["total"]), dtype="<f8").astype(np.float64)
         return Summed(torch.from_numpy(total).to(torch.float32), included)
+
+
+# -- the mode's halves ------------------------------------------------------------------
+
+
+class Encrypted:
+    """The reply encrypted under the run's public key; the key holder announces itself
+    at hello."""
+
+    resent: ClassVar[bool] = True
+
+    def announced(self, hospital: Hospital) -> dict[str, Any]:
+        return {"key-holder": hospital.keys().secret}
+
+    def refusal(self, hospital: Hospital, fields: Mapping[str, Any]) -> str | None:
+        return None
+
+    def protected(
+        self, hospital: Hospital, fields: Mapping[str, Any], reply: Reply, at: int
+    ) -> dict[str, Any]:
+        encrypted = hospital.keys().hospital(hospital.me.name).encrypt(reply.vector, at)
+        return {"ciphertext": encrypted}
+
+    def released(
+        self, hospital: Hospital, fields: Mapping[str, Any], vector: Tensor
+    ) -> dict[str, Any]:
+        return self.protected(hospital, fields, Reply(vector), 0)
+
+
+def _decrypt(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+    """The key holder decrypts one sum of at least what its own algorithm assumes."""
+    if not isinstance(hospital.protection, Encrypted) or hospital.me.he_keys is None:
+        raise DeploymentError("this hospital holds no key to decrypt with")
+    side = KeyHolderSide(hospital.me.he_keys, hospital.run.roster)
+    if "plan" in fields:  # the statistics' sum (`flower.analytics`): every roster hospital's,
+        # never the server's `silos`' count (it could open one training reply alone)
+        return side.decrypt(fields, len(hospital.run.roster.names))
+    algorithm, silos = hospital.algorithm(fields)
+    return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
+
+
+HALVES = register(
+    DeployedSum(
+        MODE, Encrypted(), EncryptedSum.opener, EncryptedSum.opener, {"he_decrypt": _decrypt}
+    )
+)

@@ -13,7 +13,7 @@ node config sets `research-noise` (tests only: the simulator's seeded streams, s
 deployment repeats a simulation exactly).
 
 It answers "query.hello" (its public facts), "query.plan" (it checks its plan), "train"
-(one exchange: it replies as its study's `summing` says, `PROTECTIONS`) and "evaluate"
+(one exchange: it replies as its study's `summing` says, `flower.sums`) and "evaluate"
 (its metrics of the final model on its own test set, a release as the study's
 `[evaluation]` says: DP counts charged to its ledger, or declared clear figures outside
 ε; only the final model of a run it trained in, a bounded number of times);
@@ -30,14 +30,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import numpy as np
 import torch
 from flwr.app import Context, Message, RecordDict
 from flwr.clientapp import ClientApp
 
-from dpfl.analytics import STATS_MASKING, release
+from dpfl.analytics import release
 from dpfl.engines.accounts import (
     Calibration,
     account,
@@ -67,18 +67,18 @@ from dpfl.engines.flower.protocol import (
     union_counts,
 )
 from dpfl.engines.flower.roster import PREFIX, RosterError, public_text, read_identity
+from dpfl.engines.flower.sums import DEPLOYED, Protection, Work, deployed
 from dpfl.engines.simulation import _count_noise
 from dpfl.engines.streams import Streams, evaluation_noise, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
     Instruction,
-    Reply,
     finite,
     flat,
     unflat,
 )
-from dpfl.federation.messages import Encoding, decode, encode
+from dpfl.federation.messages import Encoding, decode
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.files import replacing
 from dpfl.local.clipping import Params
@@ -87,7 +87,7 @@ from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, Ledger, events
 from dpfl.privacy.errors import BudgetExceededError, PrivacyError
 from dpfl.secure.he import KeyFile
-from dpfl.secure.masking import SecureAggregationError
+from dpfl.secure.masking import STATS_MASKING
 
 
 @dataclass(frozen=True)
@@ -198,7 +198,7 @@ class HospitalConfig:
 
 
 @dataclass
-class _Hospital:
+class Hospital:
     """One hospital's half for one message: its config, study, records and ledger."""
 
     me: HospitalConfig
@@ -213,7 +213,7 @@ class _Hospital:
     @classmethod
     def of(
         cls, context: Context, deployment_of: DeploymentOf, fields: Mapping[str, Any]
-    ) -> _Hospital:
+    ) -> Hospital:
         me = HospitalConfig.from_node_config(context.node_config)
         instance = str(fields.get("instance", ""))
         if not INSTANCE.fullmatch(instance) and "study" in fields:
@@ -272,9 +272,9 @@ class _Hospital:
         }
 
     @property
-    def protection(self) -> _Protection:
+    def protection(self) -> Protection:
         """How this hospital's replies leave it, as its study says."""
-        return PROTECTIONS[self.run.summing]
+        return deployed(self.run.summing).protection
 
     def keys(self) -> KeyFile:
         """This hospital's HE key file (the key holder's holds the secret key)."""
@@ -350,14 +350,25 @@ class _Hospital:
             )
         return self.run.build(silos, *self.checked_input(fields)), silos
 
+    def ledger(self) -> Ledger:
+        """The hospital's ledger with its own account, as it declared its records (a
+        budget other than the one registered before is refused)."""
+        book = _ledger(self.me, self.run, self.silo)
+        budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
+        try:
+            register_accounts(book, [_declared(self.me, self.silo)], 1, budgets)
+        except BaseException:
+            book.close()
+            raise
+        return book
+
     def open(self, algorithm: Algorithm, silos: Sequence[SiloInfo]) -> Ledger:
         """The hospital's ledger with its accounts (its budget binds the server's view;
         other views are recorded, never binding)."""
-        book = _ledger(self.me, self.run, self.silo)
+        book = self.ledger()
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         declared = {self.me.name: self.me.public_size}
-        try:  # a budget other than the one registered before is refused
-            register_accounts(book, [_declared(self.me, self.silo)], 1, budgets)
+        try:
             register_views(book, algorithm, silos, 1, budgets, declared, [self.silo.info])
         except BaseException:
             book.close()
@@ -658,99 +669,6 @@ class _Hospital:
             torch.save(dict(saved), partial)
 
 
-class _Protection(Protocol):
-    """How a hospital's reply leaves it: one per `Deployment.summing`."""
-
-    resent: ClassVar[bool]
-    """The reply is kept and sent again when its exchange is asked again."""
-
-    def announced(self, hospital: _Hospital) -> dict[str, Any]:
-        """What the hospital's hello adds."""
-        ...
-
-    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
-        """Why the train message cannot be answered so protected (None: it can), checked
-        before anything is charged."""
-        ...
-
-    def protected(
-        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
-    ) -> dict[str, Any]:
-        """The reply's fields; `at` numbers the exchange in the run."""
-        ...
-
-
-class _InTheClear:
-    """The reply as it is, in its wire encoding: the server sees it."""
-
-    resent: ClassVar[bool] = True
-
-    def announced(self, hospital: _Hospital) -> dict[str, Any]:
-        return {}
-
-    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
-        return None
-
-    def protected(
-        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
-    ) -> dict[str, Any]:
-        return {
-            "vector": encode(reply.encoding, reply.vector),
-            "encoding": reply.encoding.value,
-            "length": reply.vector.numel(),
-        }
-
-
-class _Masked:
-    """The reply masked in the exchange's session (`flower.masking`). It is never sent
-    again: in a new session beside other inputs it could be told apart, so an exchange
-    asked again is trained again, and paid for."""
-
-    resent: ClassVar[bool] = False
-
-    def announced(self, hospital: _Hospital) -> dict[str, Any]:
-        return {}
-
-    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
-        try:
-            hospital.masking(fields).check_cohort(fields)
-        except SecureAggregationError as exc:
-            return str(exc)
-        return None
-
-    def protected(
-        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
-    ) -> dict[str, Any]:
-        return hospital.masking(fields).masked(fields, reply.vector)
-
-
-class _Encrypted:
-    """The reply encrypted under the run's public key (`flower.he`); the key holder
-    announces itself at hello."""
-
-    resent: ClassVar[bool] = True
-
-    def announced(self, hospital: _Hospital) -> dict[str, Any]:
-        return {"key-holder": hospital.keys().secret}
-
-    def refusal(self, hospital: _Hospital, fields: Mapping[str, Any]) -> str | None:
-        return None
-
-    def protected(
-        self, hospital: _Hospital, fields: Mapping[str, Any], reply: Reply, at: int
-    ) -> dict[str, Any]:
-        encrypted = hospital.keys().hospital(hospital.me.name).encrypt(reply.vector, at)
-        return {"ciphertext": encrypted}
-
-
-PROTECTIONS: dict[str, _Protection] = {
-    "none": _InTheClear(),
-    "masking": _Masked(),
-    "he": _Encrypted(),
-}
-"""By `Deployment.summing`: how a hospital protects its replies."""
-
-
 def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
     """The model the server sent (None: none was), refused (DeploymentError) unless it
     has the model's length and is finite (`finite`): checked wherever a hospital decodes
@@ -768,7 +686,7 @@ def _received(fields: Mapping[str, Any], like: Params) -> Params | None:
 
 
 def _handler(
-    work: Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]], deployment_of: DeploymentOf
+    work: Callable[[Hospital, Mapping[str, Any]], dict[str, Any]], deployment_of: DeploymentOf
 ) -> Callable[[Message, Context], Message]:
     def handle(message: Message, context: Context) -> Message:
         sent = fields_of(message)
@@ -780,7 +698,7 @@ def _handler(
         if fields is None:  # nothing done: the server sends the facts again
             return Message(record({UNHELD: True}), reply_to=message)
         try:
-            hospital = _Hospital.of(context, deployment_of, fields)
+            hospital = Hospital.of(context, deployment_of, fields)
         except BudgetExceededError as exc:  # its record count, which it cannot afford
             name = str(context.node_config.get("name"))
             why = f"{name}: its record count cannot be released: {exc}"
@@ -793,11 +711,11 @@ def _handler(
     return handle
 
 
-def _hello(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _hello(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.hello()
 
 
-def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _plan(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     algorithm, silos = hospital.algorithm(fields)
     round_ = int(fields["round"])
     with hospital.open(algorithm, silos) as book:
@@ -816,7 +734,7 @@ def _plan(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return {"accepted": True}
 
 
-def _calibrate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _calibrate(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     """The least σ this hospital's budget allows, published; or why none does."""
     try:
         sigma = hospital.least_noise(fields)
@@ -831,54 +749,29 @@ def _calibrate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]
     return {"noise": sigma}
 
 
-def _train(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _train(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.train(fields)
 
 
-def _secagg(
-    step: Callable[[masking.HospitalSide, Mapping[str, Any]], dict[str, Any]],
-) -> Callable[[_Hospital, Mapping[str, Any]], dict[str, Any]]:
-    def work(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
-        if not isinstance(hospital.protection, _Masked):
-            raise DeploymentError("this study's replies are not masked")
-        return step(hospital.masking(fields), fields)
-
-    return work
-
-
-def _evaluate(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+def _evaluate(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return hospital.evaluate(fields)
 
 
-def _he_decrypt(hospital: _Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
-    """The key holder decrypts one sum of at least what its own algorithm assumes."""
-    if not isinstance(hospital.protection, _Encrypted) or hospital.me.he_keys is None:
-        raise DeploymentError("this hospital holds no key to decrypt with")
-    side = he.KeyHolderSide(hospital.me.he_keys, hospital.run.roster)
-    if "plan" in fields:  # the statistics' sum (`flower.analytics`): every roster hospital's,
-        # never the server's `silos`' count (it could open one training reply alone)
-        return side.decrypt(fields, len(hospital.run.roster.names))
-    algorithm, silos = hospital.algorithm(fields)
-    return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
-
-
-def client_app(deployment_of: DeploymentOf) -> ClientApp:
+def client_app(deployment_of: DeploymentOf, queries: Mapping[str, Work]) -> ClientApp:
     """The hospital half: answers hello, calibrate, plan, train and evaluate messages, a
-    secure study's own and the statistics' (`flower.analytics`), for the study
-    file its node config names, read by `deployment_of`."""
+    secure study's own (`flower.sums`) and `queries` (the statistics',
+    `flower.analytics`), for the study file its node config names, read by
+    `deployment_of`."""
     app = ClientApp()
     app.query("hello")(_handler(_hello, deployment_of))
     app.query("plan")(_handler(_plan, deployment_of))
     app.query("calibrate")(_handler(_calibrate, deployment_of))
     app.train()(_handler(_train, deployment_of))
-    app.query("he_decrypt")(_handler(_he_decrypt, deployment_of))
-    for step in ("keys", "shares", "unmask"):
-        work = _secagg(getattr(masking.HospitalSide, step))
-        app.query(f"secagg_{step}")(_handler(work, deployment_of))
     app.evaluate()(_handler(_evaluate, deployment_of))
-    from dpfl.engines.flower import analytics  # it builds on this module: imported once built
-
-    for kind, work in analytics.HOSPITAL.items():
+    for halves in DEPLOYED.values():  # the secure sums' sessions
+        for kind, work in halves.queries.items():
+            app.query(kind)(_handler(work, deployment_of))
+    for kind, work in queries.items():
         app.query(kind)(_handler(work, deployment_of))
     return app
 

@@ -35,8 +35,9 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
@@ -45,11 +46,14 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 from flwr.app import ConfigRecord, RecordDict
 from torch import Tensor
 
-from dpfl.engines.flower.protocol import Ask, Exchange
+from dpfl.engines.flower.protocol import Ask, DeploymentError, Exchange
 from dpfl.engines.flower.roster import Roster, RosterError
+from dpfl.engines.flower.sums import DeployedSum, Work, register
 from dpfl.federation.algorithms.base import Reply
 from dpfl.federation.messages import Summed
 from dpfl.secure.masking import (
+    MODE,
+    STATS_MASKING,
     AdvertiseKeys,
     Client,
     EncryptedShare,
@@ -64,6 +68,9 @@ from dpfl.secure.masking import (
     roster_fields,
     roster_of,
 )
+
+if TYPE_CHECKING:
+    from dpfl.engines.flower.hospital import Hospital
 
 MASKING = PairwiseMasking()
 """The protocol's public parameters (threshold rule, fixed point): the simulator's."""
@@ -81,7 +88,7 @@ def session_setup(
     """The session's setup from the server's announcement (its id, the cohort's names, the
     server's key) and what each party knows itself: the cohort's identity keys from the
     roster, the vector's length, the fewest inputs its algorithm's events assume, the
-    protocol's parameters (a stats exchange's: `dpfl.analytics.STATS_MASKING`)."""
+    protocol's parameters (a stats exchange's: `dpfl.secure.masking.STATS_MASKING`)."""
     names = tuple(str(n) for n in fields["names"])
     try:
         roster.check(names, "the masking session")
@@ -327,3 +334,63 @@ class MaskedSum:
                 for v, a in answers.items()
             ]
         )
+
+
+# -- the mode's halves ------------------------------------------------------------------
+
+
+class Masked:
+    """The reply masked in the exchange's session. It is never sent again: in a new
+    session beside other inputs it could be told apart, so an exchange asked again is
+    trained again, and paid for."""
+
+    resent: ClassVar[bool] = False
+
+    def announced(self, hospital: Hospital) -> dict[str, Any]:
+        return {}
+
+    def refusal(self, hospital: Hospital, fields: Mapping[str, Any]) -> str | None:
+        try:
+            hospital.masking(fields).check_cohort(fields)
+        except SecureAggregationError as exc:
+            return str(exc)
+        return None
+
+    def protected(
+        self, hospital: Hospital, fields: Mapping[str, Any], reply: Reply, at: int
+    ) -> dict[str, Any]:
+        return hospital.masking(fields).masked(fields, reply.vector)
+
+    def released(
+        self, hospital: Hospital, fields: Mapping[str, Any], vector: Tensor
+    ) -> dict[str, Any]:
+        return self.protected(hospital, fields, Reply(vector), 0)
+
+
+def _step(step: Callable[[HospitalSide, Mapping[str, Any]], dict[str, Any]]) -> Work:
+    """A hospital's answer to one of the session's messages, in a masked study only."""
+
+    def work(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
+        if not isinstance(hospital.protection, Masked):
+            raise DeploymentError("this study's replies are not masked")
+        return step(hospital.masking(fields), fields)
+
+    return work
+
+
+def _stats_opener(
+    hellos: Mapping[str, Mapping[str, Any]], keys: Path | None
+) -> Callable[[Exchange], MaskedSum]:
+    """The statistics' sessions: in their own, wider ring."""
+    return partial(MaskedSum.open, masking=STATS_MASKING)
+
+
+HALVES = register(
+    DeployedSum(
+        MODE,
+        Masked(),
+        MaskedSum.opener,
+        _stats_opener,
+        {f"secagg_{s}": _step(getattr(HospitalSide, s)) for s in ("keys", "shares", "unmask")},
+    )
+)

@@ -80,8 +80,10 @@ class Deployment:
     """The federation, pinned in the study file: its silos are exactly these hospitals,
     and every party of a cohort or a sum is one of them (`dpfl.engines.flower.roster`)."""
     summing: str = "none"
-    """How the server learns the replies' sum: "none", it sees each; "masking", they
-    leave each hospital masked (`flower.masking`); "he", encrypted (`flower.he`)."""
+    """How the server learns the replies' sum: the study's `secure_aggregation`, a mode
+    of `dpfl.secure.MODES` whose halves `flower.sums` holds ("none", it sees each;
+    "masking", they leave each hospital masked, `flower.masking`; "he", encrypted,
+    `flower.he`)."""
     calibration: str | None = None
     """None: σ is the study's. "common": every hospital publishes the least σ its budget
     allows for the study's plan, and the run uses the largest; "per-silo": each hospital

@@ -6,8 +6,8 @@ algorithm logic.
 The server builds the algorithm from public facts only: each hospital's name and
 declared public size, the feature shape and the number of classes, which the hospitals
 announce in reply to a first "hello"; it never sees a record. Each exchange's replies
-reach the algorithm through a sum of the study's kind (`SUMS`): in the clear
-(`ClearSum`), masked (`masking.MaskedSum`) or encrypted (`he.EncryptedSum`).
+reach the algorithm through a sum of the study's kind (`flower.sums.deployed`): in the
+clear (`clear.ClearSum`), masked (`masking.MaskedSum`) or encrypted (`he.EncryptedSum`).
 
 A hospital that refuses, fails or is late stops the run, or with `missing="continue"` is
 left out of that round. The server checkpoints every round; restarted, it continues the
@@ -20,17 +20,17 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any
 
 import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from dpfl.engines.flower import he, masking
+from dpfl.engines.flower import he
 from dpfl.engines.flower.protocol import (
     LOG,
     PROTOCOL,
@@ -46,6 +46,7 @@ from dpfl.engines.flower.protocol import (
     union_metrics,
 )
 from dpfl.engines.flower.roster import PREFIX
+from dpfl.engines.flower.sums import ExchangeSum, Opener, deployed
 from dpfl.engines.streams import Streams, stream_rng
 from dpfl.federation.algorithms.base import (
     Algorithm,
@@ -54,11 +55,10 @@ from dpfl.federation.algorithms.base import (
     State,
     flat,
 )
-from dpfl.federation.messages import Encoding, SecureSum, decode, encode
+from dpfl.federation.messages import Encoding, encode
 from dpfl.federation.silo import SiloInfo
 from dpfl.files import replacing
 from dpfl.local.dpsgd import parameters_of
-from dpfl.secure import InTheClear
 from dpfl.secure.he import HomomorphicError
 from dpfl.secure.masking import SecureAggregationError
 
@@ -110,7 +110,7 @@ class DeploymentResult:
 
 
 @dataclass
-class _Server:
+class Server:
     grid: Grid
     run: Deployment
     timeout: float
@@ -267,59 +267,6 @@ def _joined(failures: Iterable[DeploymentError]) -> str:
     return "; ".join(map(str, failures))
 
 
-class ExchangeSum(SecureSum, Protocol):
-    """One exchange's sum at the server, the `SecureSum` its algorithm's `aggregate`
-    calls: one kind per `Deployment.summing` (`ClearSum`, `masking.MaskedSum`,
-    `he.EncryptedSum`)."""
-
-    carried: ClassVar[str]
-    """The reply field that carries a hospital's reply, protected as the study says."""
-
-    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
-        """Of the hospitals instructed (`names`), those the train message goes to, and
-        what it adds for each."""
-        ...
-
-    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
-        """`name`'s reply as the server holds it (in the clear, or its protected bytes)."""
-        ...
-
-
-@dataclass(frozen=True)
-class ClearSum(InTheClear):
-    """One exchange's sum when replies travel in the clear: the server reads each reply
-    and adds them up itself."""
-
-    carried: ClassVar[str] = "vector"
-
-    @classmethod
-    def opener(
-        cls, hellos: Mapping[str, Mapping[str, Any]], keys: Path | None
-    ) -> Callable[[Exchange], ClearSum]:
-        """How the server opens each exchange's sum: nothing to set up."""
-        return cls.open
-
-    @classmethod
-    def open(cls, exchange: Exchange) -> ClearSum:
-        return cls()
-
-    def instructed(self, names: Sequence[str]) -> dict[str, dict[str, Any]]:
-        return {name: {} for name in names}
-
-    def received(self, name: str, fields: Mapping[str, Any]) -> Reply:
-        encoding = Encoding(fields["encoding"])
-        vector = decode(encoding, bytes(fields["vector"]), int(fields["length"]))
-        return Reply(vector, encoding)
-
-
-Opener = Callable[[Exchange], ExchangeSum]
-SUMS: dict[str, Callable[[Mapping[str, Mapping[str, Any]], Path | None], Opener]] = {
-    "none": ClearSum.opener,
-    "masking": masking.MaskedSum.opener,
-    "he": he.EncryptedSum.opener,
-}
-"""By `Deployment.summing`: how the server opens each exchange's sum, given the
-hospitals' hellos by name and the server's HE key file."""
 CARRIED = {"vector", "words", "ciphertext"}
 """The fields that carry a reply, however it is protected."""
 
@@ -390,7 +337,7 @@ def serve(
     if missing not in ("stop", "continue"):
         raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
     started = time.monotonic()
-    serving = _Serving.met(_Server(grid, run, timeout), wait, he_keys, missing == "continue")
+    serving = _Serving.met(Server(grid, run, timeout), wait, he_keys, missing == "continue")
     serving.resume(checkpoint)
     if serving.calibrated() and serving.plans_accepted() and serving.trained(checkpoint):
         serving.evaluate()
@@ -406,7 +353,7 @@ class _Serving:
     (each hospital checked its plan), `trained` (the rounds), `evaluate` (the final model
     at each hospital) and `summary`."""
 
-    server: _Server
+    server: Server
     silos: list[SiloInfo]
     node: dict[str, int]
     """Each hospital's node, by name."""
@@ -427,7 +374,7 @@ class _Serving:
         return self.server.run
 
     @classmethod
-    def met(cls, server: _Server, wait: float, he_keys: Path | None, go_on: bool) -> _Serving:
+    def met(cls, server: Server, wait: float, he_keys: Path | None, go_on: bool) -> _Serving:
         """The roster's hospitals, once each said hello, and the public facts they
         announced: one feature shape, one kind of labels."""
         known = server.hospitals(wait)
@@ -450,7 +397,7 @@ class _Serving:
         node = {name: n for name, (n, _) in known.items()}
         server.names = {n: name for name, n in node.items()}
         hellos = {name: hello for name, (_, hello) in known.items()}
-        open_sum = SUMS[server.run.summing](hellos, he_keys)
+        open_sum = deployed(server.run.summing).opener(hellos, he_keys)
         shape = list(shapes.pop())
         algorithm = server.run.build(silos, shape, classes)
         result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})

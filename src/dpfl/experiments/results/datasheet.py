@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from dp_accounting import dp_event as dpe
 
+from dpfl import secure
 from dpfl.privacy import Ledger, Neighbouring
 from dpfl.privacy.accounting import consortium_epsilon
 from dpfl.privacy.events import NodeSampledGaussianDpEvent, compose
@@ -47,17 +48,6 @@ RESEARCH_NOISE = (
 )
 """Said wherever the ε of a run with seeded noise is shown, the ε marked with RESEARCH_MARK."""
 RESEARCH_MARK = "†"
-
-SECURE_AGGREGATION = {
-    "none": "none: the server sees every reply",
-    "ideal": "simulated by its ideal functionality: one process holds the replies and "
-    "hands the server's code their sum only (a deployment needs masking or HE)",
-    "masking": "pairwise masking (SecAgg with dropout recovery: X25519, ChaCha20 masks, "
-    "Shamir shares; fixed point 2^-16 in Z_2^32)",
-    "he": "BFV homomorphic encryption (TenSEAL, N = 8192, 128-bit security, fixed point "
-    "2^-30); a key holder that is not the server decrypts the sum only",
-}
-"""What the datasheet says of each `secure_aggregation`."""
 
 
 def research_noise(run: RunRow) -> bool:
@@ -117,7 +107,7 @@ def datasheet(
         if private
         else "none: the non-private reference protects no one",
         "threat_model": kind.threat_model,
-        "secure_aggregation": SECURE_AGGREGATION[config.summing],
+        "secure_aggregation": secure.mode(config.summing).described,
         "assumptions": ASSUMPTIONS,
         "mechanism": kind.mechanism if private else "none: the non-private reference (ε = ∞)",
         "accountant": config.privacy.accountant,

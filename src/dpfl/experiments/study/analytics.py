@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from dpfl.analytics import (
-    STATS_MASKING,
     Count,
     Figure,
     Histogram,
@@ -35,10 +34,9 @@ from dpfl.engines.flower.protocol import Analytics
 from dpfl.engines.streams import stats_noise
 from dpfl.experiments.study import datasets, spending
 from dpfl.experiments.study.config import AnalyticsConfig, StudyConfig
-from dpfl.federation.messages import SecureSum
 from dpfl.files import replacing
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
-from dpfl.secure import by_name
+from dpfl.secure import mode
 
 LEDGER = "ledger.sqlite"
 STATS_JSON = "stats.json"
@@ -205,7 +203,7 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
             sigma,
             ledger=book,
             accounts=accounts,
-            summing=_summing(config.summing),
+            summing=mode(config.summing).stats_sum(),
             rng=np.random.default_rng(config.seed),
             max_records=config.data.max_records,
             noise={
@@ -259,18 +257,13 @@ def _budgets(
     return budgets
 
 
-def _summing(kind: str) -> SecureSum:
-    """The study's secure sum; masking in a 64-bit ring wide enough for counts."""
-    return STATS_MASKING if kind == "masking" else by_name(kind)
-
-
 def render(run: StatsRun) -> str:
     """The HTML page in the report's style: a table per statistic (each figure with its
     noise std and interval), the histograms as bars with ±1 std whiskers, and the
     Kaplan–Meier curve with its band."""
     from matplotlib.figure import Figure as Plot  # matplotlib only when writing
 
-    from dpfl.experiments.results.report.page import _document, _table, figure_html
+    from dpfl.experiments.results.report.page import figure_html, html_page, html_table
 
     body = [
         f"<p>Hospitals: {escape(', '.join(run.hospitals))}; noise multiplier σ = "
@@ -281,7 +274,7 @@ def render(run: StatsRun) -> str:
         shown = [f for f in run.figures if f.statistic == title]
         body.append(f"<h2>{escape(title)}</h2>")
         body.append(
-            _table(
+            html_table(
                 ["figure", "value", "noise std", "95% interval"],
                 [[f.name, f"{f.value:.4g}", f"{f.std:.3g}", _interval(f)] for f in shown],
             )
@@ -307,7 +300,7 @@ def render(run: StatsRun) -> str:
                 ax.bar(x, values, yerr=[f.std for f in shown], capsize=3)
                 ax.set_xticks(x, [f.name for f in shown], rotation=45, fontsize="small")
             body.append(figure_html(plot, f"{title}: DP figures with their noise"))
-    return _document(f"{run.study}: DP statistics", "\n".join(body))
+    return html_page(f"{run.study}: DP statistics", "\n".join(body))
 
 
 def _interval(figure: Figure) -> str:

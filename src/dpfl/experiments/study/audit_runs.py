@@ -31,7 +31,7 @@ from dpfl.experiments.study.config import StudyConfig
 from dpfl.experiments.study.datasets import build_silos
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo
-from dpfl.secure import by_name
+from dpfl.secure import default_mode, mode
 
 __all__ = [
     "ATTACKS",
@@ -118,7 +118,7 @@ def audit_run(
         "delta": delta,
         "epsilon_budget": privacy.epsilon if privacy.private else None,
         "budgets": {name: (b.epsilon, b.delta) for name, b in privacy.silos.items()},
-        "secure_sum": by_name("none" if config.summing == "none" else "ideal"),
+        "secure_sum": default_mode(mode(config.summing).hides_replies).sum(),
     }
     bounds: dict[str, Any] = {"silo": target.name, "confidence": plan.confidence, **common}
     input_only = plan.canaries == "input" or (plan.canaries == "auto" and algorithm.sets_own_noise)

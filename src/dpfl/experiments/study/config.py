@@ -39,7 +39,7 @@ import tomllib
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType, UnionType
-from typing import Any, Literal, Union, get_args, get_origin
+from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
@@ -53,10 +53,16 @@ from pydantic import (
     model_validator,
 )
 
+from dpfl import secure
 from dpfl.data.table import HONEST_RANGE, TODO, Column
 from dpfl.federation.algorithms import SETTINGS, AlgorithmSettings, DPSGDSettings
 
-SecureAggregation = Literal["none", "ideal", "masking", "he"]
+if TYPE_CHECKING:
+    SecureAggregation = str
+else:
+    SecureAggregation = Literal[tuple(secure.MODES)]
+    """A study's `secure_aggregation`: a name in the registry (`dpfl.secure.MODES`)."""
+
 Metric = Literal[
     "accuracy",
     "balanced_accuracy",
@@ -602,12 +608,14 @@ class StudyConfig(_Strict):
             self.model.kind != "logistic_regression" or self.model.factory is not None
         ):
             raise ValueError(f"{name} needs a convex model: model.kind = 'logistic_regression'")
-        if kind.needs_secure_sum and self.secure_aggregation == "none":
+        chosen = None if self.secure_aggregation is None else secure.mode(self.secure_aggregation)
+        if kind.needs_secure_sum and chosen is not None and not chosen.hides_replies:
+            *most, last = (f"'{m.name}'" for m in secure.MODES.values() if m.hides_replies)
             raise ValueError(
                 f"{name}'s ε assumes the server sees only the sum of the replies: "
-                "secure_aggregation 'ideal', 'masking' or 'he'"
+                f"secure_aggregation {', '.join(most)} or {last}"
             )
-        if not kind.sums_replies and self.secure_aggregation not in (None, "none"):
+        if not kind.sums_replies and chosen is not None and chosen.hides_replies:
             raise ValueError(f"{name}'s server sums no replies: no secure_aggregation to choose")
         if self.threshold.choose == "balanced":
             if kind.stops_at_budget and self.privacy.private:
@@ -624,7 +632,7 @@ class StudyConfig(_Strict):
         """The secure aggregation in force: the chosen one, else the algorithm's default."""
         if self.secure_aggregation is not None:
             return self.secure_aggregation
-        return "ideal" if self.algorithm.algorithm.needs_secure_sum else "none"
+        return secure.default_mode(self.algorithm.algorithm.needs_secure_sum).name
 
     def key(self) -> str:
         """A stable id of this point (its resolved config), the run's key in the store:

@@ -18,11 +18,12 @@ from flwr.app import Context
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+from dpfl import secure
 from dpfl.engines import flower
 from dpfl.engines.flower import analytics as deployed_analytics
 from dpfl.engines.flower.protocol import LOG
 from dpfl.engines.flower.roster import Roster
-from dpfl.experiments.results.datasheet import ASSUMPTIONS, SECURE_AGGREGATION
+from dpfl.experiments.results.datasheet import ASSUMPTIONS
 from dpfl.experiments.results.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
 from dpfl.experiments.study import analytics, datasets
 from dpfl.experiments.study.build import build_algorithm
@@ -62,11 +63,11 @@ def check_deployable(config: StudyConfig) -> None:
         )
     if kind.pools_data:
         problems.append(f"{kind.name} pools every hospital's records: it cannot be deployed")
-    if config.summing == "ideal":
+    if not secure.mode(config.summing).deployable:
         problems.append(
-            "secure_aggregation 'ideal': across machines the server sums by pairwise "
-            "masking ('masking') or homomorphic encryption ('he'); 'ideal' is the "
-            "simulator's stand-in"
+            f"secure_aggregation {config.summing!r}: across machines the server sums by "
+            "pairwise masking ('masking') or homomorphic encryption ('he'); "
+            f"{config.summing!r} is the simulator's stand-in"
         )
     if config.threshold != ThresholdConfig():
         problems.append("threshold: deployed models predict at 0.5; leave the threshold out")
@@ -331,7 +332,7 @@ def record(
             "accountant": config.privacy.accountant,
             "mechanism": kind.mechanism,
             "threat_model": kind.threat_model,
-            "secure_aggregation": SECURE_AGGREGATION[config.summing],
+            "secure_aggregation": secure.mode(config.summing).described,
             "assumptions": ASSUMPTIONS,
             "noise_multiplier": max(result.noise.values(), default=config.privacy.noise_multiplier),
             "clip_norm": None if kind.sets_own_noise else config.algorithm.clip_norm,

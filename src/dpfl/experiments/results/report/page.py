@@ -86,7 +86,7 @@ def render(
             *(_datasheet(s, metric) for s in shown),
         ]
     body.append(_failed_runs([r for r in runs if r.status == "failed"], reported))
-    return _document(title, "\n".join(body))
+    return html_page(title, "\n".join(body))
 
 
 def _figures(shown: list[Shown], metric: str) -> str:
@@ -243,7 +243,7 @@ def _scores_table(columns: tuple[str, ...], rows: list[_ScoredRow], metric: str)
         ]
         for row in rows
     ]
-    return _table(header, cells)
+    return html_table(header, cells)
 
 
 def _bytes_up(runs: Iterable[RunRow], traffic: Traffic) -> str:
@@ -332,7 +332,7 @@ def _cross_silo_table(cross: CrossSilo, metric: str) -> str:
         ]
         for model in models
     ]
-    return _table(["model \\ test set", *tests], rows)
+    return html_table(["model \\ test set", *tests], rows)
 
 
 def _rounds_text(run: RunRow) -> str:
@@ -448,12 +448,12 @@ def _audits(shown: list[Shown]) -> str:
     ]
     if bounds:
         header = ["run", "method", "silo", "observer", "canary", "trials", "ε", "verdict"]
-        parts.append(_table(header, bounds))
+        parts.append(html_table(header, bounds))
     if attacks:
         header = ["run", "silo", "model", "attack", "AUC", "TPR at FPR 0.1 %"]
         header += ["TPR at FPR 1 %", "members / non-members", "trials; shadows"]
         parts.append(
-            _table(header, attacks)
+            html_table(header, attacks)
             + "<p>Membership inference on the final models: members are a silo's training "
             "records, non-members its test records; AUC 0.5 is chance. Trials: the target "
             "run's; shadows: folds × stacked trials (offline LiRA).</p>"
@@ -505,7 +505,7 @@ def _ledger_spent(s: Shown) -> str:
         "other; and against observers other than the server (at the run's accountant; "
         "recorded, never enforced). q: Poisson sampling rate; rounds charged: per trial "
         f"where trials differ; the events give the steps per round.</p>{seeded}"
-        f"{_table(header, rows)}"
+        f"{html_table(header, rows)}"
         if rows
         else "<p>ε = ∞ (non-private): no record is protected by differential privacy.</p>"
     )
@@ -538,7 +538,7 @@ def _reported(s: Shown, metric: str) -> str:
         "their δ; each hospital's ledger has the rest: `dpfl privacy ledger`). Metrics: "
         "each hospital's, of the model it uses, on its own test set.</p>"
     )
-    return caption + _table(header, rows)
+    return caption + html_table(header, rows)
 
 
 def _noise_text(s: Shown) -> str | None:
@@ -569,7 +569,7 @@ def _failed_runs(runs: list[RunRow], reported: dict[str, SiloEpsilons]) -> str:
     if reported:
         header.append("max ε reported before it stopped")
     caption = f"<p>{_e(REPORTED)}</p>" if reported else ""
-    return "<h2 id='failed'>Failed runs</h2>\n" + _table(header, rows) + caption
+    return "<h2 id='failed'>Failed runs</h2>\n" + html_table(header, rows) + caption
 
 
 def _stopped_epsilon(spent: SiloEpsilons | None) -> str:
@@ -579,7 +579,7 @@ def _stopped_epsilon(spent: SiloEpsilons | None) -> str:
     return _max_epsilon(spent) if spent.by_silo else "none reported"
 
 
-def _table(header: list[str], rows: list[list[Any]]) -> str:
+def html_table(header: list[str], rows: list[list[Any]]) -> str:
     """An HTML table; cells are escaped unless they are `_Html`."""
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
@@ -603,7 +603,8 @@ def _bullets(items: Iterable[Any]) -> _Html:
     return _Html(f"<ul>{listed}</ul>" if listed else "—")
 
 
-def _document(title: str, body: str) -> str:
+def html_page(title: str, body: str) -> str:
+    """A whole HTML page in the report's style: `body` under `title`."""
     return f"""<!DOCTYPE html>
 <html lang="en">
 <head>
