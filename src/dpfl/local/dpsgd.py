@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BatchSampler
+from dpfl.errors import InternalError
 from dpfl.local.clipping import (
     ClippedGradientSum,
     Params,
@@ -201,9 +202,9 @@ class DPSGD:
         the same bits."""
         members = len(datasets)
         if not members == len(samplers) == len(noises) == next(iter(params.values())).shape[0]:
-            raise ValueError("need one dataset, sampler and noise source per stacked member")
+            raise InternalError("need one dataset, sampler and noise source per stacked member")
         if members > 1 and any(x.is_sparse for x, _ in datasets):
-            raise ValueError("stacked runs need dense inputs; run sparse silos one by one")
+            raise InternalError("stacked runs need dense inputs; run sparse silos one by one")
         return self._train(params, datasets, samplers, noises, steps, velocity)
 
     def _train(
