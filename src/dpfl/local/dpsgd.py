@@ -199,7 +199,8 @@ class DPSGD:
         sampler and noise; one `vmap`ped computation per step, or for convolutional models
         one per member (`ClippedGradientSum.stacks_members`). Each member draws its batch
         and noise exactly as a single `run` with the same sampler and noise would, and gets
-        the same bits."""
+        the same bits. `DPSGDAlgorithm.train` assembles the stack: members that do not
+        match, or sparse ones stacked, are a bug in dpfl (`InternalError`)."""
         members = len(datasets)
         if not members == len(samplers) == len(noises) == next(iter(params.values())).shape[0]:
             raise InternalError("need one dataset, sampler and noise source per stacked member")
