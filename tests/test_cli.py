@@ -7,6 +7,7 @@ import json
 import re
 import sys
 import tomllib
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -517,3 +518,36 @@ def _early_breaks(help_text: str) -> list[tuple[str, str]]:
         if len(above) - len(above.rstrip()) > len(words[0]) + 1:
             found.append((above.strip(), words[0]))
     return found
+
+
+def test_a_bug_in_dpfl_is_reported_as_one_with_its_traceback_and_status_70(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An internal check that fails (`InternalError`) is dpfl's fault: its traceback, then
+    a line that says so and asks for a report, exit status 70; a user's bad input
+    (ValueError) is still one line and status 2, without a traceback."""
+    from dpfl.cli import privacy as privacy_cli
+    from dpfl.errors import InternalError
+
+    def failing(error: Exception) -> Callable[..., Any]:
+        def fail(*args: Any, **kwargs: Any) -> Any:
+            raise error
+
+        return fail
+
+    args = ["privacy", "epsilon", "-s", "1", "-q", "0.01", "-T", "10", "-d", "1e-5"]
+    monkeypatch.setattr(privacy_cli, "epsilon", failing(InternalError("stacks [a] differ")))
+    bug = runner.invoke(app, args)
+    assert bug.exit_code == 70
+    assert bug.stdout == ""
+    *traceback, last, report = bug.stderr.splitlines()
+    assert traceback[0] == "Traceback (most recent call last):"
+    assert "dpfl.errors.InternalError: stacks [a] differ" in traceback
+    assert last == "internal error: stacks [a] differ"
+    assert report.startswith(f"This is a bug in dpfl {__version__}, not a mistake in your input")
+    assert "please report it" in report
+
+    monkeypatch.setattr(privacy_cli, "epsilon", failing(ValueError("σ [a] is wrong")))
+    mistake = runner.invoke(app, args)
+    assert mistake.exit_code == 2
+    assert mistake.stderr.splitlines() == ["error: σ [a] is wrong"]

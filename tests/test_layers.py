@@ -22,6 +22,7 @@ LAYER = {
     "models": 1,
     "data": 1,
     "privacy": 0,
+    "errors": -1,
     "sqlite_file": -1,
     "files": -1,
     "allocator": -1,

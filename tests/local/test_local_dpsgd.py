@@ -12,11 +12,13 @@ from scipy import stats
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler, ShuffledSampler
+from dpfl.errors import InternalError
 from dpfl.local import dpsgd as dpsgd_module
 from dpfl.local.clipping import ClippedGradientSum, column_major_copy
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of, stack
 from dpfl.local.losses import bce, cross_entropy
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
+from dpfl.local.regularised import ProximalDPSGD
 from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
 from dpfl.privacy import Ledger, events
 from dpfl.privacy.errors import UnsupportedAccountingError
@@ -296,6 +298,25 @@ def test_stacked_trials_equal_the_same_trials_run_one_by_one(kind: str) -> None:
             assert torch.equal(stacked.params[k][t], one_by_one[t].params[k])  # the same bits
     # The trials really differ, so equality is not trivially shared state.
     assert not torch.allclose(stacked.params[k][0], stacked.params[k][1])
+
+
+def test_a_stack_dpfl_assembled_wrongly_is_an_internal_error() -> None:
+    """Only `DPSGDAlgorithm.train` stacks members: one without its own dataset, sampler
+    and noise, sparse members stacked, or a proximal run of no step is a bug in dpfl,
+    not bad input (the CLI says so, with exit status 70 instead of 2)."""
+    x, y = _data(20, 3, 0)
+    model = logistic_regression(3).double()
+    dpsgd = DPSGD(model, bce, DPSGDConfig(1.0, 1.0, 0.1))
+    params = stack([parameters_of(model)] * 2)
+    samplers = [PoissonSampler(20, 0.5, np.random.default_rng(t), public_size=20) for t in (0, 1)]
+    noises = [SeededNoise(0), SeededNoise(1)]
+    with pytest.raises(InternalError, match="per stacked member"):
+        dpsgd.run_stacked(params, [(x, y)], samplers, noises, 1)
+    with pytest.raises(InternalError, match="dense inputs"):
+        dpsgd.run_stacked(params, [(x.to_sparse(), y)] * 2, samplers, noises, 1)
+    with pytest.raises(InternalError, match="at least one step"):
+        ProximalDPSGD(dpsgd, 0.1).run_stacked(params, params, [(x, y)] * 2, samplers, noises, 0)
+    assert not issubclass(InternalError, ValueError)  # never reported as the user's mistake
 
 
 def test_secure_and_seeded_noise_are_recorded_in_metadata() -> None:

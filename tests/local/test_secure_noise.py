@@ -13,6 +13,7 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from scipy import stats
 
+from dpfl.errors import InternalError
 from dpfl.local import noise
 from dpfl.local.noise import BoxMuller4, NoiseSource, SecureNoise, SeededNoise
 
@@ -256,3 +257,13 @@ def test_two_sources_draw_different_streams() -> None:
     first, second = SecureNoise(), SecureNoise()
     draws = [source.normal((100_000,), 1.0, torch.float64) for source in (first, second)]
     assert not (draws[0] == draws[1]).any()
+
+
+def test_buffers_that_do_not_fit_the_transform_are_an_internal_error() -> None:
+    """`SecureNoise` makes `BoxMuller4`'s buffers: too few words or sines, or words of
+    another width, are a bug in dpfl."""
+    words = torch.zeros(8, dtype=torch.int32)
+    with pytest.raises(InternalError, match="3 values need 16 words, 8 sines"):
+        BoxMuller4(words, 3, torch.float32, torch.empty(8))
+    with pytest.raises(InternalError, match=r"made from torch\.int64 words"):
+        BoxMuller4(words, 2, torch.float64, torch.empty(4, dtype=torch.float64))

@@ -7,6 +7,7 @@ import pytest
 from dp_accounting.pld import privacy_loss_distribution, privacy_loss_mechanism
 from dp_accounting.rdp import rdp_privacy_accountant
 
+from dpfl.errors import InternalError
 from dpfl.privacy import accounting, events, sampled_gaussian
 from dpfl.privacy.accounting import PLD_DISCRETISATION, RDP_ORDERS, NeighboringRelation
 
@@ -30,6 +31,19 @@ def test_delta_for_epsilon_is_dp_accountings(
     )
     expected = [theirs.get_delta_for_epsilon(e) for e in grid]
     np.testing.assert_array_equal(ours.get_delta_for_epsilon(grid), expected)
+
+
+@pytest.mark.parametrize("adjacency", [sampled_gaussian.ADD, sampled_gaussian.REMOVE])
+def test_a_loss_outside_the_mechanisms_range_is_an_internal_error(
+    adjacency: privacy_loss_mechanism.AdjacencyType,
+) -> None:
+    """`get_delta_for_epsilon` inverts only the losses inside the range ±log(1 - q) leaves
+    (the rest take their closed form): one outside reaching the inversion is dpfl's bug,
+    never a privacy parameter's fault."""
+    loss = sampled_gaussian.Loss(1.1, sampling_prob=0.08, adjacency_type=adjacency)
+    outside = 2 * np.log1p(-0.08) * (-1 if adjacency is sampled_gaussian.ADD else 1)
+    with pytest.raises(InternalError, match="outside the sampled mechanism's range"):
+        loss._inverse_losses(np.array([0.0, outside]))
 
 
 @pytest.mark.parametrize(("sigma", "rate"), STEPS)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,12 +16,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from dpfl import __version__
+from dpfl.errors import InternalError
 from dpfl.privacy import PrivacyError, SiloAccount
 from dpfl.sqlite_file import DamagedFileError
 
 # A pipe or a log file gets 120 columns: ledger tables are wider than 80.
 console = Console(width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True, width=None if sys.stderr.isatty() else 120)
+
+INTERNAL_ERROR_STATUS = 70
+"""A bug in dpfl (`InternalError`): sysexits' EX_SOFTWARE, apart from bad input (2) and
+a damaged file or failed run (1)."""
 
 
 @contextmanager
@@ -29,7 +36,9 @@ def reported_errors() -> Iterator[None]:
     and exit status 2, and a damaged ledger or results store into one with status 1 (the
     input was right, the file is not); show warnings in yellow. A message stays one line
     however long, and is printed as it is: brackets in it (an event's "[add/remove one
-    record]", a path) are not rich markup."""
+    record]", a path) are not rich markup. A bug in dpfl (`InternalError`) is said to be
+    one, after its traceback, with exit status 70: printed at once, since running the
+    command again to see it could charge the ledgers again."""
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
@@ -37,6 +46,15 @@ def reported_errors() -> Iterator[None]:
         except (DamagedFileError, PrivacyError, ValueError, OSError) as exc:
             errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
             raise typer.Exit(1 if isinstance(exc, DamagedFileError) else 2) from exc
+        except InternalError as exc:
+            errors.out("".join(traceback.format_exception(exc)), end="", highlight=False)
+            errors.print(
+                f"[red]internal error:[/red] {escape(str(exc))}\nThis is a bug in dpfl "
+                f"{__version__}, not a mistake in your input: please report it, with the "
+                "command you ran and the traceback above.",
+                soft_wrap=True,
+            )
+            raise typer.Exit(INTERNAL_ERROR_STATUS) from exc
         finally:
             for warning in caught:
                 message = escape(str(warning.message))

@@ -28,6 +28,7 @@ import torch
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BatchSampler
+from dpfl.errors import InternalError
 from dpfl.local.clipping import (
     ClippedGradientSum,
     Params,
@@ -198,12 +199,13 @@ class DPSGD:
         sampler and noise; one `vmap`ped computation per step, or for convolutional models
         one per member (`ClippedGradientSum.stacks_members`). Each member draws its batch
         and noise exactly as a single `run` with the same sampler and noise would, and gets
-        the same bits."""
+        the same bits. `DPSGDAlgorithm.train` assembles the stack: members that do not
+        match, or sparse ones stacked, are a bug in dpfl (`InternalError`)."""
         members = len(datasets)
         if not members == len(samplers) == len(noises) == next(iter(params.values())).shape[0]:
-            raise ValueError("need one dataset, sampler and noise source per stacked member")
+            raise InternalError("need one dataset, sampler and noise source per stacked member")
         if members > 1 and any(x.is_sparse for x, _ in datasets):
-            raise ValueError("stacked runs need dense inputs; run sparse silos one by one")
+            raise InternalError("stacked runs need dense inputs; run sparse silos one by one")
         return self._train(params, datasets, samplers, noises, steps, velocity)
 
     def _train(

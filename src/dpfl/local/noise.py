@@ -46,6 +46,8 @@ import torch
 from cryptography.hazmat.primitives.ciphers import Cipher, CipherContext, algorithms, modes
 from torch import Tensor
 
+from dpfl.errors import InternalError
+
 __all__ = ["BLOCK_BYTES", "BoxMuller4", "NoiseSource", "SecureNoise", "SeededNoise", "keystream"]
 
 # Keystream bytes per block of `SecureNoise`: a block's words, uniforms and sines stay in
@@ -134,11 +136,13 @@ class BoxMuller4:
     def __init__(self, words: Tensor, count: int, dtype: torch.dtype, sines: Tensor) -> None:
         word, self.mantissa = _WORDS[dtype]
         if words.dtype != word:
-            raise TypeError(f"{dtype} noise is made from {word} words, not {words.dtype}")
+            raise InternalError(f"{dtype} noise is made from {word} words, not {words.dtype}")
         self.count, self.pairs = count, (count + 1) // 2
         self.words = words[: 8 * self.pairs]
         if len(self.words) < 8 * self.pairs or len(sines) < 4 * self.pairs:
-            raise ValueError(f"{count} values need {8 * self.pairs} words, {4 * self.pairs} sines")
+            raise InternalError(
+                f"{count} values need {8 * self.pairs} words, {4 * self.pairs} sines"
+            )
         self.shift = torch.iinfo(word).bits - self.mantissa
         self.bits = self.words.numpy().view(f"u{self.words.element_size()}")  # unsigned
         self.uniform = self.words.view(dtype)

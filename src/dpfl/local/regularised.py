@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from torch import Tensor
 
 from dpfl.data.sampling import BatchSampler
+from dpfl.errors import InternalError
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, StackedResult
 from dpfl.local.noise import NoiseSource
@@ -65,7 +66,7 @@ class ProximalDPSGD:
         """As `DPSGD.run_stacked`, each member pulled towards its own row of `anchors`.
         The events are declared before the first step, for all `steps` at once."""
         if steps < 1:
-            raise ValueError(f"need at least one step, got {steps}")
+            raise InternalError(f"need at least one step, got {steps}")
         cfg = self.trainer.config
         declared = (
             [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers] if cfg.private else []

@@ -17,6 +17,8 @@ import numpy as np
 from dp_accounting.pld import privacy_loss_mechanism
 from scipy import special
 
+from dpfl.errors import InternalError
+
 ADD = privacy_loss_mechanism.AdjacencyType.ADD
 REMOVE = privacy_loss_mechanism.AdjacencyType.REMOVE
 
@@ -52,7 +54,7 @@ class Loss(privacy_loss_mechanism.GaussianPrivacyLoss):  # type: ignore[misc]
         d = b + np.log(a)
         log_minus_c = np.log(-c)
         if np.any(log_minus_c >= d):
-            raise ValueError("a privacy loss lies outside the sampled mechanism's range")
+            raise InternalError("a privacy loss lies outside the sampled mechanism's range")
         unsampled = np.where(b == 0, np.log(a + c), d + np.log1p(-np.exp(log_minus_c - d)))
         if add:
             unsampled = -unsampled

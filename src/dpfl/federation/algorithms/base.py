@@ -33,6 +33,7 @@ import torch
 from torch import Tensor, nn
 
 from dpfl.data.sampling import BalancedPoissonSampler, PatientPoissonSampler, PoissonSampler
+from dpfl.errors import InternalError
 from dpfl.federation.messages import Encoding, SecureSum
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
@@ -533,8 +534,10 @@ class DPSGDAlgorithm(Algorithm):
                         outcome.events[j] if outcome.events else None,
                         outcome.metadata[j],
                     )
-        assert all(r is not None for r in results)  # every job belongs to one group
-        return [r for r in results if r is not None]
+        done = [r for r in results if r is not None]
+        if len(done) != len(jobs):
+            raise InternalError(f"{len(jobs) - len(done)} of {len(jobs)} jobs were not trained")
+        return done
 
 
 @dataclass(frozen=True)
@@ -564,5 +567,5 @@ def _stacked(members: Sequence[Params | None]) -> Params | None:
     if not present:
         return None
     if len(present) != len(members):
-        raise ValueError("either every job of a batch carries these parameters or none does")
+        raise InternalError("either every job of a batch carries these parameters or none does")
     return stack(present)

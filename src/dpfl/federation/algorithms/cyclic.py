@@ -17,6 +17,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
+from dpfl.errors import InternalError
 from dpfl.federation.algorithms.base import (
     Algorithm,
     DPSGDAlgorithm,
@@ -77,7 +78,7 @@ class Cyclic(DPSGDAlgorithm):
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         """The visited silo's model is the next state (the sum of one reply)."""
         if len(replies) != 1:
-            raise ValueError(f"a cyclic exchange visits one silo, got {len(replies)} replies")
+            raise InternalError(f"a cyclic exchange visits one silo, got {len(replies)} replies")
         glob: Params = state["global"]
         model = secure_sum({name: r.vector for name, r in replies.items()}).total
         return {**state, "global": unflat(model, glob)}
