@@ -5,21 +5,46 @@ hospital half (`client_update`) in a ClientApp at each hospital
 (`dpfl.engines.flower.hospital.client_app`); both build the algorithm from the same
 `Deployment` (`dpfl.engines.flower.protocol`), which `dpfl.experiments.study.deployment` reads
 from each machine's copy of the study file. This module gathers what the rest of dpfl
-uses of them.
+uses of them, each imported on first use: importing `protocol` need not load Flower.
 """
 
 from __future__ import annotations
 
-from dpfl.engines.flower.hospital import HospitalConfig, client_app
-from dpfl.engines.flower.protocol import (
-    SURVIVAL,
-    Deployment,
-    DeploymentError,
-    DeploymentOf,
-    Evaluation,
-    NodeUnavailable,
-)
-from dpfl.engines.flower.server import Checkpoint, DeploymentResult, serve
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from dpfl.engines.flower.hospital import HospitalConfig, client_app
+    from dpfl.engines.flower.protocol import (
+        SURVIVAL,
+        Deployment,
+        DeploymentError,
+        DeploymentOf,
+        Evaluation,
+        NodeUnavailable,
+    )
+    from dpfl.engines.flower.server import Checkpoint, DeploymentResult, serve
+
+_LAZY = {
+    "SURVIVAL": "protocol",
+    "Checkpoint": "server",
+    "Deployment": "protocol",
+    "DeploymentError": "protocol",
+    "DeploymentOf": "protocol",
+    "DeploymentResult": "server",
+    "Evaluation": "protocol",
+    "HospitalConfig": "hospital",
+    "NodeUnavailable": "protocol",
+    "client_app": "hospital",
+    "serve": "server",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _LAZY:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    return getattr(import_module(f"{__name__}.{_LAZY[name]}"), name)
+
 
 __all__ = [
     "SURVIVAL",
