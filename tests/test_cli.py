@@ -526,7 +526,7 @@ def test_a_bug_in_dpfl_is_reported_as_one_with_its_traceback_and_status_70(
     """An internal check that fails (`InternalError`) is dpfl's fault: its traceback, then
     a line that says so and asks for a report, exit status 70; a user's bad input
     (ValueError) is still one line and status 2, without a traceback."""
-    from dpfl.cli import privacy as privacy_cli
+    import dpfl.privacy
     from dpfl.errors import InternalError
 
     def failing(error: Exception) -> Callable[..., Any]:
@@ -536,7 +536,7 @@ def test_a_bug_in_dpfl_is_reported_as_one_with_its_traceback_and_status_70(
         return fail
 
     args = ["privacy", "epsilon", "-s", "1", "-q", "0.01", "-T", "10", "-d", "1e-5"]
-    monkeypatch.setattr(privacy_cli, "epsilon", failing(InternalError("stacks [a] differ")))
+    monkeypatch.setattr(dpfl.privacy, "epsilon", failing(InternalError("stacks [a] differ")))
     bug = runner.invoke(app, args)
     assert bug.exit_code == 70
     assert bug.stdout == ""
@@ -547,7 +547,7 @@ def test_a_bug_in_dpfl_is_reported_as_one_with_its_traceback_and_status_70(
     assert report.startswith(f"This is a bug in dpfl {__version__}, not a mistake in your input")
     assert "please report it" in report
 
-    monkeypatch.setattr(privacy_cli, "epsilon", failing(ValueError("σ [a] is wrong")))
+    monkeypatch.setattr(dpfl.privacy, "epsilon", failing(ValueError("σ [a] is wrong")))
     mistake = runner.invoke(app, args)
     assert mistake.exit_code == 2
     assert mistake.stderr.splitlines() == ["error: σ [a] is wrong"]

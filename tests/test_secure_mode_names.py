@@ -9,8 +9,11 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import pytest
+
 import dpfl
-from dpfl.engines.flower.sums import DEPLOYED
+from dpfl.engines.flower.protocol import DeploymentError
+from dpfl.engines.flower.sums import deployed, every_deployed
 from dpfl.secure import MODES
 
 ROOT = Path(dpfl.__file__).parent
@@ -56,8 +59,12 @@ def test_the_check_finds_comparisons_and_dict_keys() -> None:
 
 
 def test_every_deployable_mode_has_its_deployed_halves_and_no_other_has() -> None:
-    assert sorted(DEPLOYED) == sorted(n for n, m in MODES.items() if m.deployable)
-    assert all(DEPLOYED[n].mode is MODES[n] for n in DEPLOYED)
+    halves = every_deployed()
+    assert [h.mode.name for h in halves] == [n for n, m in MODES.items() if m.deployable]
+    assert all(h.mode is MODES[h.mode.name] for h in halves)
+    for name in (n for n, m in MODES.items() if not m.deployable):
+        with pytest.raises(DeploymentError, match="not deployable"):
+            deployed(name)
 
 
 def test_a_modes_facts_agree_with_its_sums() -> None:

@@ -1,4 +1,6 @@
-"""The `dpfl` command. Every command here is a thin layer over the Python API."""
+"""The `dpfl` command. Every command here is a thin layer over the Python API, which it
+imports in its body (torch, Flower, dp_accounting: seconds), so that `dpfl --help` and
+the commands that need none of them start at once (tests/test_startup.py)."""
 
 from __future__ import annotations
 

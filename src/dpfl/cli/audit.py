@@ -19,12 +19,10 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from dpfl.experiments.results.queries import bound_text, exceeds_ledger
-from dpfl.experiments.results.store import ResultsStore, RunRow
-
 from .common import console, errors, print_json, reported_errors
 
 if TYPE_CHECKING:
+    from dpfl.experiments.results.store import ResultsStore, RunRow
     from dpfl.experiments.study.audit_runs import AuditPlan
 
 AUDIT_TRIALS = 100
@@ -128,6 +126,7 @@ def _audit_finished(
 ) -> list[tuple[RunRow, Rows]]:
     """Audit each finished run (or those in `only`) at its planted silo, each run's figures
     kept in the store (with `keep`) as soon as they are measured, so a stop loses none."""
+    from dpfl.experiments.results.store import ResultsStore
     from dpfl.experiments.study.audit_runs import audit_run, auditable, rows
 
     path = directory / "results.sqlite"
@@ -195,6 +194,8 @@ def _findings_json(found: list[tuple[RunRow, Rows]]) -> list[dict[str, Any]]:
 
 
 def _print(directory: Path, found: list[tuple[RunRow, Rows]], confidence: float) -> None:
+    from dpfl.experiments.results.queries import bound_text, exceeds_ledger
+
     bounds = Table(title=f"{directory}: ε lower bounds (δ of each study)")
     for column in ("run", "algorithm", "method", "silo", "observer", "canary", "trials"):
         bounds.add_column(column)

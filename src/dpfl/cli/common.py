@@ -9,7 +9,7 @@ import traceback
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
@@ -18,8 +18,10 @@ from rich.table import Table
 
 from dpfl import __version__
 from dpfl.errors import InternalError
-from dpfl.privacy import PrivacyError, SiloAccount
 from dpfl.sqlite_file import DamagedFileError
+
+if TYPE_CHECKING:
+    from dpfl.privacy import SiloAccount
 
 # A pipe or a log file gets 120 columns: ledger tables are wider than 80.
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -43,9 +45,6 @@ def reported_errors() -> Iterator[None]:
         warnings.simplefilter("always")
         try:
             yield
-        except (DamagedFileError, PrivacyError, ValueError, OSError) as exc:
-            errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
-            raise typer.Exit(1 if isinstance(exc, DamagedFileError) else 2) from exc
         except InternalError as exc:
             errors.out("".join(traceback.format_exception(exc)), end="", highlight=False)
             errors.print(
@@ -55,10 +54,24 @@ def reported_errors() -> Iterator[None]:
                 soft_wrap=True,
             )
             raise typer.Exit(INTERNAL_ERROR_STATUS) from exc
+        except Exception as exc:
+            if not isinstance(exc, DamagedFileError | ValueError | OSError) and not _privacy(exc):
+                raise
+            errors.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True)
+            raise typer.Exit(1 if isinstance(exc, DamagedFileError) else 2) from exc
         finally:
             for warning in caught:
                 message = escape(str(warning.message))
                 errors.print(f"[yellow]warning:[/yellow] {message}", soft_wrap=True)
+
+
+def _privacy(exc: Exception) -> bool:
+    """Whether `exc` is a PrivacyError: imported only here, as dpfl.privacy loads
+    dp_accounting and scipy (a second), which a command that computes no ε must not wait
+    for (`dpfl init`, `--help`; tests/test_startup.py)."""
+    from dpfl.privacy import PrivacyError
+
+    return isinstance(exc, PrivacyError)
 
 
 def print_json(data: dict[str, Any] | list[dict[str, Any]]) -> None:

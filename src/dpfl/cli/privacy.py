@@ -5,16 +5,16 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dpfl.privacy import Accountant, EpsilonReport, Ledger, calibration, epsilon, events
-from dpfl.privacy.accounting import check_delta, parse_accountant
-
 from .common import account_json, accounts_table, console, print_json, reported_errors
+
+if TYPE_CHECKING:
+    from dpfl.privacy import EpsilonReport
 
 app = typer.Typer(help="Privacy accounting and the per-silo ledger.", no_args_is_help=True)
 
@@ -45,6 +45,9 @@ def epsilon_command(
     json: JsonOpt = False,
 ) -> None:
     """ε after T Poisson-sampled DP-SGD steps (add/remove-one neighbouring)."""
+    from dpfl.privacy import Accountant, epsilon, events
+    from dpfl.privacy.accounting import check_delta
+
     with reported_errors():
         check_delta(delta, dataset_size=dataset_size)
         event = events.poisson_gaussian(sample_rate, noise_multiplier, steps=steps)
@@ -93,6 +96,9 @@ def node_level_command(
     under replace-one-person neighbouring (one person and all their contacts replaced):
     that changes up to 2S − 1 rows, which the bound charges. The seed's Fig. 10 (puffle,
     after Daigavane et al. 2021), which counted S rows, the add/remove count."""
+    from dpfl.privacy import epsilon, events
+    from dpfl.privacy.accounting import check_delta
+
     with reported_errors():
         chosen_delta = 1 / dataset_size if delta is None else delta
         check_delta(chosen_delta)
@@ -144,11 +150,14 @@ def calibrate_command(
     accountant: AccountantOpt = None,
     tolerance: Annotated[
         float, typer.Option(help="σ is at most this far above the least σ that meets ε.")
-    ] = calibration.NOISE_TOLERANCE,
+    ] = 1e-4,  # calibration.NOISE_TOLERANCE (tests/test_startup.py): not imported for --help
     dataset_size: SizeOpt = None,
     json: JsonOpt = False,
 ) -> None:
     """The smallest noise multiplier σ that keeps T DP-SGD steps within (ε, δ)."""
+    from dpfl.privacy import calibration, epsilon, events
+    from dpfl.privacy.accounting import check_delta, parse_accountant
+
     with reported_errors():
         check_delta(delta, dataset_size=dataset_size)
         chosen = None if accountant is None else parse_accountant(accountant)
@@ -177,6 +186,8 @@ def max_steps_command(
     json: JsonOpt = False,
 ) -> None:
     """The largest number of DP-SGD steps at (q, σ) that stays within (ε, δ)."""
+    from dpfl.privacy import calibration, epsilon, events
+
     with reported_errors():
         steps = calibration.max_dpsgd_steps(
             target_epsilon,
@@ -204,6 +215,8 @@ def ledger_command(
     json: JsonOpt = False,
 ) -> None:
     """Per silo: budget, events recorded, ε spent (PLD where it applies, and RDP), ε left."""
+    from dpfl.privacy import Accountant, Ledger
+
     with reported_errors(), Ledger(path, create=False) as ledger:
         accounts = ledger.accounts()
         by_rdp = ledger.accounts(accountant=Accountant.RDP)

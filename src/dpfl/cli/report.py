@@ -9,8 +9,6 @@ from typing import Annotated
 
 import typer
 
-from dpfl.experiments.results.store import ResultsStore
-
 from .common import print_json, reported_errors
 
 READ_ONLY = (errno.EACCES, errno.EPERM, errno.EROFS)
@@ -37,6 +35,7 @@ def report(
     """Write the study's report (figures, results table, privacy datasheets); print its path."""
     # Imported here: matplotlib would add half a second to every other dpfl command.
     from dpfl.experiments.results.report import REPORT_FOLDER, RESULTS_FILE, write_report
+    from dpfl.experiments.results.store import ResultsStore
 
     with reported_errors():  # a missing store or an unknown metric: one red line, status 2
         try:

@@ -14,9 +14,6 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from dpfl.experiments.results.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise
-from dpfl.experiments.results.store import enforcing_accountant
-
 from .common import console, errors, mean_std, print_json, reported_errors
 
 if TYPE_CHECKING:
@@ -221,6 +218,8 @@ def _best_json(
 ) -> dict[str, Any]:
     """`best --json`'s object: the chosen candidate (or None), the counts and the caveat."""
     from dpfl.experiments.results.best import CAVEAT
+    from dpfl.experiments.results.datasheet import research_noise
+    from dpfl.experiments.results.store import enforcing_accountant
 
     return {
         "best": None
@@ -250,7 +249,9 @@ def _best_json(
 
 def _candidates_table(found: list[Candidate], metric: str, epsilon: float, delta: float) -> Table:
     """`best`'s table: every finished candidate, best first, and whether it is within budget."""
+    from dpfl.experiments.results.datasheet import research_noise
     from dpfl.experiments.results.queries import mean_std_text
+    from dpfl.experiments.results.store import enforcing_accountant
 
     table = Table(
         title=f"finished runs by {metric} within ε={epsilon:g}, δ={delta:g}",
@@ -284,6 +285,7 @@ def _print_best(chosen: Candidate, finished: int) -> None:
     """`best`'s verdict under the table: the chosen run(s), and that its ε leaves the
     selection among `finished` configurations out."""
     from dpfl.experiments.results.best import CAVEAT
+    from dpfl.experiments.results.datasheet import RESEARCH_MARK, RESEARCH_NOISE, research_noise
 
     runs = "runs " + ", ".join(r.id for r in chosen.runs) if len(chosen.runs) > 1 else ""
     console.print(
@@ -593,11 +595,15 @@ def _pooled_grid(grid: dict[str, Any], runs: int) -> dict[str, Any]:
 
 def _epsilon(value: float, accountant: str, seeded: bool) -> str:
     """ε labelled with the accountant that enforced it, marked if the noise was seeded."""
+    from dpfl.experiments.results.datasheet import RESEARCH_MARK
+
     return f"{value:.4g} ({accountant.upper()})" + (f" {RESEARCH_MARK}" if seeded else "")
 
 
 def _research_caption(seeded: Iterable[bool]) -> str | None:
     """The warning under a table whose ε include research runs."""
+    from dpfl.experiments.results.datasheet import RESEARCH_MARK, RESEARCH_NOISE
+
     return f"{RESEARCH_MARK} {RESEARCH_NOISE}" if any(seeded) else None
 
 

@@ -77,7 +77,7 @@ NONE = SecureMode(
     described="none: the server sees every reply",
     hides_replies=False,
     exact=True,
-    deployable=True,
+    deployed_in="clear",
     key_holder=False,
     sums=InTheClear,
 )
@@ -87,7 +87,7 @@ IDEAL = SecureMode(
     "hands the server's code their sum only (a deployment needs masking or HE)",
     hides_replies=True,
     exact=True,
-    deployable=False,
+    deployed_in=None,
     key_holder=False,
     sums=IdealSecureSum,
 )

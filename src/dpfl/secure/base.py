@@ -61,15 +61,20 @@ class SecureMode:
     exact: bool
     """It adds the replies as they are, in floating point (no fixed point, no
     cryptography): the simulator's default, a secure sum's ideal functionality or none."""
-    deployable: bool
-    """A Flower deployment runs it across machines (the ideal functionality needs the
-    replies in one process: simulation only)."""
+    deployed_in: str | None
+    """The module of the Flower engine (`dpfl.engines.flower.<deployed_in>`) whose
+    `HALVES` run it across machines; None: simulation only (the ideal functionality
+    needs the replies in one process)."""
     key_holder: bool
     """A hospital holds a secret key that decrypts the sum (HE): a deployment names it."""
     sums: Callable[[], SecureSum]
     """The simulator's sum of the replies (a new one per run)."""
     stats_sums: Callable[[], SecureSum] | None = None
     """The statistics' sum (`dpfl stats`), where it is not `sums`' (a wider ring)."""
+
+    @property
+    def deployable(self) -> bool:
+        return self.deployed_in is not None
 
     def sum(self) -> SecureSum:
         return self.sums()

@@ -669,7 +669,7 @@ MODE = SecureMode(
     "2^-30); a key holder that is not the server decrypts the sum only",
     hides_replies=True,
     exact=False,
-    deployable=True,
+    deployed_in="he",
     key_holder=True,
     sums=HomomorphicSum,
 )

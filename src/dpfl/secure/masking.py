@@ -1082,7 +1082,7 @@ MODE = SecureMode(
     "Shamir shares; fixed point 2^-16 in Z_2^32)",
     hides_replies=True,
     exact=False,
-    deployable=True,
+    deployed_in="masking",
     key_holder=False,
     sums=PairwiseMasking,
     stats_sums=lambda: STATS_MASKING,

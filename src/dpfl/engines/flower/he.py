@@ -37,7 +37,7 @@ from torch import Tensor
 
 from dpfl.engines.flower.protocol import Ask, DeploymentError, Exchange
 from dpfl.engines.flower.roster import Roster
-from dpfl.engines.flower.sums import DeployedSum, register
+from dpfl.engines.flower.sums import DeployedSum
 from dpfl.federation.algorithms.base import Reply
 from dpfl.federation.messages import Summed
 from dpfl.files import replacing
@@ -211,8 +211,6 @@ def _decrypt(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     return side.decrypt(fields, algorithm.fewest_replies(len(silos)))
 
 
-HALVES = register(
-    DeployedSum(
-        MODE, Encrypted(), EncryptedSum.opener, EncryptedSum.opener, {"he_decrypt": _decrypt}
-    )
+HALVES = DeployedSum(
+    MODE, Encrypted(), EncryptedSum.opener, EncryptedSum.opener, {"he_decrypt": _decrypt}
 )

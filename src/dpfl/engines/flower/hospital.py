@@ -67,7 +67,7 @@ from dpfl.engines.flower.protocol import (
     union_counts,
 )
 from dpfl.engines.flower.roster import PREFIX, RosterError, public_text, read_identity
-from dpfl.engines.flower.sums import DEPLOYED, Protection, Work, deployed
+from dpfl.engines.flower.sums import Protection, Work, deployed, every_deployed
 from dpfl.engines.simulation import _count_noise
 from dpfl.engines.streams import Streams, evaluation_noise, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
@@ -768,7 +768,7 @@ def client_app(deployment_of: DeploymentOf, queries: Mapping[str, Work]) -> Clie
     app.query("calibrate")(_handler(_calibrate, deployment_of))
     app.train()(_handler(_train, deployment_of))
     app.evaluate()(_handler(_evaluate, deployment_of))
-    for halves in DEPLOYED.values():  # the secure sums' sessions
+    for halves in every_deployed():  # the secure sums' sessions
         for kind, work in halves.queries.items():
             app.query(kind)(_handler(work, deployment_of))
     for kind, work in queries.items():

@@ -48,7 +48,7 @@ from torch import Tensor
 
 from dpfl.engines.flower.protocol import Ask, DeploymentError, Exchange
 from dpfl.engines.flower.roster import Roster, RosterError
-from dpfl.engines.flower.sums import DeployedSum, Work, register
+from dpfl.engines.flower.sums import DeployedSum, Work
 from dpfl.federation.algorithms.base import Reply
 from dpfl.federation.messages import Summed
 from dpfl.secure.masking import (
@@ -385,12 +385,10 @@ def _stats_opener(
     return partial(MaskedSum.open, masking=STATS_MASKING)
 
 
-HALVES = register(
-    DeployedSum(
-        MODE,
-        Masked(),
-        MaskedSum.opener,
-        _stats_opener,
-        {f"secagg_{s}": _step(getattr(HospitalSide, s)) for s in ("keys", "shares", "unmask")},
-    )
+HALVES = DeployedSum(
+    MODE,
+    Masked(),
+    MaskedSum.opener,
+    _stats_opener,
+    {f"secagg_{s}": _step(getattr(HospitalSide, s)) for s in ("keys", "shares", "unmask")},
 )

@@ -1,14 +1,16 @@
 """The deployed halves of each secure-sum mode (`dpfl.secure.SecureMode`): how a
 hospital's reply leaves it (`Protection`), how the server opens each exchange's sum
 (`ExchangeSum`, for training and for the statistics), and the messages of the mode's own
-session a hospital answers. Each mode's module registers its halves (`clear`, `masking`,
-`he`); the hospital and the server find them here by the study's `secure_aggregation`
-(`deployed`), never by comparing its name."""
+session a hospital answers. Each mode's module (`clear`, `masking`, `he`: the one its
+`SecureMode.deployed_in` names) holds its halves as `HALVES`; the hospital and the server
+find them here by the study's `secure_aggregation` (`deployed`), never by comparing its
+name."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import import_module
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -92,18 +94,17 @@ class DeployedSum:
     """The messages of the mode's own session a hospital answers, by query name."""
 
 
-DEPLOYED: dict[str, DeployedSum] = {}
-"""Every deployable mode's halves by its name, as its module registers them."""
-
-
-def register(halves: DeployedSum) -> DeployedSum:
-    DEPLOYED[halves.mode.name] = halves
+def deployed(name: str) -> DeployedSum:
+    """The halves of the study's `secure_aggregation`, from the module its mode names
+    (`SecureMode.deployed_in`), imported here on first use; DeploymentError where it has
+    none (a simulator's stand-in)."""
+    mode = secure.mode(name)
+    if mode.deployed_in is None:
+        raise DeploymentError(f"secure_aggregation {mode.name!r} is not deployable")
+    halves: DeployedSum = import_module(f"dpfl.engines.flower.{mode.deployed_in}").HALVES
     return halves
 
 
-def deployed(name: str) -> DeployedSum:
-    """The halves of the study's `secure_aggregation`; DeploymentError where it has
-    none (a simulator's stand-in)."""
-    if name not in DEPLOYED:
-        raise DeploymentError(f"secure_aggregation {secure.mode(name).name!r} is not deployable")
-    return DEPLOYED[name]
+def every_deployed() -> list[DeployedSum]:
+    """Every deployable mode's halves, in the registry's order."""
+    return [deployed(name) for name, mode in secure.MODES.items() if mode.deployable]
