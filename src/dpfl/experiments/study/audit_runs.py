@@ -24,6 +24,7 @@ from dpfl.audit.canaries import Canary, dirac_canaries, outlier_canaries
 from dpfl.audit.membership import MembershipAudit, membership_audit
 from dpfl.audit.one_run import OneRunAudit, one_run_audit
 from dpfl.audit.two_worlds import TwoWorldAudit, two_world_audit
+from dpfl.errors import InternalError
 from dpfl.experiments.results.store import RunRow
 from dpfl.experiments.study import spending
 from dpfl.experiments.study.build import build_algorithm
@@ -166,7 +167,8 @@ def rows(findings: Sequence[Finding]) -> tuple[list[dict[str, Any]], list[dict[s
             rates = row.pop("tpr_at_fpr")
             membership.append(row | {"tpr_at_fpr_0_1": rates[0.001], "tpr_at_fpr_1": rates[0.01]})
             continue
-        assert isinstance(f, TwoWorldAudit | OneRunAudit)
+        if not isinstance(f, TwoWorldAudit | OneRunAudit):
+            raise InternalError(f"an audit's finding of no known kind: {type(f).__name__}")
         detail = {
             k: v
             for k, v in dataclasses.asdict(f).items()
