@@ -49,8 +49,8 @@ from dpfl.experiments.recipes.clinical_common import (
     silo_mean,
 )
 from dpfl.experiments.results.store import ResultsStore, RunRow
-from dpfl.experiments.study.config import DataConfig, Study, StudyConfig
-from dpfl.experiments.study.datasets import load_dataset
+from dpfl.experiments.study.config import Study, StudyConfig
+from dpfl.experiments.study.datasets import data_config
 from dpfl.privacy import events
 
 NAME = "puffle-pandemic"
@@ -176,7 +176,7 @@ def _data_key(run: RunRow) -> tuple[str, int]:
 @functools.lru_cache(maxsize=4)
 def _positive_rates(data: str, seed: int) -> dict[str | None, float]:
     """The test rows' positive rate (random AUPRC), overall (None) and per region."""
-    dataset = load_dataset(DataConfig.model_validate(json.loads(data)), seed)
+    dataset = data_config(json.loads(data)).load(seed)
     assert dataset.split is not None and dataset.site_ids is not None  # the generator's
     test = dataset.split == "test"
     labels, regions = dataset.labels[test], dataset.site_ids[test]
