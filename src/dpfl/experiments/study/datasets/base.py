@@ -132,10 +132,10 @@ class DataSettings(Strict, ABC):
         }
         options = lifted.pop("options", {})
         if not isinstance(options, dict):
-            raise ValueError(f"data.options: a table of {raw.get('dataset')}'s own keys")
+            raise ValueError(f"data.options must be a table of {raw.get('dataset')}'s own keys")
         twice = sorted(set(options) & set(lifted))
         if twice:
-            raise ValueError(f"data.options: {', '.join(twice)} given in [data] too")
+            raise ValueError(f"{', '.join(twice)} given both in [data] and in [data.options]")
         return {**lifted, **options}
 
     @model_serializer(mode="wrap")
