@@ -57,10 +57,11 @@ class GenomicsData:
     options: dict[str, Any] = field(default_factory=dict)
 
     def section(self, **options: Any) -> dict[str, Any]:
-        """The study's `data` table; `options` add to the dataset's own."""
+        """The study's `data` table; `options` add to the dataset's own keys."""
         section: dict[str, Any] = {
             "dataset": self.name,
-            "options": {**self.options, **options},
+            **self.options,
+            **options,
             "partition": {"kind": "iid", "silos": SILOS},
             "test_fraction": TEST_FRACTION,
         }
