@@ -13,7 +13,6 @@ from dpfl.experiments.study.datasets.base import (
     DataSettings,
     PartitionConfig,
     build_silos,
-    load_dataset,
     official_splits,
 )
 from dpfl.experiments.study.datasets.clinical import (
@@ -83,7 +82,6 @@ __all__ = [
     "TableData",
     "build_silos",
     "data_config",
-    "load_dataset",
     "official_splits",
     "own_keys",
 ]

@@ -171,8 +171,9 @@ class DataSettings(Strict, ABC):
     def load(self, seed: int) -> Dataset:
         """The records, read from `path` or generated from `seed`."""
 
-    def options(self) -> dict[str, Any]:
-        """The kind's `OPTIONS`, each at its value: its loader's keyword arguments."""
+    def keywords(self) -> dict[str, Any]:
+        """The kind's `OPTIONS`, each at its value (given or default): its loader's
+        keyword arguments."""
         return {name: getattr(self, name) for name in self.OPTIONS}
 
     @property
@@ -206,11 +207,6 @@ class DataSettings(Strict, ABC):
             f"data.split = 'stratified'); this one reads {self.dataset!r}: give a folder "
             "holding train.npz"
         )
-
-
-def load_dataset(config: DataSettings, seed: int) -> Dataset:
-    """The configured dataset, read from `data.path` or generated from `seed`."""
-    return config.load(seed)
 
 
 def build_silos(config: DataSettings, seed: int, *, tested: str = "test") -> list[Silo]:

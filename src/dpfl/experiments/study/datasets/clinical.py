@@ -114,7 +114,7 @@ class Diabetes130(DataSettings):
     """The share of patients kept (a public, seeded draw): smaller runs."""
 
     def load(self, seed: int) -> Dataset:
-        return _diabetes130(self.folder.resolve(), json.dumps(self.options(), sort_keys=True))
+        return _diabetes130(self.folder.resolve(), json.dumps(self.keywords(), sort_keys=True))
 
 
 @functools.cache

@@ -103,7 +103,7 @@ class SyntheticBcTcga(DataSettings):
     def load(self, seed: int) -> Dataset:
         from dpfl.data import synthetic
 
-        data = synthetic.synthetic_bc_tcga(seed, **self.options())
+        data = synthetic.synthetic_bc_tcga(seed, **self.keywords())
         signal = self.signal_genes or [n for n in data.feature_names if n.startswith("SIG")]
         data = preprocess.select_features(data, signal, "the generator's declared signal genes")
         return preprocess.zero_impute(_centre_log2(data))

@@ -35,7 +35,7 @@ class SyntheticEhr(DataSettings):
     def load(self, seed: int) -> Dataset:
         from dpfl.data import synthetic
 
-        return synthetic.synthetic_ehr(seed, **self.options())
+        return synthetic.synthetic_ehr(seed, **self.keywords())
 
 
 POPULATION = (
@@ -84,7 +84,7 @@ class Pandemic(DataSettings):
     """A row's contacts: one slot each, or summed."""
 
     def load(self, seed: int) -> Dataset:
-        return _pandemic(seed, json.dumps(self.options(), sort_keys=True))
+        return _pandemic(seed, json.dumps(self.keywords(), sort_keys=True))
 
 
 @functools.lru_cache(maxsize=1)
