@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import importlib
+import inspect
 import tomllib
 from pathlib import Path
 
@@ -348,3 +350,35 @@ def test_the_dataset_kinds_import_nothing_of_the_study_schema() -> None:
         imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
         assert "dpfl.experiments.study.config" not in imported, module.name
+
+
+@pytest.mark.parametrize(
+    ("dataset", "loaders"),
+    [
+        ("flamby_heart_disease", ["dpfl.data.flamby:flamby_heart_disease"]),
+        ("physionet2012", ["dpfl.data.physionet:physionet2012"]),
+        ("diabetes130", ["dpfl.data.public_tables:diabetes130"]),
+        ("synthetic_ehr", ["dpfl.data.synthetic:synthetic_ehr"]),
+        ("synthetic_bc_tcga", ["dpfl.data.synthetic:synthetic_bc_tcga"]),
+        (
+            "pandemic",
+            ["dpfl.data.pandemic:pandemic_population", "dpfl.data.pandemic:pandemic_dataset"],
+        ),
+    ],
+)
+def test_a_kinds_defaults_are_its_loaders(dataset: str, loaders: list[str]) -> None:
+    """A kind passes every one of its keys to its loader, given or not: each default is
+    the loader's own, so a key left out loads what it loaded when it was not passed."""
+    defaults: dict[str, object] = {}
+    for loader in loaders:
+        module, name = loader.split(":")
+        signature = inspect.signature(getattr(importlib.import_module(module), name))
+        defaults |= {k: p.default for k, p in signature.parameters.items() if p.default != p.empty}
+    kind = KINDS[dataset]
+    for key in kind.OPTIONS:
+        ours = kind.model_fields[key].get_default(call_default_factory=True)
+        theirs = defaults.get(key, ours)  # pandemic's people: the study's default (20,000)
+        assert (list(ours) if isinstance(ours, tuple | list) else ours) == (
+            list(theirs) if isinstance(theirs, tuple | list) else theirs
+        ), key
+    assert set(kind.OPTIONS) - set(defaults) <= {"people"}
