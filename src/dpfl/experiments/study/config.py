@@ -585,7 +585,7 @@ def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tupl
     for key, value in raw.items():
         path = (*prefix, key)
         if path[:2] == ("data", "options"):
-            continue  # a builder's keyword arguments are passed as given
+            continue  # the older spelling of a dataset's own keys: no axes, as ever
         if isinstance(value, dict):
             yield from _axes(value, path)
         elif isinstance(value, list) and (
