@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import ast
+import importlib
+import inspect
 import tomllib
 from pathlib import Path
 
 import pytest
 
+from dpfl.data import images
 from dpfl.experiments.study import config as config_module
-from dpfl.experiments.study.config import MAX_POINTS, ConfigError, Study, load
+from dpfl.experiments.study import datasets
+from dpfl.experiments.study.config import (
+    MAX_POINTS,
+    ConfigError,
+    Study,
+    StudyConfig,
+    _list_valued,
+    load,
+)
+from dpfl.experiments.study.datasets import DATASETS, KINDS, DataSettings
+from dpfl.experiments.study.datasets.base import STORED_EMPTY
+from dpfl.experiments.study.datasets.images import ImageData, ImagesConfig
 from studies import breast_cancer_study
 
 BASE = breast_cancer_study("t", rounds=3, privacy={"epsilon": 1.0})
@@ -240,3 +255,130 @@ def test_a_grid_at_the_limit_is_expanded(tmp_path: Path, monkeypatch: pytest.Mon
     assert len(study.points) == 4
     with pytest.raises(ConfigError, match="a grid of 5 points, over the limit of 4: rounds"):
         load(_write(tmp_path, BASE.replace("rounds = 3", "rounds = [1, 2, 3, 4, 5]")))
+
+
+PANDEMIC = BASE.replace('dataset = "breast_cancer"', 'dataset = "pandemic"')
+"""A pandemic study; its own keys go after `[data]`'s first line."""
+
+
+def _refused(text: str) -> list[str]:
+    with pytest.raises(ConfigError) as refused:
+        Study(tomllib.loads(text))
+    return str(refused.value).splitlines()[1:]
+
+
+@pytest.mark.parametrize(
+    ("own", "line"),
+    [
+        ('people = "many"', "  data.people: Input should be a valid integer, unable to parse "),
+        ("people = 0", "  data.people: Input should be greater than or equal to 1"),
+        ("asymptomatic = 1.5", "  data.asymptomatic: Input should be less than or equal to 1"),
+        ('contacts = "all"', "  data.contacts: Input should be 'slots' or 'summary'"),
+        ("peple = 4000", "  data.peple: unknown key (check its spelling and section); pandemic's "),
+        ("options = { peple = 4000 }", "  data.peple: unknown key"),
+        (
+            "options = { people = 1 }\npeople = 2",
+            "  data: people given both in [data] and in [data.options]",
+        ),
+    ],
+)
+def test_a_kinds_own_keys_are_typed_and_a_misspelt_one_is_one_line(own: str, line: str) -> None:
+    (refused,) = _refused(PANDEMIC.replace("[data]", f"[data]\n{own}", 1))
+    assert refused.startswith(line)
+
+
+def test_a_misspelt_key_names_the_kinds_own_keys() -> None:
+    (line,) = _refused(PANDEMIC.replace("[data]", "[data]\npeple = 4000", 1))
+    assert line.endswith(
+        "pandemic's own keys: people, regions, transmission, initial_infected, asymptomatic, "
+        "region_spread, heterogeneity, max_appearances, window, horizon, train_days, contacts"
+    )
+    (table_key,) = _refused(BASE.replace("[data]", '[data]\nlabel = "y"', 1))
+    assert table_key == (
+        "  data.label: unknown key (check its spelling and section); "
+        "breast_cancer has none of its own"
+    )
+
+
+def test_the_older_data_options_spelling_is_the_same_run() -> None:
+    own = '[data]\npeople = 4000\nheterogeneity = 1\ncontacts = "summary"'
+    older = '[data]\noptions = { people = 4000, heterogeneity = 1, contacts = "summary" }'
+    (_, new), *_ = Study(tomllib.loads(PANDEMIC.replace("[data]", own, 1))).points
+    (_, old), *_ = Study(tomllib.loads(PANDEMIC.replace("[data]", older, 1))).points
+    assert new == old and new.key() == old.key()
+    # a dump (a stored config) holds the given keys under `options`, integers as written
+    assert new.model_dump(mode="json")["data"]["options"] == {
+        "people": 4000,
+        "heterogeneity": 1,
+        "contacts": "summary",
+    }
+    assert StudyConfig.model_validate(new.model_dump(mode="json")).key() == new.key()
+
+
+def test_a_kinds_own_key_given_a_list_is_a_grid_axis() -> None:
+    study = Study(tomllib.loads(PANDEMIC.replace("[data]", "[data]\npeople = [100, 200]", 1)))
+    assert study.axes == {"data.people": [100, 200]}
+    assert _list_valued(("data", "sets"))  # physionet2012's sets: a list is its one value
+
+
+def test_a_stored_config_of_the_one_section_data_loads_with_its_key() -> None:
+    """Configs stored when `[data]` was one section for every kind hold every table and
+    image key at its default; `dpfl report` reads them back."""
+    ((_, config),) = Study(tomllib.loads(BASE)).points
+    stored = config.model_dump(mode="json")
+    assert STORED_EMPTY["images"] == ImagesConfig().model_dump(mode="json")
+    stored["data"] = {**stored["data"], **STORED_EMPTY}
+    assert StudyConfig.model_validate(stored).key() == config.key()
+    stored["data"]["label"] = "y"  # set: a table's key, which breast_cancer refuses
+    with pytest.raises(ValueError, match="label"):
+        StudyConfig.model_validate(stored)
+
+
+def test_every_kind_is_in_the_registry_with_its_options_among_its_keys() -> None:
+    assert set(DATASETS) == {"images", *images.PRESETS} | {
+        name for name, kind in KINDS.items() if not issubclass(kind, ImageData)
+    }
+    for kind in KINDS.values():
+        assert set(kind.OPTIONS) <= set(kind.model_fields) - set(DataSettings.model_fields)
+
+
+def test_the_dataset_kinds_import_nothing_of_the_study_schema() -> None:
+    """config imports the union; no kind imports config back (no import circle)."""
+    package = Path(datasets.__file__).parent
+    for module in package.glob("*.py"):
+        tree = ast.parse(module.read_text(encoding="utf-8"))
+        imported = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported |= {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        assert "dpfl.experiments.study.config" not in imported, module.name
+
+
+@pytest.mark.parametrize(
+    ("dataset", "loaders"),
+    [
+        ("flamby_heart_disease", ["dpfl.data.flamby:flamby_heart_disease"]),
+        ("physionet2012", ["dpfl.data.physionet:physionet2012"]),
+        ("diabetes130", ["dpfl.data.public_tables:diabetes130"]),
+        ("synthetic_ehr", ["dpfl.data.synthetic:synthetic_ehr"]),
+        ("synthetic_bc_tcga", ["dpfl.data.synthetic:synthetic_bc_tcga"]),
+        (
+            "pandemic",
+            ["dpfl.data.pandemic:pandemic_population", "dpfl.data.pandemic:pandemic_dataset"],
+        ),
+    ],
+)
+def test_a_kinds_defaults_are_its_loaders(dataset: str, loaders: list[str]) -> None:
+    """A kind passes every one of its keys to its loader, given or not: each default is
+    the loader's own, so a key left out loads what it loaded when it was not passed."""
+    defaults: dict[str, object] = {}
+    for loader in loaders:
+        module, name = loader.split(":")
+        signature = inspect.signature(getattr(importlib.import_module(module), name))
+        defaults |= {k: p.default for k, p in signature.parameters.items() if p.default != p.empty}
+    kind = KINDS[dataset]
+    for key in kind.OPTIONS:
+        ours = kind.model_fields[key].get_default(call_default_factory=True)
+        theirs = defaults.get(key, ours)  # pandemic's people: the study's default (20,000)
+        assert (list(ours) if isinstance(ours, tuple | list) else ours) == (
+            list(theirs) if isinstance(theirs, tuple | list) else theirs
+        ), key
+    assert set(kind.OPTIONS) - set(defaults) <= {"people"}

@@ -118,9 +118,8 @@ def test_image_keys_are_checked_with_the_study(tmp_path: Path) -> None:
     assert "breastmnist has its own classes" in refusal(
         {"dataset": "breastmnist", "path": str(tmp_path), "images": {"classes": ["a", "b"]}}
     )
-    assert "data.images: breast_cancer is not an image dataset" in refusal(
-        {"dataset": "breast_cancer", "images": {"size": [8, 8]}}
-    )
+    not_images = refusal({"dataset": "breast_cancer", "images": {"size": [8, 8]}})
+    assert "data.images: unknown key (check its spelling and section); breast_cancer" in not_images
     assert "mean and std need 3 value(s), one per channel" in refusal(
         {
             "dataset": "images",

@@ -23,8 +23,7 @@ from dpfl.experiments.recipes import (
 )
 from dpfl.experiments.recipes.genomics_common import majority
 from dpfl.experiments.results.store import ResultsStore, RunRow
-from dpfl.experiments.study.config import DataConfig
-from dpfl.experiments.study.datasets import GENERATORS, READERS, build_silos
+from dpfl.experiments.study.datasets import build_silos, data_config
 from dpfl.experiments.study.runner import STORE
 
 from .test_recipe_golden import recipe_lock, smoke
@@ -161,26 +160,27 @@ def test_real_bc_tcga_runs_with_each_profiles_signature(shared_data: Path, tmp_p
         "(real data, not shipped with dpfl)"
     ]
     real = [s.points[0][1] for s in plan.studies if s.points[0][1].data.dataset == "bc_tcga"]
-    assert [c.data.options for c in real] == [{"signature": "gene76"}, {"signature": "citbcmst"}]
+    options = [c.data.model_dump()["options"] for c in real]
+    assert options == [{"signature": "gene76"}, {"signature": "citbcmst"}]
     widths = [build_silos(c.data, c.seed)[0].x.shape[1] for c in real]
     assert widths == [60, 263]
 
 
 def test_builders_use_public_preprocessing_only(shared_data: Path) -> None:
-    data = READERS["gse7390"](shared_data / "gse7390", {})
+    data = data_config({"dataset": "gse7390", "path": shared_data / "gse7390"}).load(0)
     assert data.features.shape == (198, 76) and data.feature_names[0] == "219340_s_at"
     assert data.privacy_caveats == ()  # nothing was fitted on the records
-    holes = GENERATORS["synthetic_bc_tcga"](
-        0,
+    holes = data_config(
         {
+            "dataset": "synthetic_bc_tcga",
             "n_normal": 5,
             "n_tumour": 15,
             "n_genes": 30,
             "n_signal": 10,
             "missing_gene_fraction": 1.0,
             "missing_rate": 0.5,
-        },
-    )
+        }
+    ).load(0)
     assert holes.features.shape == (20, 10) and np.isfinite(holes.features).all()
     assert holes.preprocessing[-1] == "zero imputation of missing values (public)"
     assert holes.privacy_caveats == ()
@@ -195,9 +195,9 @@ def test_builders_refuse_bad_input(shared_data: Path, tmp_path: Path) -> None:
     end = text.index("\n", first)
     (broken / genomics.GSE7390_FILE).write_text(text[:last_value] + "?" + text[end:])
     with pytest.raises(DataFormatError, match="missing numeric values"):
-        READERS["gse7390"](broken, {})
-    with pytest.raises(ValueError, match="takes only"):
-        READERS["gse7390"](shared_data / "gse7390", {"signatures_dir": "x"})
+        data_config({"dataset": "gse7390", "path": broken}).load(0)
+    with pytest.raises(ValueError, match="signatures_dir"):
+        data_config({"dataset": "gse7390", "path": broken, "signatures_dir": "x"})
 
     fake = synthetic.synthetic_bc_tcga(
         seed=0, n_normal=4, n_tumour=8, n_genes=80, signal_genes=["ESR1", "ERBB2"]
@@ -205,7 +205,7 @@ def test_builders_refuse_bad_input(shared_data: Path, tmp_path: Path) -> None:
     features = fake.features.copy()
     features[3, fake.feature_names.index("ESR1")] = np.inf
     genomics.write_bc_tcga(tmp_path / "bc_tcga", dataclasses.replace(fake, features=features))
-    config = DataConfig.model_validate(
+    config = data_config(
         {
             "dataset": "bc_tcga",
             "path": str(tmp_path / "bc_tcga"),

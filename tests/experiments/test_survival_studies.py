@@ -17,8 +17,8 @@ from dpfl.experiments.results import best
 from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.build import build_algorithm
-from dpfl.experiments.study.config import ConfigError, DataConfig, Study
-from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.config import ConfigError, Study
+from dpfl.experiments.study.datasets import build_silos, data_config
 from dpfl.experiments.study.runner import STORE, run_study
 from dpfl.federation.silo import Silo
 
@@ -49,7 +49,9 @@ def gse7390_study(shared: Path, **changes: Any) -> dict[str, Any]:
 def test_tcga_brca_has_flambys_six_centres_and_split_with_survival_labels(
     shared_data: Path,
 ) -> None:
-    config = DataConfig(dataset="tcga_brca", path=shared_data / "fed_tcga_brca", split="official")
+    config = data_config(
+        {"dataset": "tcga_brca", "path": shared_data / "fed_tcga_brca", "split": "official"}
+    )
     silos = build_silos(config, seed=0)
     assert [s.name for s in silos] == ["northeast", "south", "west", "midwest", "europe", "canada"]
     # FLamby's per-centre train/test sizes (PROVENANCE.md of fed_tcga_brca)
@@ -164,8 +166,8 @@ def test_survival_labels_are_checked_and_stratify_by_event() -> None:
 
 
 def test_an_official_split_needs_a_dataset_that_has_one() -> None:
-    config = DataConfig(
-        dataset="breast_cancer", partition={"kind": "iid", "silos": 2}, split="official"
+    config = data_config(
+        {"dataset": "breast_cancer", "partition": {"kind": "iid", "silos": 2}, "split": "official"}
     )
     with pytest.raises(ValueError, match="no official split"):
         build_silos(config, seed=0)

@@ -19,7 +19,7 @@ from dpfl.engines.simulation import account, simulate
 from dpfl.experiments.study import tune as tune_module
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import ConfigError, Study, load
-from dpfl.experiments.study.datasets import build_silos, load_dataset
+from dpfl.experiments.study.datasets import build_silos
 from dpfl.experiments.study.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Accountant, BudgetExceededError, Ledger, events
@@ -225,7 +225,7 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[Silo]], list[l
 
 def _rows(config: Any) -> Callable[[list[Silo], str], set[int]]:
     """Silos' records (part "x" or "x_test") as their row indices in the study's dataset."""
-    row = {r.tobytes(): i for i, r in enumerate(load_dataset(config.data, 0).features)}
+    row = {r.tobytes(): i for i, r in enumerate(config.data.load(0).features)}
 
     def rows(silos: list[Silo], part: str) -> set[int]:
         return {row[r.tobytes()] for s in silos for r in getattr(s, part).numpy()}
@@ -265,7 +265,7 @@ def test_official_validation_records_are_neither_training_nor_test_records(
 
     config = Study(official).points[0][1]
     rows = _rows(config)
-    split = load_dataset(config.data, 0).split
+    split = config.data.load(0).split
     assert split is not None
     official_rows = {name: set(np.flatnonzero(split == name)) for name in ("train", "val", "test")}
     (released,) = tested

@@ -12,8 +12,7 @@ import pytest
 
 from dpfl.data import DataFormatError
 from dpfl.data.table import Column, read_table
-from dpfl.experiments.study.config import DataConfig
-from dpfl.experiments.study.datasets import build_silos, own_silo
+from dpfl.experiments.study.datasets import build_silos, data_config
 from dpfl.federation.silo import SiloInfo
 from dpfl.federation.threshold import BalancedThreshold, sensitivity
 from dpfl.privacy import events
@@ -62,7 +61,7 @@ def test_a_hospitals_own_table_splits_by_patient_as_the_simulator(tmp_path: Path
     lines = whole.read_text(encoding="utf-8").splitlines()
     own = tmp_path / "north.csv"
     own.write_text("\n".join([HEADER, *(r for r in lines[1:] if ",north," in r)]) + "\n")
-    config = DataConfig.model_validate(
+    config = data_config(
         {
             "dataset": "table",
             "path": whole,
@@ -76,7 +75,7 @@ def test_a_hospitals_own_table_splits_by_patient_as_the_simulator(tmp_path: Path
         }
     )
     simulated = build_silos(config, seed=4)[1]
-    deployed = own_silo(config, 4, ["south", "north"], "north", own)
+    deployed = config.own_silo(4, ["south", "north"], "north", own)
     assert simulated.name == deployed.name == "north"
     assert deployed.units is not None and deployed.max_records == 3
     assert deployed.x.tolist() == simulated.x.tolist()

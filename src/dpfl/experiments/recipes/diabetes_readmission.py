@@ -3,7 +3,7 @@
 A patient has several encounters (101,766 of them for 71,518 patients), so a guarantee
 about one record says little about one patient. We compare, on the same records:
 
-* patient-level FedAvg (`data.options.patient_unit`): DP-SGD Poisson-samples patients
+* patient-level FedAvg (`data.patient_unit`): DP-SGD Poisson-samples patients
   and clips each one's records as one, at patient ε ∈ {1, 4};
 * record-level FedAvg at the same record ε, beside which we put its honest patient ε:
   group privacy for k records, (kε, k·e^((k−1)ε)·δ) (Vadhan, Lemma 2.2);
@@ -113,13 +113,11 @@ def _data(folder: Path, scale: Scale, unit: str) -> dict[str, Any]:
     return {
         "dataset": "diabetes130",
         "path": str(folder),
-        "options": {
-            "one_encounter_per_patient": False,
-            "proxy_site_column": "admission_source_group",
-            "max_records": MAX_RECORDS,
-            "patient_unit": unit == "patient",
-            "patients_fraction": by_scale(scale, 0.05, 0.25, 1.0),
-        },
+        "one_encounter_per_patient": False,
+        "proxy_site_column": "admission_source_group",
+        "max_records": MAX_RECORDS,
+        "patient_unit": unit == "patient",
+        "patients_fraction": by_scale(scale, 0.05, 0.25, 1.0),
         "partition": {"kind": "natural"},
     }
 

@@ -146,7 +146,7 @@ def studies(data_dir: Path | None, scale: Scale) -> Plan:
             "data": {
                 "dataset": "flamby_heart_disease",
                 "path": str(heart),
-                "options": {"scaling": scaling},
+                "scaling": scaling,
                 "partition": {"kind": "natural", "names": list(CENTRES)},
                 "split": "official",
             },

@@ -21,8 +21,7 @@ import numpy as np
 
 from dpfl.experiments.recipes.base import Row, Scale, mean_std, real_folder
 from dpfl.experiments.results.store import ResultsStore, RunRow
-from dpfl.experiments.study.config import DataConfig
-from dpfl.experiments.study.datasets import build_silos
+from dpfl.experiments.study.datasets import build_silos, data_config
 
 SILOS = 2
 TEST_FRACTION = 0.2
@@ -58,10 +57,11 @@ class GenomicsData:
     options: dict[str, Any] = field(default_factory=dict)
 
     def section(self, **options: Any) -> dict[str, Any]:
-        """The study's `data` table; `options` add to the dataset's own."""
+        """The study's `data` table; `options` add to the dataset's own keys."""
         section: dict[str, Any] = {
             "dataset": self.name,
-            "options": {**self.options, **options},
+            **self.options,
+            **options,
             "partition": {"kind": "iid", "silos": SILOS},
             "test_fraction": TEST_FRACTION,
         }
@@ -181,6 +181,6 @@ def majority(config: dict[str, Any]) -> float:
 
 @functools.lru_cache(maxsize=64)
 def _majority(data: str, seed: int) -> float:
-    silos = build_silos(DataConfig.model_validate(json.loads(data)), seed)
+    silos = build_silos(data_config(json.loads(data)), seed)
     labels = np.concatenate([s.y_test.numpy() for s in silos if s.y_test is not None])
     return float(np.bincount(labels).max() / len(labels))

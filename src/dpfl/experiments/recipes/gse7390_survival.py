@@ -90,7 +90,7 @@ def studies(data_dir: Path | None, scale: Scale) -> Plan:
         "data": {
             "dataset": "gse7390",
             "path": str(folder),
-            "options": {"task": "survival"},
+            "task": "survival",
             "partition": {"kind": "iid", "silos": SILOS},
         },
         "model": {"kind": "logistic_regression", "time_bins": BINS},

@@ -122,7 +122,7 @@ def _physionet(folder: Path, scale: Scale) -> Setting:
         data={
             "dataset": "physionet2012",
             "path": str(folder),
-            "options": {"sets": by_scale(scale, ["a"], ["a", "b"], ["a", "b"])},
+            "sets": by_scale(scale, ["a"], ["a", "b"], ["a", "b"]),
             "partition": {"kind": "natural"},
         },
         positive_weight=6.0,  # 86 : 14, the challenge's published in-hospital mortality
@@ -149,10 +149,8 @@ def _synthetic(scale: Scale) -> Setting:
         tag="synthetic",
         data={
             "dataset": "synthetic_ehr",
-            "options": {
-                "n_hospitals": hospitals,
-                "size_scale": by_scale(scale, 0.05, 0.25, 1.0),
-            },
+            "n_hospitals": hospitals,
+            "size_scale": by_scale(scale, 0.05, 0.25, 1.0),
             "partition": {"kind": "natural"},
         },
         positive_weight=30.7,  # 96.85 : 3.15, the generator's declared death rate

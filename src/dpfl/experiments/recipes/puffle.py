@@ -61,7 +61,7 @@ def studies(data_dir: Path | None, scale: Scale) -> Plan:
     physionet = real_folder(data_dir, "physionet2012", "the PhysioNet 2012 study", notes)
     if physionet is not None:
         sets = by_scale(scale, ["a"], ["a", "b"], ["a", "b"])
-        data = {"dataset": "physionet2012", "path": str(physionet), "options": {"sets": sets}}
+        data = {"dataset": "physionet2012", "path": str(physionet), "sets": sets}
         datasets.append(Split("physionet", data, 64, 0.1))
     if not datasets:
         notes.append("no real cross-silo data: nothing to run")

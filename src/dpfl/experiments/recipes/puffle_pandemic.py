@@ -49,8 +49,8 @@ from dpfl.experiments.recipes.clinical_common import (
     silo_mean,
 )
 from dpfl.experiments.results.store import ResultsStore, RunRow
-from dpfl.experiments.study.config import DataConfig, Study, StudyConfig
-from dpfl.experiments.study.datasets import load_dataset
+from dpfl.experiments.study.config import Study, StudyConfig
+from dpfl.experiments.study.datasets import data_config
 from dpfl.privacy import events
 
 NAME = "puffle-pandemic"
@@ -62,7 +62,7 @@ POPULATION = {"regions": REGIONS, "transmission": 1.2, "max_appearances": APPEAR
 BUDGETS = {f"region{k}": 10.0 if k < 3 else 20.0 if k < 7 else 40.0 for k in range(REGIONS)}
 """ε per region (the largest regions first): silo-specific budgets, as in the seed."""
 HETEROGENEITY = 0.7
-HETEROGENEOUS = {"options": {"heterogeneity": HETEROGENEITY}}
+HETEROGENEOUS = {"heterogeneity": HETEROGENEITY}
 """The second population: each region its own factor per contact kind (log-normal σ 0.7)."""
 STRENGTHS = [0.001, 0.01, 0.1]
 """MR-MTL's λ: at learning rate 16 the pull η·λ must stay below 2."""
@@ -82,11 +82,9 @@ def studies(data_dir: Path | None, scale: Scale) -> Plan:
             "dataset": "pandemic",
             "split": "official",
             "partition": {"kind": "natural"},
-            "options": {
-                **POPULATION,
-                "people": by_scale(scale, 8_000, 300_000, 1_000_000),
-                "contacts": "summary",
-            },
+            **POPULATION,
+            "people": by_scale(scale, 8_000, 300_000, 1_000_000),
+            "contacts": "summary",
         },
         "model": {"kind": "logistic_regression"},
         "algorithm": {
@@ -109,7 +107,7 @@ def studies(data_dir: Path | None, scale: Scale) -> Plan:
             "algorithm": {"name": "mrmtl", "strength": STRENGTHS},
         },
         "mlp": {"model": {"kind": "mlp", "hidden": [32]}},
-        "slots": {"data": {"options": {"contacts": "slots"}}},
+        "slots": {"data": {"contacts": "slots"}},
     }
     plans = []
     for tag, change in comparisons.items():
@@ -176,7 +174,7 @@ def _data_key(run: RunRow) -> tuple[str, int]:
 @functools.lru_cache(maxsize=4)
 def _positive_rates(data: str, seed: int) -> dict[str | None, float]:
     """The test rows' positive rate (random AUPRC), overall (None) and per region."""
-    dataset = load_dataset(DataConfig.model_validate(json.loads(data)), seed)
+    dataset = data_config(json.loads(data)).load(seed)
     assert dataset.split is not None and dataset.site_ids is not None  # the generator's
     test = dataset.split == "test"
     labels, regions = dataset.labels[test], dataset.site_ids[test]

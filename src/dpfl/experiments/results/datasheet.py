@@ -129,7 +129,8 @@ def datasheet(
     elif first.neighbouring is Neighbouring.ADD_REMOVE_PATIENT:
         sheet["unit"] = PATIENT_LEVEL.format(bound=kind.patient_bound or USER_LEVEL_SAMPLING)
         sheet["assumptions"] = [PATIENT_ASSUMPTION, *ASSUMPTIONS[1:]]
-    records = config.data.max_records if first.neighbouring is Neighbouring.ADD_REMOVE else None
+    record_level = first.neighbouring is Neighbouring.ADD_REMOVE
+    records = config.data.declared_max_records() if record_level else None
     for silo in result.accounts[0]:
         trials = [accounts[silo] for accounts in result.accounts]
         entries = [book.entries(views[None]) for views in trials]

@@ -32,8 +32,10 @@ from dpfl.data.dataset import Dataset
 from dpfl.engines.accounts import account
 from dpfl.engines.flower.protocol import Analytics
 from dpfl.engines.streams import stats_noise
-from dpfl.experiments.study import datasets, spending
+from dpfl.experiments.study import spending
 from dpfl.experiments.study.config import AnalyticsConfig, StudyConfig
+from dpfl.experiments.study.datasets import TableData
+from dpfl.experiments.study.datasets.base import partition_of, site_names
 from dpfl.files import replacing
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
 from dpfl.secure import mode
@@ -89,9 +91,9 @@ def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
 def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
     """Each hospital's records (all of its partition, train and test), in the simulator's
     silo order and names, with the classes of the labels."""
-    data = datasets.load_dataset(config.data, config.seed)
-    parts = datasets._partition(config.data, data, config.seed)
-    names = config.data.partition.names or datasets._site_names(data, config.data, len(parts))
+    data = config.data.load(config.seed)
+    parts = partition_of(config.data, data, config.seed)
+    names = config.data.partition.names or site_names(data, config.data, len(parts))
     whole = _records(config, data)
     classes = () if whole.labels is None else tuple(range(max(len(data.class_names), 2)))
     return {name: whole.take(part) for name, part in zip(names, parts, strict=True)}, classes
@@ -99,21 +101,22 @@ def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
 
 def own_records(config: StudyConfig, name: str, path: Path) -> Records:
     """A deployed hospital's records from its own table file (all of it, train and test):
-    read through the study's schema as `datasets.own_silo` reads it, the records its
+    read through the study's schema as `TableData.own_silo` reads it, the records its
     silo holds in the simulator's `cohort`."""
-    names = list(datasets.declared_sizes(config.data)) or sorted(config.roster)
+    assert isinstance(config.data, TableData)  # `deployed` reads only a table's
+    names = list(config.data.declared_sizes()) or sorted(config.roster)
     if name not in names:
         raise ValueError(f"{name!r} is not one of the study's silos {names}")
     sites = list(config.data.sites or names)
     own = config.data.model_copy(update={"path": path})
-    return _records(config, datasets._table(own, own_site=sites[names.index(name)]))
+    return _records(config, own.read(own_site=sites[names.index(name)]))
 
 
 def _records(config: StudyConfig, data: Dataset) -> Records:
     """A dataset's records as the statistics read them. A table's range column is read
     back in its own units (the declared affine scaling undone; a log column stays on
     [0, 1])."""
-    declared = config.data.columns if config.data.dataset in datasets.TABLES else {}
+    declared = config.data.columns if isinstance(config.data, TableData) else {}
     columns = {}
     for j, name in enumerate(data.feature_names):
         x = np.asarray(data.features[:, j], dtype=np.float64)
@@ -141,7 +144,7 @@ def noise_multiplier(config: StudyConfig, count: int) -> float:
         raise ValueError("[analytics]: give `epsilon` or `noise_multiplier`")
     neighbouring = (
         events.Neighbouring.ADD_REMOVE_PATIENT
-        if config.data.unit is not None
+        if config.data.declared_unit() is not None
         else events.Neighbouring.ADD_REMOVE
     )
     return calibrate_noise(
@@ -156,7 +159,7 @@ def deployed(config: StudyConfig) -> Analytics | None:
     """The study's `[analytics]` as a deployment releases it (`dpfl deploy server
     --stats`): a table study's, whose hospitals each read their own file; None where the
     study sets no such section, or reads no table."""
-    declared = datasets.declared_input(config.data)
+    declared = config.data.declared_input()
     if "analytics" not in config.model_fields_set or declared is None:
         return None
     classes = declared[1]
@@ -167,7 +170,7 @@ def deployed(config: StudyConfig) -> Analytics | None:
         tuple(chosen),
         noise_multiplier(config, len(chosen)),
         partial(own_records, config),
-        config.data.max_records if config.data.unit is not None else None,
+        config.data.declared_max_records() if config.data.declared_unit() is not None else None,
     )
 
 
@@ -183,7 +186,7 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
     chosen = queries(analytics, classes)
     if not chosen:
         raise ValueError("[analytics] declares no statistic")
-    patients = config.data.unit is not None
+    patients = config.data.declared_unit() is not None
     neighbouring = (
         events.Neighbouring.ADD_REMOVE_PATIENT if patients else events.Neighbouring.ADD_REMOVE
     )
@@ -205,7 +208,7 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
             accounts=accounts,
             summing=mode(config.summing).stats_sum(),
             rng=np.random.default_rng(config.seed),
-            max_records=config.data.max_records,
+            max_records=config.data.declared_max_records(),
             noise={
                 name: stats_noise(config.research_noise, config.seed, k)
                 for k, name in enumerate(records)

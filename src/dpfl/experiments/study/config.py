@@ -43,18 +43,15 @@ from typing import TYPE_CHECKING, Any, Literal, Union, get_args, get_origin
 
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
-    PositiveFloat,
-    PositiveInt,
     ValidationError,
-    ValidationInfo,
     field_validator,
     model_validator,
 )
 
 from dpfl import secure
-from dpfl.data.table import HONEST_RANGE, TODO, Column
+from dpfl.experiments.study.datasets import DATASETS, KINDS, DataConfig, own_keys
+from dpfl.experiments.study.datasets.base import Strict as _Strict
 from dpfl.federation.algorithms import SETTINGS, AlgorithmSettings, DPSGDSettings
 
 if TYPE_CHECKING:
@@ -88,220 +85,6 @@ UNKNOWN_KEY = "unknown key (check its spelling and section)"
 
 class ConfigError(ValueError):
     """A study file that cannot be run, with every problem named by its key."""
-
-
-class _Strict(BaseModel):
-    """Unknown keys and non-finite numbers are errors: TOML's `inf` and `nan` are no
-    budget, noise or rate (a run without a limit leaves `epsilon` out)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class PartitionConfig(_Strict):
-    """How records are split into silos: `iid` (stratified), `dirichlet` label skew
-    (concentration `alpha`), `quantity` skew (`alpha`), or `natural` (the dataset's own
-    sites, e.g. hospitals; `silos` then keeps only the first sites)."""
-
-    kind: Literal["iid", "dirichlet", "quantity", "natural"] = "iid"
-    silos: int | None = Field(None, ge=1)
-    alpha: float = Field(0.5, gt=0)
-    names: list[str] | None = None
-
-    @model_validator(mode="after")
-    def _needs_a_count(self) -> PartitionConfig:
-        if self.kind != "natural" and self.silos is None:
-            raise ValueError(f"a {self.kind} partition needs `silos` (how many hospitals)")
-        return self
-
-
-class ImagesConfig(_Strict):
-    """The format of an image dataset's files (`dpfl.data.images`): public declarations,
-    none computed from the pixels. Pixels are scaled by the public range 0-255."""
-
-    classes: list[str] | None = Field(None, min_length=1)
-    """The class names: a labels.csv `label` names one, an `.npz` label k is the k-th.
-    Required by `dataset = "images"`; a MedMNIST preset has its own."""
-    mode: Literal["L", "RGB"] | None = None
-    """Every image converted to it (default: as stored, "L" or "RGB", all alike)."""
-    size: tuple[PositiveInt, PositiveInt] | None = None
-    """[h, w]: every image resized to it, bilinear (default: as stored, all alike)."""
-    mean: list[float] | None = None
-    """Per channel, on the [0, 1] scale: pixels become (x - mean) / std."""
-    std: list[PositiveFloat] | None = None
-    min_site_records: int = Field(2, ge=1)
-    """The fewest records a site of labels.csv may have."""
-
-    @model_validator(mode="after")
-    def _normalisation(self) -> ImagesConfig:
-        if (self.mean is None) != (self.std is None):
-            raise ValueError("give both mean and std, per channel, or neither")
-        if self.mean is not None and self.std is not None:
-            channels = {"L": 1, "RGB": 3}.get(self.mode or "", len(self.mean))
-            if len(self.mean) != channels or len(self.std) != channels:
-                raise ValueError(f"mean and std need {channels} value(s), one per channel")
-        if self.classes is not None and len(set(self.classes)) != len(self.classes):
-            raise ValueError(f"classes must differ, got {self.classes}")
-        return self
-
-
-class DataConfig(_Strict):
-    dataset: str
-    path: Path | None = None
-    """Folder of the dataset's files (real data); embedded and synthetic data take none.
-    In a study file, relative to the file's folder."""
-    options: dict[str, Any] = Field(default_factory=dict)
-    """Keyword arguments of the dataset's builder."""
-    partition: PartitionConfig = PartitionConfig(kind="natural")
-    test_fraction: float = Field(0.2, gt=0, lt=1)
-    split: Literal["stratified", "official"] = "stratified"
-    """Each silo's train/test split: "stratified" (by class, or by event for survival),
-    `test_fraction` of its records held out; "official", the dataset's own assignment
-    (FLamby's per-centre splits), `test_fraction` unused."""
-    public_sizes: Literal["declared", "dp-count"] = "declared"
-    """What shapes each silo's mechanism (q, steps, normaliser): "declared", the sizes of
-    the study's own partition, published with the study; "dp-count", a DP count of each
-    silo's training records released before round 0 and charged to its ledger."""
-    size_noise: float = Field(20.0, gt=0, allow_inf_nan=False)
-    """Std, in records, of the Gaussian noise of a "dp-count" release."""
-    label: str | None = None
-    """A table's label column: integer classes, those of `classes`."""
-    classes: list[str | int] | None = None
-    """The label's classes as written in the file, declared (default 0 and 1): never
-    read off the records, where a class's presence is itself a fact about them."""
-    time: str | None = None
-    """A table's survival time column (with `event`, instead of `label`)."""
-    event: str | None = None
-    """A table's survival event column: 1 observed, 0 censored."""
-    site: str | None = None
-    """A table's site column: one silo per site (the natural partition)."""
-    sites: dict[str, int] | None = None
-    """Each site's declared public size (its records in the table), which shapes its
-    mechanism instead of its count; a site holding fewer records is refused."""
-    features: list[str] | None = None
-    """A table's feature columns (default: every column but the label, survival and site
-    ones); an identifier such as a patient number is not a feature unless listed."""
-    columns: dict[str, Column] = Field(default_factory=dict)
-    """Each feature column's public preprocessing (`dpfl.data.table.Column`)."""
-    unit: str | None = None
-    """A table's column naming each record's patient: the unit of privacy becomes the
-    patient (all their records; patient-level DP-SGD samples patients and clips each
-    one's records as one), and public sizes (`sites`, or a DP count) count patients."""
-    max_records: int | None = Field(None, ge=1)
-    """The declared most records one patient has: with `unit`, the most a sampled patient
-    contributes (drawn from their own records); without, the group size of the
-    datasheet's patient-level figure for record-level training."""
-    images: ImagesConfig = ImagesConfig()
-    """`[data.images]`: the image datasets' format (`images`, and the MedMNIST presets,
-    which may declare all but the classes)."""
-
-    @field_validator("dataset")
-    @classmethod
-    def _known(cls, name: str) -> str:
-        from dpfl.experiments.study.datasets import DATASETS  # the registry imports torch
-
-        if name not in DATASETS:
-            raise ValueError(f"unknown dataset {name!r}; known: {', '.join(DATASETS)}")
-        return name
-
-    @field_validator("path")
-    @classmethod
-    def _a_folder(cls, path: Path | None, info: ValidationInfo) -> Path | None:
-        from dpfl.experiments.study.datasets import TABLES
-
-        if path is None or path.is_dir():
-            return path
-        if info.data.get("dataset") in TABLES:
-            return path  # a table's file: checked with the table's keys
-        if info.data.get("dataset") != "images":
-            raise ValueError(f"{path} is not a folder")
-        if not path.is_file():
-            raise ValueError(f"{path} is neither a folder (with a labels.csv) nor an .npz file")
-        return path
-
-    @model_validator(mode="after")
-    def _image_format(self) -> DataConfig:
-        from dpfl.experiments.study.datasets import IMAGE_READERS
-
-        if self.dataset not in IMAGE_READERS:
-            if self.images != ImagesConfig():
-                raise ValueError(f"data.images: {self.dataset} is not an image dataset")
-            return self
-        if self.options:
-            raise ValueError(f"data.options: {self.dataset} takes none; its format is data.images")
-        if self.dataset == "images" and self.images.classes is None:
-            raise ValueError("data.images.classes: declare the class names")
-        if self.dataset != "images" and self.images.classes is not None:
-            raise ValueError(f"data.images.classes: {self.dataset} has its own classes")
-        return self
-
-    @model_validator(mode="after")
-    def _a_table(self) -> DataConfig:
-        """A table's keys, checked before any record is read; no other dataset takes them."""
-        from dpfl.experiments.study.datasets import TABLES
-
-        fields = type(self).model_fields
-        set_keys = sorted(
-            k
-            for k in TABLE_KEYS
-            if getattr(self, k) != fields[k].get_default(call_default_factory=True)
-        )
-        if self.dataset not in TABLES:
-            if set_keys:
-                keys = ", ".join(f"data.{k}" for k in set_keys)
-                raise ValueError(f"{keys}: only a table (dataset = 'table') takes them")
-            return self
-        if self.path is None or not self.path.is_file():
-            raise ValueError(f"data.path: a table is one CSV or Parquet file; {self.path} is not")
-        if self.label is None and (self.time is None or self.event is None):
-            raise ValueError("a table needs data.label (classes) or data.time and data.event")
-        if self.label is not None and (self.time is not None or self.event is not None):
-            raise ValueError("data.label (classes) or data.time and data.event, not both")
-        if self.classes is not None and (self.label is None or TODO in self.classes):
-            raise ValueError(
-                "data.classes: the label's classes as written in the file, declared from the "
-                "data dictionary (never read off the records)"
-                if self.label is not None
-                else "data.classes: survival takes no classes"
-            )
-        if self.site is None:
-            if self.sites is not None:
-                raise ValueError("data.sites: public sizes of sites, which need data.site")
-        elif self.partition.kind != "natural":
-            raise ValueError("data.site makes one silo per site: leave data.partition out")
-        elif self.public_sizes == "declared" and self.sites is None:
-            raise ValueError(
-                "data.site: each silo's public size must come from the study, never its "
-                "records' count: declare each site's in [data.sites] (e.g. hospital_a = 1200, "
-                "at most its records) or set data.public_sizes = 'dp-count'"
-            )
-        elif self.public_sizes == "dp-count" and self.sites is not None:
-            raise ValueError("data.sites: public sizes are declared or a DP count, not both")
-        if any(size < 1 for size in (self.sites or {}).values()):
-            raise ValueError("data.sites: every declared public size is a positive count")
-        for name in self.features or []:
-            if name not in self.columns:
-                raise ValueError(
-                    f"data.features: {name!r} has no [data.columns.{name}]: a number needs "
-                    f"`range = [low, high]` from {HONEST_RANGE}; text needs `categories`"
-                )
-        extra = sorted(set(self.columns) - set(self.features or self.columns))
-        if extra:
-            raise ValueError(f"data.columns: {extra} are not among data.features")
-        return self
-
-    @model_validator(mode="after")
-    def _files_where_needed(self) -> DataConfig:
-        from dpfl.experiments.study.datasets import READERS, TABLES
-
-        if self.dataset in TABLES:
-            return self  # its file: `_a_table`
-        if self.dataset in READERS and self.path is None:
-            raise ValueError(
-                f"{self.dataset} is read from files: give data.path, the folder that holds them"
-            )
-        if self.dataset not in READERS and self.path is not None:
-            raise ValueError(f"{self.dataset} reads no files: leave data.path out")
-        return self
 
 
 class ModelConfig(_Strict):
@@ -707,21 +490,6 @@ KEYED: Mapping[str, Any] = MappingProxyType(
 the study had one flat `[algorithm]` section for every algorithm: each key holds them
 all, whatever the algorithm's own settings, so that no run's id ever moves. Never add
 to it: a new field enters a key only where it is set (`StudyConfig.key`)."""
-TABLE_KEYS = frozenset(
-    {
-        "label",
-        "classes",
-        "time",
-        "event",
-        "site",
-        "sites",
-        "features",
-        "columns",
-        "unit",
-        "max_records",
-    }
-)
-"""`DataConfig`'s keys that only a table takes."""
 UNKEYED = frozenset({"tune"})
 """Fields no run reads (only `dpfl tune`), which therefore name no run."""
 
@@ -738,8 +506,8 @@ def _keyed(section: BaseModel, pinned: Mapping[str, Any]) -> dict[str, Any]:
         else:
             keyed[name] = dumped.get(name, default)
     for name, field in type(section).model_fields.items():
-        if name in pinned or name in UNKEYED:
-            continue
+        if name in pinned or name in UNKEYED or name not in dumped:
+            continue  # (not dumped: a dataset's options, keyed in its `options`)
         if getattr(section, name) != field.get_default(call_default_factory=True):
             keyed[name] = dumped[name]
     if isinstance(section, DPSGDSettings):  # other algorithms' settings of a grid over them
@@ -753,7 +521,7 @@ class Study:
     def __init__(self, raw: Mapping[str, Any], source: str = "config") -> None:
         self.source = source
         # keys and size first: a grid is expanded only once it is known to be a study's
-        errors = [f"  {key}: {UNKNOWN_KEY}" for key in dict.fromkeys(_unknown_keys(raw))]
+        errors = [f"  {key}: {_unknown(key, raw)}" for key in dict.fromkeys(_unknown_keys(raw))]
         self.axes = {} if errors else dict(_axes(raw))
         size = math.prod(len(values) for values in self.axes.values())
         if size > MAX_POINTS:
@@ -825,7 +593,7 @@ def _axes(raw: Mapping[str, Any], prefix: tuple[str, ...] = ()) -> Iterator[tupl
     for key, value in raw.items():
         path = (*prefix, key)
         if path[:2] == ("data", "options"):
-            continue  # a builder's keyword arguments are passed as given
+            continue  # the older spelling of a dataset's own keys: no axes, as ever
         if isinstance(value, dict):
             yield from _axes(value, path)
         elif isinstance(value, list) and (
@@ -866,6 +634,8 @@ def _unknown_keys(
     for key, value in raw.items():
         dotted = f"{prefix}{key}"
         field = fields.get(key)
+        if dotted == "data.options":
+            continue  # the older spelling of a dataset's own keys, which its kind checks
         if field is None:
             yield dotted
             continue
@@ -907,24 +677,46 @@ def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
     return point
 
 
+TAGS: Mapping[str, tuple[str, Mapping[str, Any]]] = {
+    "algorithm": ("name", SETTINGS),
+    "data": ("dataset", KINDS),
+}
+"""The sections that are a union of settings: the key naming which, and the names."""
+
+
 def _describe(exc: ValidationError, grid: Mapping[str, Any]) -> str:
     where = f" (grid point {', '.join(grid_pairs(grid))})" if grid else ""
     lines = []
     for error in exc.errors():
-        loc = error["loc"]
-        if loc[:1] == ("algorithm",) and len(loc) > 1 and loc[1] in SETTINGS:
-            loc = (loc[0], *loc[2:])  # the algorithm's name, which the union adds
+        loc, tag = error["loc"], None
+        if len(loc) > 1 and loc[0] in TAGS and loc[1] in TAGS[str(loc[0])][1]:
+            loc, tag = (loc[0], *loc[2:]), str(loc[1])  # the name, which the union adds
         key = ".".join(str(p) for p in loc) or "(top level)"
         message = error["msg"].removeprefix("Value error, ")
-        if error["type"] == "union_tag_not_found":  # no algorithm named
-            key, message = f"{key}.name", "Field required"
-        if error["type"] == "union_tag_invalid":  # an algorithm of no such name
+        if error["type"] == "union_tag_not_found":  # no algorithm (dataset) named
+            key, message = f"{key}.{TAGS[key][0]}", "Field required"
+        if error["type"] == "union_tag_invalid" and key == "algorithm":
             *names, last = (repr(name) for name in SETTINGS)
             key, message = f"{key}.name", f"Input should be {', '.join(names)} or {last}"
+        if error["type"] == "union_tag_invalid" and key == "data":
+            dataset, known = error.get("ctx", {}).get("tag"), ", ".join(DATASETS)
+            key, message = "data.dataset", f"unknown dataset {dataset!r}; known: {known}"
         if error["type"] == "extra_forbidden":
             message = UNKNOWN_KEY
+            if key.count(".") == 1 and key.startswith("data.") and tag is not None:
+                message = f"{UNKNOWN_KEY}; {own_keys(tag)}"
         lines.append(f"  {key}: {message}{where}")
     return "\n".join(lines)
+
+
+def _unknown(key: str, raw: Mapping[str, Any]) -> str:
+    """Why `key` is refused: no section has it; a key of `[data]`'s own, with those its
+    dataset takes."""
+    data = raw.get("data")
+    dataset = data.get("dataset") if isinstance(data, Mapping) else None
+    if key.count(".") != 1 or not key.startswith("data.") or dataset not in KINDS:
+        return UNKNOWN_KEY
+    return f"{UNKNOWN_KEY}; {own_keys(dataset)}"
 
 
 def grid_pairs(grid: Mapping[str, Any], *, last_part: bool = False) -> list[str]:

@@ -25,7 +25,7 @@ from dpfl.engines.flower.protocol import LOG
 from dpfl.engines.flower.roster import Roster
 from dpfl.experiments.results.datasheet import ASSUMPTIONS
 from dpfl.experiments.results.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
-from dpfl.experiments.study import analytics, datasets
+from dpfl.experiments.study import analytics
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import StudyConfig, ThresholdConfig, load
 from dpfl.experiments.study.runner import STORE, owning
@@ -86,7 +86,7 @@ def _evaluation_problems(config: StudyConfig) -> list[str]:
         return [
             f"evaluation: a DP evaluation counts a classifier's scores; a survival study {clear}"
         ]
-    if config.data.unit is not None:
+    if config.data.declared_unit() is not None:
         return [
             "evaluation: a DP evaluation counts each test record once, which bounds no "
             f"patient's records (data.unit); {clear}"
@@ -116,7 +116,7 @@ def deployment(config: StudyConfig) -> flower.Deployment:
     """The engine's view of a deployable study point, with its roster (refused without
     one: no hospital takes the server's word for who is in the federation). A table
     study's model input is its schema's (the server reads no record), each hospital
-    reading its own file through that schema (`datasets.own_silo`), its silo's seed that
+    reading its own file through that schema (`TableData.own_silo`), its silo's seed that
     of its place among the study's sites, or, without declared sites, the roster's
     sorted names."""
     check_deployable(config)
@@ -125,7 +125,7 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         and not BY_NAME[config.algorithm.name].sets_own_noise
     )
     roster = Roster.parse(config.roster, f"study {config.name!r}'s [roster]")
-    declared = datasets.declared_input(config.data)
+    declared = config.data.declared_input()
     return flower.Deployment(
         key=config.key(),
         rounds=config.rounds,
@@ -137,10 +137,10 @@ def deployment(config: StudyConfig) -> flower.Deployment:
         calibration=config.privacy.calibration if calibrated else None,
         size_noise=config.data.size_noise if config.data.public_sizes == "dp-count" else None,
         schema=None if declared is None else schema(*declared),
-        sizes=datasets.declared_sizes(config.data),
+        sizes=config.data.declared_sizes(),
         read=None
         if declared is None
-        else partial(datasets.own_silo, config.data, config.seed, sorted(roster.identities)),
+        else partial(config.data.own_silo, config.seed, sorted(roster.identities)),
         analytics=analytics.deployed(config),
         evaluation=evaluation(config),
     )
