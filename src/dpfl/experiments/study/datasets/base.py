@@ -49,7 +49,7 @@ Real = Annotated[float, WrapValidator(_as_written), PlainSerializer(lambda value
 """A number kept as the study wrote it: an integer stays one, so that a run key, which
 hashes the study's values as JSON (where 1 and 1.0 differ), stays as it was."""
 
-Files = Literal["none", "folder", "file", "folder-or-npz"]
+Files = Literal["nothing", "folder", "file", "folder-or-npz"]
 """What a kind reads at `data.path`: nothing (embedded or generated records), a folder,
 one file (a table), or a folder or an `.npz` file (a consortium's images)."""
 
@@ -159,7 +159,7 @@ class DataSettings(Strict, ABC):
 
     @model_validator(mode="after")
     def _files_where_needed(self) -> DataSettings:
-        if self.FILES == "none" and self.path is not None:
+        if self.FILES == "nothing" and self.path is not None:
             raise ValueError(f"{self.dataset} reads no files: leave data.path out")
         if self.FILES in ("folder", "folder-or-npz") and self.path is None:
             raise ValueError(

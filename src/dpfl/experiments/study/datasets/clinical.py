@@ -17,7 +17,7 @@ from dpfl.experiments.study.datasets.base import DataSettings, Files, Real
 class BreastCancer(DataSettings):
     """scikit-learn's embedded WDBC table, scaled by published ranges."""
 
-    FILES: ClassVar[Files] = "none"
+    FILES: ClassVar[Files] = "nothing"
 
     dataset: Literal["breast_cancer"]
 

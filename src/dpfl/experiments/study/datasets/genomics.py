@@ -76,7 +76,7 @@ class SyntheticBcTcga(DataSettings):
     signature), centred at the generator's declared centre, missing values imputed at
     the centre (zero). Its keys are the generator's size and effect arguments."""
 
-    FILES: ClassVar[Files] = "none"
+    FILES: ClassVar[Files] = "nothing"
     OPTIONS: ClassVar[tuple[str, ...]] = (
         "n_normal",
         "n_tumour",

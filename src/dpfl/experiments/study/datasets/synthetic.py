@@ -16,7 +16,7 @@ from dpfl.experiments.study.datasets.base import DataSettings, Files, Real
 class SyntheticEhr(DataSettings):
     """Kerkouche-shaped sparse EHR of many hospitals (`dpfl.data.synthetic`)."""
 
-    FILES: ClassVar[Files] = "none"
+    FILES: ClassVar[Files] = "nothing"
     OPTIONS: ClassVar[tuple[str, ...]] = (
         "n_hospitals",
         "size_scale",
@@ -57,7 +57,7 @@ class Pandemic(DataSettings):
     `data.split = "official"`, the natural partition (the regions) and
     `privacy.accountant = "rdp"`."""
 
-    FILES: ClassVar[Files] = "none"
+    FILES: ClassVar[Files] = "nothing"
     OPTIONS: ClassVar[tuple[str, ...]] = (
         *POPULATION,
         "max_appearances",
