@@ -97,6 +97,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from bench_common import log_to_stderr
+from dpfl.engines.plan import RunPlan
 
 log = logging.getLogger("bench_vs_flower")
 
@@ -439,14 +440,16 @@ def run_dpfl(work: Workload, trials: int) -> tuple[float, list[float]]:
         result = simulate(
             algorithm,
             silos,
-            rounds=work.rounds,
-            trials=trials,
-            seed=0,
-            research_noise=True,
-            progress=False,
+            RunPlan(
+                rounds=work.rounds,
+                trials=trials,
+                seed=0,
+                research_noise=True,
+                progress=False,
+                eval_every=work.rounds,
+                init="shared",
+            ),
             ledger=Path(tmp) / "ledger.sqlite",
-            eval_every=work.rounds,
-            init="shared",  # every trial from the one initial model, as the other runners
         )
         seconds = time.perf_counter() - start
     params = result.params

@@ -20,7 +20,8 @@ from dpfl.experiments.results.queries import open_results, read_metrics, summari
 from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore, RunResults, StoreError
 from dpfl.experiments.study.deployment import serve_study, stop_reason, unfinished
-from dpfl.experiments.study.runner import STORE, owning
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import owning
 from dpfl.privacy import Ledger
 
 from .test_flower import InProcessGrid, hospitals, study

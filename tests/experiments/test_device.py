@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from dpfl.cli import app
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import StudyConfig
@@ -51,7 +52,7 @@ def test_device_cpu_gives_the_default_runs_bits() -> None:
 @no_cuda
 def test_cuda_without_cuda_is_refused_with_one_line_and_auto_falls_back() -> None:
     with pytest.raises(DeviceError, match=r"^device 'cuda': this machine has no CUDA") as no:
-        simulate(object(), [], rounds=1, device="cuda")  # type: ignore[arg-type]  # refused first
+        simulate(object(), [], RunPlan(rounds=1, device="cuda"))  # type: ignore[arg-type]  # refused first
     assert "\n" not in str(no.value)
     assert resolve("auto") == torch.device("cpu")
 

@@ -17,7 +17,8 @@ from dpfl.experiments.results.queries import Spread, epsilon_over_rounds, open_r
 from dpfl.experiments.results.store import ResultsStore, RunResults, RunRow
 from dpfl.experiments.results.summary import run_summaries, silo_summaries
 from dpfl.experiments.study.config import Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 
 STUDY = {
     "name": "tiny",

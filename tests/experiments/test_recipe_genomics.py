@@ -25,7 +25,7 @@ from dpfl.experiments.recipes.genomics_common import majority
 from dpfl.experiments.results.store import ResultsStore, RunRow
 from dpfl.experiments.study.config import DataConfig
 from dpfl.experiments.study.datasets import GENERATORS, READERS, build_silos
-from dpfl.experiments.study.runner import STORE
+from dpfl.experiments.study.point import STORE
 
 from .test_recipe_golden import recipe_lock, smoke
 

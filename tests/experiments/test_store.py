@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.experiments.results.store import DamagedStoreError, ResultsStore, StoreError
 from dpfl.experiments.study.config import load
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from privacy.test_ledger_files import BESIDE, FAULTS, damage, one_line_naming
 from studies import breast_cancer_study
 

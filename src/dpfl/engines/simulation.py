@@ -47,7 +47,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,10 +55,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 
 from dpfl.engines.accounts import (
-    DEFAULT_SIZE_NOISE,
     Budgets,
     Calibration,
-    account,
     affordable_rounds,
     check_plans,
     note_release,
@@ -70,7 +68,15 @@ from dpfl.engines.accounts import (
     worst_spent,
 )
 from dpfl.engines.evaluation import chosen_thresholds, cross_evaluate, evaluate
-from dpfl.engines.streams import Streams, member_rng, stream_noise, stream_rng
+from dpfl.engines.plan import (
+    Init,
+    Observer,
+    RunPlan,
+    Schedule,
+    drawn_schedule,
+    participations,
+)
+from dpfl.engines.streams import Streams, count_noise, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
     Algorithm,
     Charges,
@@ -87,20 +93,17 @@ from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.federation.threshold import FIXED, BalancedThreshold
 from dpfl.files import replacing
 from dpfl.local.clipping import Params
-from dpfl.local.device import DeviceName, training_device
+from dpfl.local.device import training_device
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, events
+from dpfl.privacy.accounts import account
 from dpfl.privacy.calibration import calibrate_consortium_noise
 from dpfl.secure import IdealSecureSum, InTheClear
 
-__all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
+__all__ = ["SimulationResult", "initial_models", "simulate"]
 
-Init = Literal["per-trial", "shared"]
-Observer = Callable[[int, int, Sequence[State], Sequence[Mapping[str, Reply]], bool], None]
-"""Called after each exchange: (round, exchange, states per trial, replies per trial,
-whether the server saw the replies)."""
 CHECKPOINT_FORMAT = 2
 """Checkpoints hold per-trial server states and per-hospital local states."""
 
@@ -280,116 +283,35 @@ class _RunState:
 def simulate(
     algorithm: Algorithm,
     silos: Sequence[Silo],
-    *,
-    rounds: int,
-    trials: int = 1,
-    seed: int = 0,
-    epsilon_budget: float | None = None,
-    delta: float = 1e-5,
-    budgets: Mapping[str, tuple[float, float]] | None = None,
-    calibrate: bool | Literal["common", "per-silo"] = False,
+    plan: RunPlan,
     ledger: Ledger | str | Path | None = None,
-    research_noise: bool = True,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    eval_every: int = 1,
-    size_noise: float = DEFAULT_SIZE_NOISE,
-    secure_sum: SecureSum | None = None,
-    init: Init = "per-trial",
-    threads: int | None = 1,
-    cross_silo: bool = False,
-    observe: Observer | None = None,
-    threshold: float | BalancedThreshold = FIXED,
-    device: DeviceName = "cpu",
-    consortium: tuple[int, float] | None = None,
 ) -> SimulationResult:
-    """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
+    """Run `plan.rounds` rounds of `algorithm` over `silos`, `plan.trials` times in one
+    stack.
 
     Args:
-        algorithm: The federated algorithm (its server and hospital halves).
+        algorithm: The federated algorithm (its server and hospital halves), at the σ it
+            runs with unless `plan.calibrate` replaces it.
         silos: The hospitals' records; names must be unique.
-        rounds: Rounds to run (fewer if the algorithm stops at its budget).
-        trials: Independent repetitions, run stacked together.
-        seed: Keys every random stream (`dpfl.engines.streams`) and initial model.
-        epsilon_budget: Every silo's ε, unless `budgets` names it; None: each account's
-            budget is what its plan spends.
-        delta: Every silo's δ, unless `budgets` names it.
-        budgets: Per silo name, its (ε, δ).
-        calibrate: True or "common": every silo gets the most constrained silo's σ;
-            "per-silo": each the least σ that keeps its scheduled rounds in its budget.
+        plan: What the run is asked for (`dpfl.engines.plan.RunPlan`).
         ledger: The privacy ledger, or its path (None: a new one in a temporary folder).
-        research_noise: Seeded noise (reproducible, for research); False draws a silo's
-            noise and batches from the CSPRNG and the OS.
-        progress: Show a progress bar with the worst ε and the latest accuracy.
-        checkpoint: A file the run is saved to after every round, and resumed from if
-            it holds this run.
-        eval_every: Evaluate every this many rounds (and after the last).
-        size_noise: The std, in records, of the DP count's Gaussian noise for a silo that
-            declares no public size, charged first (a non-private run uses the true count).
-        secure_sum: How the server learns the sum of the replies; None: in the clear, or
-            the ideal secure sum for an algorithm that needs one.
-        init: "per-trial": trial 0 from the model as given, every other from its own
-            seeded initialisation; "shared": every trial from the model as given.
-        threads: torch's thread count during the run, restored after (None keeps it).
-        cross_silo: Also score every silo's final model on every silo's test set.
-        observe: For audits (`dpfl.audit`): called after every exchange as
-            `observe(round, exchange, states, replies, revealed)`; it copies what it keeps.
-        threshold: Binary models' decision threshold: a public number, or a
-            `BalancedThreshold` released (and charged) at every evaluation.
-        device: Where local training runs (`dpfl.local.device`): "cpu", "cuda" (refused
-            where there is none) or "auto"; the noise is the same values on every device,
-            and the server half, secure sums and evaluation stay on the CPU.
-        consortium: (h, ε): with `calibrate`, σ also keeps a patient seen by up to h
-            silos within ε at `delta` (`calibration.calibrate_consortium_noise`); silos
-            without an ε budget are then held to this one only.
 
     Returns:
         The run, or its rounds before a Ctrl-C (`interrupted`) or the budget's end.
     """
-    with torch_threads(threads), training_device(device):
-        _check_run(silos, rounds, trials, eval_every)
-        _check_threshold(threshold, algorithm, silos)
-        summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
-        targets: Budgets = {
-            s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos
-        }
-        book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
-        settings = _Settings(
-            rounds,
-            trials,
-            seed,
-            research_noise,
-            progress,
-            None if checkpoint is None else Path(checkpoint),
-            eval_every,
-            init,
-            cross_silo,
-            observe,
-            threshold,
+    with torch_threads(plan.threads), training_device(plan.device):
+        _check_silos(silos)
+        _check_threshold(plan.threshold, algorithm, silos)
+        summing = plan.secure_sum or (
+            IdealSecureSum() if algorithm.needs_secure_sum else InTheClear()
         )
-        run = _Simulation.planned(algorithm, silos, settings, book, targets, summing, size_noise)
-        if calibrate:
-            run.calibrate(calibrate, consortium, delta)
+        book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+        run = _Simulation.planned(algorithm, silos, plan, book, summing)
+        if plan.calibrate is not None:
+            run.calibrate()
         run.resume()
         run.loop()
         return run.result()
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """What `simulate` was asked for that stays the same through the run."""
-
-    rounds: int
-    trials: int
-    seed: int
-    research_noise: bool
-    progress: bool
-    checkpoint: Path | None
-    eval_every: int
-    init: Init
-    cross_silo: bool
-    observe: Observer | None
-    threshold: float | BalancedThreshold
 
 
 @dataclass
@@ -398,7 +320,7 @@ class _Simulation:
     `calibrate`, `resume` (from the checkpoint; the plan checked against the ledger),
     `loop` (the rounds) and `result`."""
 
-    settings: _Settings
+    settings: RunPlan
     algorithm: Algorithm
     silos: list[Silo]
     """The run's silos, each with its public size (declared, released or, for a
@@ -448,21 +370,20 @@ class _Simulation:
         cls,
         algorithm: Algorithm,
         silos: Sequence[Silo],
-        settings: _Settings,
+        settings: RunPlan,
         book: Ledger,
-        targets: Budgets,
         summing: SecureSum,
-        size_noise: float,
     ) -> _Simulation:
         """Accounts registered and public sizes released (private runs), and every
         round's cohorts drawn from the seed."""
         trials, rounds = settings.trials, settings.rounds
+        targets = settings.targets([s.name for s in silos])
         counts: dict[str, events.PrivacyEvent] = {}
         if algorithm.private:
             declared = {s.name: s.public_size for s in silos}
             register_accounts(book, silos, trials, targets)
-            noise_of = functools.partial(_count_noise, settings.research_noise, settings.seed)
-            silos, counts = public_sizes(book, silos, trials, size_noise, noise_of)
+            noise_of = functools.partial(count_noise, settings.research_noise, settings.seed)
+            silos, counts = public_sizes(book, silos, trials, settings.size_noise, noise_of)
             register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
         else:  # nothing is protected, so the true counts may shape the reference run
             silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
@@ -476,7 +397,7 @@ class _Simulation:
             summing,
             counts,
             drawn_schedule(algorithm, infos, trials, settings.seed, rounds),
-            [r for r in range(rounds) if (r + 1) % settings.eval_every == 0 or r == rounds - 1],
+            settings.evaluations(rounds),
             rounds,
         )
 
@@ -488,17 +409,12 @@ class _Simulation:
         count = sum(r >= first for r in self.evaluations)
         return {s.name: (threshold.event(s), count) for s in self.infos}
 
-    def calibrate(
-        self,
-        calibrate: bool | Literal["common", "per-silo"],
-        consortium: tuple[int, float] | None = None,
-        delta: float = 1e-5,
-    ) -> None:
+    def calibrate(self) -> None:
         """The algorithm with the least σ that keeps each silo's scheduled rounds (and
-        its other releases) within its budget, and with a `consortium` (h, ε), a patient
-        of up to h silos within ε at `delta`."""
-        if calibrate not in (True, "common", "per-silo"):
-            raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
+        its other releases) within its budget, and with the plan's `consortium` (h, ε),
+        a patient of up to h silos within ε at the plan's δ: the only place a run's σ
+        is replaced."""
+        calibrate, consortium = self.settings.calibrate, self.settings.consortium
         if not self.algorithm.private:
             raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
         infos, trials = self.infos, self.settings.trials
@@ -511,12 +427,10 @@ class _Simulation:
             self.algorithm, infos, planned, self.targets, self.book.accountant, others
         )
         if consortium is not None:
-            if calibrate == "per-silo":
-                raise ValueError("a consortium budget calibrates one σ: calibrate 'common'")
             hospitals, target = consortium
             least = calibrate_consortium_noise(
                 target,
-                delta,
+                self.settings.delta,
                 lambda sigma: [sigmas.plan(s, sigma) for s in infos],
                 hospitals,
                 accountant=self.book.accountant,
@@ -541,16 +455,17 @@ class _Simulation:
             algorithm, self.silos, s.trials, s.seed, s.research_noise, s.init, s.threshold
         )
         self.instance, resumed = uuid.uuid4().hex[:16], False
-        if s.checkpoint is not None and s.checkpoint.exists():
-            saved = torch.load(s.checkpoint, weights_only=False)
+        checkpoint = s.checkpoint_file
+        if checkpoint is not None and checkpoint.exists():
+            saved = torch.load(checkpoint, weights_only=False)
             if saved["fingerprint"] != self.fingerprint:
-                raise ValueError(f"checkpoint {s.checkpoint} belongs to a different run")
+                raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
             self.start, self.state = saved["round"] + 1, saved["state"]
             self.history, self.messages = saved["history"], saved["messages"]
             self.instance, resumed = saved["instance"], True
-        elif s.checkpoint is not None:  # before round 0: a crash in it resumes this instance
+        elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
             state, history, messages = self.state, self.history, self.messages
-            _save(s.checkpoint, self.fingerprint, self.instance, -1, state, history, messages)
+            _save(checkpoint, self.fingerprint, self.instance, -1, state, history, messages)
         if algorithm.private and algorithm.stops_at_budget:
             left = self.rounds - self.start
             affordable = self.start + affordable_rounds(book, algorithm, infos, left, self.targets)
@@ -644,7 +559,7 @@ class _Simulation:
                     self.completed = round_ + 1
             except KeyboardInterrupt:
                 self.interrupted = True
-                if s.checkpoint is not None and self.current in self.begun:  # it may hold it
+                if s.checkpoint_file is not None and self.current in self.begun:  # it may hold it
                     self.mark_released(self.current)
 
     @property
@@ -680,9 +595,10 @@ class _Simulation:
             self.history += evaluate(
                 algorithm.model, models, self.silos, current, algorithm.loss, self.cuts
             )
-        if s.checkpoint is not None:
+        checkpoint = s.checkpoint_file
+        if checkpoint is not None:
             _save(
-                s.checkpoint,
+                checkpoint,
                 self.fingerprint,
                 self.instance,
                 current,
@@ -810,14 +726,12 @@ def _released_thresholds(
     return chosen_thresholds(threshold, algorithm.model, models, silos, noise)
 
 
-def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int) -> None:
+def _check_silos(silos: Sequence[Silo]) -> None:
     if not silos:
         raise ValueError("need at least one silo")
     names = [s.name for s in silos]
     if len(set(names)) != len(names):
         raise ValueError(f"silo names must be unique, got {names}")
-    if rounds < 1 or trials < 1 or eval_every < 1:
-        raise ValueError("rounds, trials and eval_every must be ≥ 1")
 
 
 def _initial(
@@ -895,40 +809,6 @@ def _traffic(round_: int, trial: int, member: Member, reply: Reply | None) -> li
 
 def _stacked(params: Sequence[Params]) -> Params:
     return {name: torch.stack([p[name] for p in params]) for name in params[0]}
-
-
-Schedule = dict[tuple[int, int], frozenset[str]]
-"""(round, trial) -> the names of the silos the server's `cohort` takes that round."""
-
-
-def drawn_schedule(
-    algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int, seed: int, rounds: int
-) -> Schedule:
-    """Every round's cohort, drawn before round 0 from the very stream `configure` will
-    draw it from (the server's first stream of the round): public, from the seed alone."""
-    return {
-        (round_, trial): frozenset(
-            s.name for s in algorithm.cohort(round_, silos, functools.partial(streams, trial, -1))
-        )
-        for round_ in range(rounds)
-        for streams in [Streams(seed, round_, stream_rng)]
-        for trial in range(trials)
-    }
-
-
-def participations(schedule: Schedule, first: int, last: int) -> Counter[tuple[str, int]]:
-    """Rounds in [first, last) each (silo, trial) is scheduled for."""
-    return Counter(
-        (name, trial)
-        for (round_, trial), names in schedule.items()
-        if first <= round_ < last
-        for name in names
-    )
-
-
-def _count_noise(research: bool, seed: int, k: int) -> NoiseSource:
-    """The noise of silo k's released record count (drawn once, before round 0)."""
-    return stream_noise(research, (seed, 0, k + 1, 0, 0, 2))
 
 
 def _status(

@@ -52,6 +52,7 @@ from typing import Any
 
 from dpfl.experiments.study import spending
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 from dpfl.sqlite_file import DamagedFileError, open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
@@ -525,8 +526,6 @@ class ResultsStore:
             (run.id, view, accountant, last),
         ).fetchall()
         if delta is not None and rows:
-            from dpfl.engines.simulation import account  # imports torch: only when needed
-
             shared = run.config.get("privacy", {}).get("ledger")
             book_of = spending.book(run.study, run.id, shared)
             with Ledger(self.ledger_of(run), create=False, study=book_of) as book:
