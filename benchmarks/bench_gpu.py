@@ -1,5 +1,5 @@
 """DP-SGD on CUDA: dpfl's step on the GPU against the CPU and against Opacus on the GPU,
-and one federated round (`simulate(device=...)`) on the GPU against the CPU.
+and one federated round (`RunPlan(device=...)`) on the GPU against the CPU.
 
     .venv/bin/python benchmarks/bench_gpu.py [--json] [--repeats N] [--device cuda]
 

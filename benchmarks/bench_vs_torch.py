@@ -25,8 +25,8 @@ the same batches and steps, C = ∞ (nothing clipped), no noise.
 
 Runners (one trial each, on the same silos and initial model):
 
-- `dpfl`: `dpfl.engines.simulation.simulate(FedAvg(...), silos, trials=1, seed=0,
-  research_noise=True, progress=False, eval_every=rounds)`: seeded noise, metrics once
+- `dpfl`: `dpfl.engines.simulation.simulate(FedAvg(...), silos, RunPlan(trials=1, seed=0,
+  research_noise=True, progress=False, eval_every=rounds))`: seeded noise, metrics once
   after the last round, a privacy ledger (a temporary SQLite file) written every round
   and the whole plan checked against the budget (ε = ∞ here) before round 0. Timed is
   the `simulate` call. Before each DP call dpfl's per-process memos (`functools` caches

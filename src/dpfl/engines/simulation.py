@@ -3,15 +3,16 @@
 Each round it calls the algorithm's server half once per trial and its hospital half
 once for all (trial, silo) members together, which the algorithm runs as one stacked
 computation; the replies reach the server half through a secure sum (`dpfl.secure`).
-What it adds around the halves (the bookkeeping shared with any engine is in
-`dpfl.engines.accounts`):
+It runs a frozen `RunPlan` (`dpfl.engines.plan`, with the public schedule every engine
+draws alike). What it adds around the halves (the bookkeeping shared with any engine is
+in `dpfl.engines.accounts`):
 
 * privacy: one ledger account per (silo, trial), with the silo's (ε, δ) budget. The
   server's cohorts depend on the run's seed alone (`Algorithm.cohort`), so the schedule
   of every round is drawn before round 0, and each account's plan is the rounds its
   silo is scheduled for. The whole plan is checked before round 0, so an unaffordable
   run fails before it touches data; each event is recorded during the round, before
-  the update it paid for is aggregated. With `calibrate=True`, σ is the least noise
+  the update it paid for is aggregated. With the plan's `calibrate`, σ is the least noise
   that keeps every silo's plan within its budget: under client sampling, its own
   scheduled rounds, not every round.
 * public sizes: a silo that declares no public size gets a DP count of its records,
@@ -139,7 +140,7 @@ class SimulationResult:
     """The algorithm stops at its budget (Dopamine) and fewer rounds than asked fitted."""
     metadata: dict[str, Any] = field(default_factory=dict)
     cross_silo: list[dict[str, Any]] = field(default_factory=list)
-    """With `simulate(cross_silo=True)`, the final models only: one row per trial, model
+    """With `RunPlan(cross_silo=True)`, the final models only: one row per trial, model
     silo and test silo (`model` None: the one model every silo shares), each silo's
     model scored on every silo's test set; empty unless asked."""
     accountant: Accountant | None = None
@@ -416,7 +417,7 @@ class _Simulation:
         is replaced."""
         calibrate, consortium = self.settings.calibrate, self.settings.consortium
         if not self.algorithm.private:
-            raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
+            raise ValueError("calibrate needs a private algorithm (σ > 0 to start from)")
         infos, trials = self.infos, self.settings.trials
         scheduled = participations(self.schedule, 0, self.rounds)
         planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}

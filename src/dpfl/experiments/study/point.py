@@ -217,12 +217,14 @@ def _results(
                     delta = book.budget(name).delta
                     for r in rounds:
                         spent = book.spent(name, accountant=own, through_round=r)
-                        privacy.append((trial, r, silo, view, own.value, delta, spent.epsilon))
+                        row = (trial, r, silo, view, own.value, delta, spent.epsilon, name)
+                        privacy.append(row)
                     try:  # the other accountant's figure, where it can analyse the run
                         spent = book.spent(name, accountant=other)
                     except UnsupportedAccountingError:  # node-level steps: RDP only
                         continue
-                    privacy.append((trial, last, silo, view, other.value, delta, spent.epsilon))
+                    row = (trial, last, silo, view, other.value, delta, spent.epsilon, name)
+                    privacy.append(row)
         sheet = datasheet(config, config.algorithm.algorithm, result, book)
     return RunResults(
         rounds_completed=result.rounds_completed,
