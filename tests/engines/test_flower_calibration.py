@@ -43,7 +43,7 @@ BUDGETS = {"hospital-0": 2.0, "hospital-1": 4.0, "hospital-2": 8.0}
 
 
 def simulated(
-    study: Path, tmp_path: Path, budgets: dict[str, float], calibrate: Any = False
+    study: Path, tmp_path: Path, budgets: dict[str, float], calibrate: Any = None
 ) -> tuple[SimulationResult, Ledger]:
     """The study in the simulator with each hospital's budget, research noise."""
     config = study_point(study)
