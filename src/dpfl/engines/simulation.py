@@ -321,7 +321,7 @@ class _Simulation:
     `calibrate`, `resume` (from the checkpoint; the plan checked against the ledger),
     `loop` (the rounds) and `result`."""
 
-    settings: RunPlan
+    plan: RunPlan
     algorithm: Algorithm
     silos: list[Silo]
     """The run's silos, each with its public size (declared, released or, for a
@@ -371,40 +371,40 @@ class _Simulation:
         cls,
         algorithm: Algorithm,
         silos: Sequence[Silo],
-        settings: RunPlan,
+        plan: RunPlan,
         book: Ledger,
         summing: SecureSum,
     ) -> _Simulation:
         """Accounts registered and public sizes released (private runs), and every
         round's cohorts drawn from the seed."""
-        trials, rounds = settings.trials, settings.rounds
-        targets = settings.targets([s.name for s in silos])
+        trials, rounds = plan.trials, plan.rounds
+        targets = plan.targets([s.name for s in silos])
         counts: dict[str, events.PrivacyEvent] = {}
         if algorithm.private:
             declared = {s.name: s.public_size for s in silos}
             register_accounts(book, silos, trials, targets)
-            noise_of = functools.partial(count_noise, settings.research_noise, settings.seed)
-            silos, counts = public_sizes(book, silos, trials, settings.size_noise, noise_of)
+            noise_of = functools.partial(count_noise, plan.research_noise, plan.seed)
+            silos, counts = public_sizes(book, silos, trials, plan.size_noise, noise_of)
             register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
         else:  # nothing is protected, so the true counts may shape the reference run
             silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
         infos = [s.info for s in silos]
         return cls(
-            settings,
+            plan,
             algorithm,
             list(silos),
             book,
             targets,
             summing,
             counts,
-            drawn_schedule(algorithm, infos, trials, settings.seed, rounds),
-            settings.evaluations(rounds),
+            drawn_schedule(algorithm, infos, trials, plan.seed, rounds),
+            plan.evaluations(rounds),
             rounds,
         )
 
     def releases(self, first: int) -> dict[str, tuple[events.PrivacyEvent, int]]:
         """Per silo, the threshold releases of the evaluations from round `first` on."""
-        threshold = self.settings.threshold
+        threshold = self.plan.threshold
         if not (self.algorithm.private and isinstance(threshold, BalancedThreshold)):
             return {}
         count = sum(r >= first for r in self.evaluations)
@@ -415,10 +415,10 @@ class _Simulation:
         its other releases) within its budget, and with the plan's `consortium` (h, ε),
         a patient of up to h silos within ε at the plan's δ: the only place a run's σ
         is replaced."""
-        calibrate, consortium = self.settings.calibrate, self.settings.consortium
+        calibrate, consortium = self.plan.calibrate, self.plan.consortium
         if not self.algorithm.private:
             raise ValueError("calibrate needs a private algorithm (σ > 0 to start from)")
-        infos, trials = self.infos, self.settings.trials
+        infos, trials = self.infos, self.plan.trials
         scheduled = participations(self.schedule, 0, self.rounds)
         planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}
         others = {s.name: [self.counts[s.name]] if s.name in self.counts else [] for s in infos}
@@ -431,7 +431,7 @@ class _Simulation:
             hospitals, target = consortium
             least = calibrate_consortium_noise(
                 target,
-                self.settings.delta,
+                self.plan.delta,
                 lambda sigma: [sigmas.plan(s, sigma) for s in infos],
                 hospitals,
                 accountant=self.book.accountant,
@@ -450,7 +450,7 @@ class _Simulation:
         """The initial states, or the checkpoint's if it holds this run (a new one is
         saved before round 0: a crash in it resumes this instance); the rounds the budget
         affords, and the plan left checked against the ledger."""
-        s, algorithm, infos, book = self.settings, self.algorithm, self.infos, self.book
+        s, algorithm, infos, book = self.plan, self.algorithm, self.infos, self.book
         self.state = _initial(algorithm, infos, s.trials, s.seed, s.init)
         self.fingerprint = _fingerprint(
             algorithm, self.silos, s.trials, s.seed, s.research_noise, s.init, s.threshold
@@ -519,7 +519,7 @@ class _Simulation:
         if again and self.paid and round_ == self.start and round_ not in self.noted:
             raise RuntimeError(
                 f"round {round_} of {self.run_name} was released meanwhile by another "
-                f"process while this one resumed it from {self.settings.checkpoint}; its "
+                f"process while this one resumed it from {self.plan.checkpoint}; its "
                 "charges pay for one release, so this one is not released"
             )
         self.noted.add(round_)
@@ -527,7 +527,7 @@ class _Simulation:
     def loop(self) -> None:
         """The rounds from `start`, with a progress bar; Ctrl-C stops after the round
         under way, noting it released if the result may hold it."""
-        s, algorithm = self.settings, self.algorithm
+        s, algorithm = self.plan, self.algorithm
         bar = Progress(
             TextColumn(f"{algorithm.name}"),
             BarColumn(),
@@ -569,7 +569,7 @@ class _Simulation:
 
     def round(self, curator: Silo | None) -> None:
         """Round `current`: its exchanges, its evaluation if due, its checkpoint."""
-        s, algorithm, current, state = self.settings, self.algorithm, self.current, self.state
+        s, algorithm, current, state = self.plan, self.algorithm, self.current, self.state
         assert state is not None, "resume() makes the initial states"
         rng = Streams(s.seed, current, functools.partial(member_rng, s.research_noise))
         noise = Streams(s.seed, current, functools.partial(stream_noise, s.research_noise))
@@ -612,7 +612,7 @@ class _Simulation:
     def result(self) -> SimulationResult:
         """The models, metrics, accounts and traffic of the rounds completed."""
         s, algorithm, silos, infos, state = (
-            self.settings,
+            self.plan,
             self.algorithm,
             self.silos,
             self.infos,
