@@ -4,9 +4,9 @@ GPU benchmark runs its CUDA path with device "cpu"."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,8 +37,10 @@ def _trained(device: DeviceName | None = None) -> dict[str, torch.Tensor]:
     config = StudyConfig.model_validate(POINT)
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
-    run = functools.partial(simulate, algorithm, silos, rounds=2, trials=2, progress=False)
-    return (run() if device is None else run(device=device)).params
+    plan = RunPlan(rounds=2, trials=2, progress=False)
+    return simulate(
+        algorithm, silos, plan if device is None else replace(plan, device=device)
+    ).params
 
 
 def test_device_cpu_gives_the_default_runs_bits() -> None:
