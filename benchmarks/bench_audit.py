@@ -15,9 +15,9 @@ local epoch a round: 10 Poisson steps), `--rounds` rounds (default 3), a Dirac g
 canary (magnitude 1000·C) in hospital 0, `--trials` trials per world (default 1,000: 500
 choose the test, 500 bound it).
 
-- `stacked`: each world is one `simulate(..., trials=N)` call, every trial's hospital
+- `stacked`: each world is one `simulate` call with `RunPlan(trials=N)`, every trial's hospital
   work one stacked computation;
-- `one_at_a_time`: the same audit with `per_run=1`: N `simulate(..., trials=1)` calls a
+- `one_at_a_time`: the same audit with `per_run=1`: N `simulate` calls with `RunPlan(trials=1)` a
   world (other seeds, so other draws of the same distribution).
 
 Figures: `stacked_s`, `one_at_a_time_s` (wall clock, `time.perf_counter`), `ratio`

@@ -78,6 +78,7 @@ import torch
 
 from bench_common import log_to_stderr
 from dpfl.engines.flower import DeploymentResult, loopback
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.datasets import build_silos
@@ -262,13 +263,15 @@ def simulated(study: Path, rounds: int, folder: Path) -> tuple[float, Simulation
         result = simulate(
             algorithm,
             silos,
-            rounds=rounds,
-            seed=config.seed,
-            epsilon_budget=EPSILON,
-            delta=DELTA,
+            RunPlan(
+                rounds=rounds,
+                seed=config.seed,
+                epsilon=EPSILON,
+                delta=DELTA,
+                progress=False,
+                eval_every=rounds,
+            ),
             ledger=Path(tmp) / "ledger.sqlite",
-            progress=False,
-            eval_every=rounds,
         )
         return time.perf_counter() - start, result
 

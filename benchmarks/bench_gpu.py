@@ -1,5 +1,5 @@
 """DP-SGD on CUDA: dpfl's step on the GPU against the CPU and against Opacus on the GPU,
-and one federated round (`simulate(device=...)`) on the GPU against the CPU.
+and one federated round (`RunPlan(device=...)`) on the GPU against the CPU.
 
     .venv/bin/python benchmarks/bench_gpu.py [--json] [--repeats N] [--device cuda]
 
@@ -30,6 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).parent))  # bench_local's pieces
 
 from bench_local import CONFIG, Case, _cases, _Counting, _opacus, _time
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import StudyConfig
@@ -91,7 +92,9 @@ def federated_round(device: str) -> Callable[[], int]:
     algorithm = build_algorithm(config, silos)
 
     def run() -> int:
-        simulate(algorithm, silos, rounds=1, trials=4, progress=False, device=config.device)
+        simulate(
+            algorithm, silos, RunPlan(rounds=1, trials=4, progress=False, device=config.device)
+        )
         _sync(device)
         return sum(s.size for s in silos)
 

@@ -59,6 +59,7 @@ import torch
 from dpfl.allocator import keep_freed_memory
 from dpfl.data.sampling import PoissonSampler
 from dpfl.data.synthetic import synthetic_ehr
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedAvg
 from dpfl.federation.silo import SiloInfo, silos_from_dataset
@@ -129,12 +130,14 @@ def main() -> None:
             simulate(
                 algorithm,
                 silos,
-                rounds=args.rounds,
-                research_noise=research,
-                progress=False,
-                eval_every=10**9,
+                RunPlan(
+                    rounds=args.rounds,
+                    research_noise=research,
+                    progress=False,
+                    eval_every=10**9,
+                    observe=lambda *_, ends=ends: ends.append(time.perf_counter()),
+                ),
                 ledger=Path(tmp) / "ledger.sqlite",
-                observe=lambda *_, ends=ends: ends.append(time.perf_counter()),
             )
             figures[f"{mode}_run_s"] = round(time.perf_counter() - began, 2)
             per_round = statistics.median(b - a for a, b in itertools.pairwise(ends))

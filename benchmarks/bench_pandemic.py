@@ -41,6 +41,7 @@ import torch
 from bench_common import log_to_stderr
 from dpfl.data import partition
 from dpfl.data.pandemic import SUSCEPTIBLE, pandemic_dataset, pandemic_population
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.experiments.study.datasets import official_splits
 from dpfl.federation.algorithms import Local
@@ -154,10 +155,7 @@ def main() -> None:
             lambda: simulate(
                 algorithm,
                 silos,
-                rounds=1,
-                progress=False,
-                threads=args.threads,
-                eval_every=1,
+                RunPlan(rounds=1, progress=False, threads=args.threads, eval_every=1),
                 ledger=Path(folder) / "ledger.sqlite",
             ),
         )

@@ -53,7 +53,7 @@ with `time.perf_counter`; importing the libraries is not counted, except that
   with `--flower-separate-runs`, N `run_simulation` calls (N start-ups) instead.
 - `plain_torch_1trial_s`, `plain_torch_{N}trials_s`: the plain loop for 1 and N seeds,
   after a 1-round warm-up run (`plain_torch_warmup_s`) that pays torch.func's set-up.
-- `dpfl_1trial_s`, `dpfl_{N}trials_s`: `simulate(trials=1)` and `simulate(trials=N)` as a
+- `dpfl_1trial_s`, `dpfl_{N}trials_s`: `simulate` with `RunPlan(trials=1)` and `(trials=N)` as a
   fresh process pays them: after a 1-round warm-up (`dpfl_warmup_s`), with dpfl's
   per-process memos (its `functools` caches of ε values and privacy-loss distributions,
   listed in `dpfl_caches_cleared`) emptied first, so privacy accounting is included;
@@ -97,6 +97,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from bench_common import log_to_stderr
+from dpfl.engines.plan import RunPlan
 
 log = logging.getLogger("bench_vs_flower")
 
@@ -439,14 +440,16 @@ def run_dpfl(work: Workload, trials: int) -> tuple[float, list[float]]:
         result = simulate(
             algorithm,
             silos,
-            rounds=work.rounds,
-            trials=trials,
-            seed=0,
-            research_noise=True,
-            progress=False,
+            RunPlan(
+                rounds=work.rounds,
+                trials=trials,
+                seed=0,
+                research_noise=True,
+                progress=False,
+                eval_every=work.rounds,
+                init="shared",
+            ),
             ledger=Path(tmp) / "ledger.sqlite",
-            eval_every=work.rounds,
-            init="shared",  # every trial from the one initial model, as the other runners
         )
         seconds = time.perf_counter() - start
     params = result.params

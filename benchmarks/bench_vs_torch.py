@@ -25,8 +25,8 @@ the same batches and steps, C = ∞ (nothing clipped), no noise.
 
 Runners (one trial each, on the same silos and initial model):
 
-- `dpfl`: `dpfl.engines.simulation.simulate(FedAvg(...), silos, trials=1, seed=0,
-  research_noise=True, progress=False, eval_every=rounds)`: seeded noise, metrics once
+- `dpfl`: `dpfl.engines.simulation.simulate(FedAvg(...), silos, RunPlan(trials=1, seed=0,
+  research_noise=True, progress=False, eval_every=rounds))`: seeded noise, metrics once
   after the last round, a privacy ledger (a temporary SQLite file) written every round
   and the whole plan checked against the budget (ε = ∞ here) before round 0. Timed is
   the `simulate` call. Before each DP call dpfl's per-process memos (`functools` caches
@@ -110,6 +110,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from bench_common import log_to_stderr
+from dpfl.engines.plan import RunPlan
 
 log = logging.getLogger("bench_vs_torch")
 
@@ -329,13 +330,15 @@ def dpfl_run(work: Workload, private: bool) -> tuple[Params, float]:
         result = simulate(
             algorithm,
             work.silos,
-            rounds=work.rounds,
-            trials=1,
-            seed=RUN_SEED,
-            research_noise=True,
-            progress=False,
+            RunPlan(
+                rounds=work.rounds,
+                trials=1,
+                seed=RUN_SEED,
+                research_noise=True,
+                progress=False,
+                eval_every=work.rounds,
+            ),
             ledger=Path(tmp) / "ledger.sqlite",
-            eval_every=work.rounds,
         )
     params = {k: v[0] for k, v in result.params.items()}
     return params, result.final_metrics()["accuracy"]

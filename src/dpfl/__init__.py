@@ -15,6 +15,7 @@ except PackageNotFoundError:  # running from a source tree that was not installe
 
 _LAZY = {
     "simulate": ("dpfl.engines.simulation", "simulate"),
+    "RunPlan": ("dpfl.engines.plan", "RunPlan"),
     "keep_freed_memory": ("dpfl.allocator", "keep_freed_memory"),
     "Silo": ("dpfl.federation.silo", "Silo"),
     "silos_from_dataset": ("dpfl.federation.silo", "silos_from_dataset"),

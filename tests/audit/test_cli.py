@@ -11,13 +11,13 @@ from typing import Any
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.engines.accounts import account
 from dpfl.experiments.results.queries import bound_text
 from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import Study
 from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 
 STUDY: dict[str, Any] = {
     "name": "audited",

@@ -23,7 +23,9 @@ import torch
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.data.sampling import PoissonSampler
-from dpfl.engines.simulation import DEFAULT_SIZE_NOISE, account, simulate
+from dpfl.engines.accounts import DEFAULT_SIZE_NOISE
+from dpfl.engines.plan import RunPlan
+from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import AOP, Centralized, FedAvg
 from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
@@ -31,6 +33,7 @@ from dpfl.local.losses import bce
 from dpfl.local.output_perturbation import AOPConfig
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger, events
+from dpfl.privacy.accounts import account
 
 _X, _Y = load_breast_cancer(return_X_y=True)
 _X = (_X - _X.mean(0)) / _X.std(0)
@@ -70,28 +73,29 @@ def _rounds_recorded(ledger: Path, silos: list[Silo]) -> list[list[int | None]]:
 
 def test_a_rerun_after_its_checkpoint_is_deleted_pays_for_every_round(tmp_path: Path) -> None:
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
-    run = dict(rounds=1, ledger=ledger, research_noise=False, progress=False)
-    simulate(_fedavg(), silos, checkpoint=checkpoint, **run)  # type: ignore[arg-type]
+    plan = RunPlan(rounds=1, research_noise=False, checkpoint=checkpoint, progress=False)
+    simulate(_fedavg(), silos, plan, ledger=ledger)
     checkpoint.unlink()
-    again = simulate(_fedavg(), silos, checkpoint=checkpoint, **run)  # type: ignore[arg-type]
+    again = simulate(_fedavg(), silos, plan, ledger=ledger)
     assert _rounds_recorded(ledger, silos) == [[0, 0]] * 3  # two fresh releases of round 0
-    two = simulate(_fedavg(), silos, rounds=2, progress=False)
+    two = simulate(_fedavg(), silos, RunPlan(rounds=2, progress=False))
     assert again.epsilon[0]["h0"].epsilon == pytest.approx(two.epsilon[0]["h0"].epsilon)
 
 
 def test_a_longer_run_with_a_new_checkpoint_pays_for_every_round(tmp_path: Path) -> None:
     silos, ledger = _silos(), tmp_path / "ledger.sqlite"
-    run = dict(ledger=ledger, research_noise=False, progress=False)
-    simulate(_fedavg(), silos, rounds=2, checkpoint=tmp_path / "a.pt", **run)  # type: ignore[arg-type]
-    simulate(_fedavg(), silos, rounds=3, checkpoint=tmp_path / "b.pt", **run)  # type: ignore[arg-type]
+    plan = RunPlan(rounds=2, research_noise=False, checkpoint=tmp_path / "a.pt", progress=False)
+    simulate(_fedavg(), silos, plan, ledger=ledger)
+    plan = dataclasses.replace(plan, rounds=3, checkpoint=tmp_path / "b.pt")
+    simulate(_fedavg(), silos, plan, ledger=ledger)
     assert _rounds_recorded(ledger, silos) == [[0, 1, 0, 1, 2]] * 3
 
 
 def test_the_same_run_instance_extended_from_its_checkpoint_pays_once(tmp_path: Path) -> None:
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
-    run = dict(ledger=ledger, checkpoint=checkpoint, research_noise=False, progress=False)
-    first = simulate(_fedavg(), silos, rounds=2, **run)  # type: ignore[arg-type]
-    second = simulate(_fedavg(), silos, rounds=4, **run)  # type: ignore[arg-type]
+    plan = RunPlan(rounds=2, checkpoint=checkpoint, research_noise=False, progress=False)
+    first = simulate(_fedavg(), silos, plan, ledger=ledger)
+    second = simulate(_fedavg(), silos, dataclasses.replace(plan, rounds=4), ledger=ledger)
     assert second.metadata["instance"] == first.metadata["instance"]
     assert _rounds_recorded(ledger, silos) == [[0, 1, 2, 3]] * 3
 
@@ -102,6 +106,7 @@ _KILLED_RUN = textwrap.dedent(
     import torch
     from sklearn.datasets import load_breast_cancer
     from dpfl.engines import simulation
+    from dpfl.engines.plan import RunPlan
     from dpfl.federation.algorithms import FedAvg
     from dpfl.federation.silo import Silo
     from dpfl.local.dpsgd import DPSGDConfig
@@ -142,9 +147,9 @@ _KILLED_RUN = textwrap.dedent(
                            dpsgd=DPSGDConfig(1.0, 1.0, 0.5), expected_batch_size=10)
         # an RDP ledger: what is paid for each round is tested, not PLD's ε (slower)
         ledger = Ledger(f"{directory}/ledger.sqlite", accountant="rdp")
-        simulation.simulate(algorithm, silos, rounds=3, ledger=ledger,
-                            checkpoint=f"{directory}/run.pt", research_noise=False,
-                            progress=False)
+        plan = RunPlan(rounds=3, checkpoint=f"{directory}/run.pt", research_noise=False,
+                       progress=False)
+        simulation.simulate(algorithm, silos, plan, ledger=ledger)
         ledger.close()
     """
 )
@@ -207,11 +212,8 @@ def test_adding_a_record_changes_no_quantity_that_shapes_the_mechanism(tmp_path:
         simulate(
             _fedavg(),
             silos,
-            rounds=3,
-            epsilon_budget=1.0,
-            calibrate=True,  # by RDP (faster than PLD): σ's inputs are tested, by any accountant
+            RunPlan(rounds=3, epsilon=1.0, calibrate="common", progress=False),
             ledger=Ledger(tmp_path / f"{len(silos[0].y)}.sqlite", accountant="rdp"),
-            progress=False,
         ).noise_multiplier
         for silos in (plain, plus_one)
     ]
@@ -239,7 +241,7 @@ def test_aop_noise_does_not_depend_on_the_record_count(monkeypatch: pytest.Monke
 
     monkeypatch.setattr(aop_module, "output_perturbation", spy)
     for silos in (_silos(), _silos(extra=1)):
-        simulate(aop, silos[:1], rounds=1, progress=False)
+        simulate(aop, silos[:1], RunPlan(rounds=1, progress=False))
     assert len(stds) == 2 and stds[0] == stds[1]
 
 
@@ -253,8 +255,7 @@ def test_centralized_plans_from_public_sizes_without_pooling_data() -> None:
 
 def test_a_silo_without_a_public_size_gets_a_dp_count_charged_first(tmp_path: Path) -> None:
     silos, ledger = _silos(public=False), tmp_path / "ledger.sqlite"
-    run = dict(rounds=1, ledger=ledger, progress=False)
-    first = simulate(_fedavg(), silos, trials=2, **run)  # type: ignore[arg-type]
+    first = simulate(_fedavg(), silos, RunPlan(rounds=1, trials=2, progress=False), ledger=ledger)
     released = first.metadata["public_sizes"]
     count = events.gaussian(DEFAULT_SIZE_NOISE)
     with Ledger(ledger) as book:
@@ -266,7 +267,7 @@ def test_a_silo_without_a_public_size_gets_a_dp_count_charged_first(tmp_path: Pa
             assert released[silo.name] == round(book.released(f"record count of {silo.name}"))
     assert released != {s.name: s.size for s in silos}  # noise was added
     # a later run over the ledger re-uses the released count; a new trial pays for it
-    again = simulate(_fedavg(), silos, trials=3, **run)  # type: ignore[arg-type]
+    again = simulate(_fedavg(), silos, RunPlan(rounds=1, trials=3, progress=False), ledger=ledger)
     assert again.metadata["public_sizes"] == released
     with Ledger(ledger) as book:
         counts = [
@@ -280,11 +281,8 @@ def test_calibration_makes_room_for_the_released_count(tmp_path: Path) -> None:
     result = simulate(
         _fedavg(),
         _silos(public=False),
-        rounds=2,
-        epsilon_budget=1.0,
-        calibrate=True,
-        ledger=Ledger(tmp_path / "ledger.sqlite", accountant="rdp"),  # faster than PLD
-        progress=False,
+        RunPlan(rounds=2, epsilon=1.0, calibrate="common", progress=False),
+        ledger=Ledger(tmp_path / "ledger.sqlite", accountant="rdp"),
     )
     spent = max(report.epsilon for report in result.epsilon[0].values())
     assert 0.9 < spent <= 1.0
@@ -298,7 +296,7 @@ def test_non_private_runs_need_no_public_size() -> None:
         dpsgd=DPSGDConfig.non_private(0.5),
         expected_batch_size=10,
     )
-    result = simulate(reference, _silos(public=False), rounds=1, progress=False)
+    result = simulate(reference, _silos(public=False), RunPlan(rounds=1, progress=False))
     assert result.metadata["public_sizes"] == {"h0": 60, "h1": 60, "h2": 60}
 
 

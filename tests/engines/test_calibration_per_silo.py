@@ -11,6 +11,7 @@ import torch
 
 from dpfl.engines import accounts
 from dpfl.engines.accounts import Calibration
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedAvg, FedSGDSecure
 from dpfl.federation.silo import Silo
@@ -37,11 +38,8 @@ def test_each_silo_spends_its_own_budget(
         simulate(
             _fedavg(),
             silos,
-            rounds=3,
-            budgets=BUDGETS,
-            calibrate=mode,
+            RunPlan(rounds=3, budgets=BUDGETS, calibrate=mode, progress=False),
             ledger=Ledger(tmp_path / f"{mode}.sqlite", accountant="rdp"),
-            progress=False,
         )
         for mode in ("common", "per-silo")
     )
@@ -69,20 +67,14 @@ def test_per_silo_noise_is_refused_where_the_noise_is_shared(
         simulate(
             dopamine,
             breast_cancer_silos(3),
-            rounds=2,
-            budgets=BUDGETS,
-            calibrate="per-silo",
+            RunPlan(rounds=2, budgets=BUDGETS, calibrate="per-silo", progress=False),
             ledger=ledger,
-            progress=False,
         )
     with pytest.raises(ValueError, match="'common' or 'per-silo'"):
         simulate(
             _fedavg(),
             breast_cancer_silos(3),
-            rounds=1,
-            budgets=BUDGETS,
-            calibrate="x",  # type: ignore[arg-type]
-            progress=False,
+            RunPlan(rounds=1, budgets=BUDGETS, calibrate="x", progress=False),
         )
 
 

@@ -20,7 +20,8 @@ from dpfl.experiments.results.queries import open_results, read_metrics, summari
 from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore, RunResults, StoreError
 from dpfl.experiments.study.deployment import serve_study, stop_reason, unfinished
-from dpfl.experiments.study.runner import STORE, owning
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import owning
 from dpfl.privacy import Ledger
 
 from .test_flower import InProcessGrid, hospitals, study
@@ -279,7 +280,7 @@ def test_a_schema_2_store_is_read_as_it_is_and_upgraded_with_its_runs_from_their
         )
         assert store.epsilon_by_silo(store.run("new")).by_silo == {"b": 0.7}
     db = sqlite3.connect(tmp_path / STORE)
-    assert db.execute("PRAGMA user_version").fetchone() == (4,)  # through 3 to today's
+    assert db.execute("PRAGMA user_version").fetchone() == (5,)  # through 3 and 4 to today's
     assert db.execute("SELECT id, epsilon_source FROM runs ORDER BY rowid").fetchall() == [
         ("old", "ledger"),
         ("new", "hospitals"),

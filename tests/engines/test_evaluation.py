@@ -13,6 +13,7 @@ from sklearn import metrics as skm
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.data import partition
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import MRMTL, FedAvg
 from dpfl.federation.silo import Silo
@@ -62,11 +63,7 @@ def test_personalised_models_are_scored_on_every_silos_test_set(tmp_path) -> Non
     result = simulate(
         mrmtl,
         silos,
-        rounds=3,
-        trials=2,
-        seed=4,
-        progress=False,
-        cross_silo=True,
+        RunPlan(rounds=3, trials=2, seed=4, progress=False, cross_silo=True),
         ledger=tmp_path / "ledger.sqlite",
     )
     rows = result.cross_silo
@@ -101,10 +98,7 @@ def test_a_shared_model_is_scored_once_per_test_silo(tmp_path) -> None:  # type:
     result = simulate(
         fedavg,
         silos,
-        rounds=2,
-        trials=2,
-        progress=False,
-        cross_silo=True,
+        RunPlan(rounds=2, trials=2, progress=False, cross_silo=True),
         ledger=tmp_path / "ledger.sqlite",
     )
     rows = result.cross_silo
@@ -129,10 +123,7 @@ def test_cross_silo_scoring_is_opt_in_and_changes_nothing_else(tmp_path) -> None
             simulate(
                 mrmtl,
                 _silos(),
-                rounds=2,
-                trials=2,
-                progress=False,
-                cross_silo=cross,
+                RunPlan(rounds=2, trials=2, progress=False, cross_silo=cross),
                 ledger=tmp_path / f"{cross}.sqlite",
             )
         )

@@ -23,6 +23,7 @@ from flwr.supercore.task_identity import TaskIdentity
 
 from dpfl import secure
 from dpfl.engines.flower import DeploymentError, DeploymentResult, loopback, serve
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.datasets import build_silos
@@ -146,13 +147,15 @@ def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:
     result = simulate(
         build_algorithm(config, silos),
         silos,
-        rounds=config.rounds,
-        seed=config.seed,
-        epsilon_budget=EPSILON,
-        delta=DELTA,
+        RunPlan(
+            rounds=config.rounds,
+            seed=config.seed,
+            epsilon=EPSILON,
+            delta=DELTA,
+            progress=False,
+            secure_sum=secure.by_name(config.summing),
+        ),
         ledger=book,
-        progress=False,
-        secure_sum=secure.by_name(config.summing),
     )
     return result, book
 

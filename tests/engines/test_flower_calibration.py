@@ -15,6 +15,7 @@ from flwr.app import Context, RecordDict
 
 from dpfl import secure
 from dpfl.engines.flower import HospitalConfig, loopback, serve
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.datasets import build_silos
@@ -42,7 +43,7 @@ BUDGETS = {"hospital-0": 2.0, "hospital-1": 4.0, "hospital-2": 8.0}
 
 
 def simulated(
-    study: Path, tmp_path: Path, budgets: dict[str, float], calibrate: Any = False
+    study: Path, tmp_path: Path, budgets: dict[str, float], calibrate: Any = None
 ) -> tuple[SimulationResult, Ledger]:
     """The study in the simulator with each hospital's budget, research noise."""
     config = study_point(study)
@@ -51,14 +52,16 @@ def simulated(
     result = simulate(
         build_algorithm(config, silos),
         silos,
-        rounds=config.rounds,
-        seed=config.seed,
-        budgets={name: (eps, DELTA) for name, eps in budgets.items()},
-        calibrate=calibrate,
+        RunPlan(
+            rounds=config.rounds,
+            seed=config.seed,
+            budgets={name: (eps, DELTA) for name, eps in budgets.items()},
+            calibrate=calibrate,
+            progress=False,
+            size_noise=config.data.size_noise,
+            secure_sum=secure.by_name(config.summing),
+        ),
         ledger=book,
-        progress=False,
-        size_noise=config.data.size_noise,
-        secure_sum=secure.by_name(config.summing),
     )
     return result, book
 

@@ -16,7 +16,8 @@ import torch
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.data import partition
-from dpfl.engines.simulation import account, drawn_schedule, participations, simulate
+from dpfl.engines.plan import RunPlan, drawn_schedule, participations
+from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedAvg, Instruction, State
 from dpfl.federation.algorithms.base import broadcast
 from dpfl.federation.silo import Silo, SiloInfo
@@ -24,6 +25,7 @@ from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 
 _X, _Y = load_breast_cancer(return_X_y=True)
 _X = (_X - _X.mean(0)) / _X.std(0)  # a test fixture: its own moments are fine
@@ -59,11 +61,8 @@ def test_the_drawn_schedule_is_what_the_run_charges(tmp_path: Path) -> None:
     simulate(
         _fedavg(),
         silos,
-        rounds=ROUNDS,
-        trials=TRIALS,
-        seed=3,
+        RunPlan(rounds=ROUNDS, trials=TRIALS, seed=3, progress=False),
         ledger=tmp_path / "l",
-        progress=False,
     )
     charged: Counter[tuple[str, int]] = Counter()
     with Ledger(tmp_path / "l", create=False) as book:
@@ -81,13 +80,10 @@ def test_calibration_spends_the_budget_of_the_busiest_silo(tmp_path: Path) -> No
     result = simulate(
         _fedavg(),
         _silos(),
-        rounds=ROUNDS,
-        trials=TRIALS,
-        seed=3,
-        epsilon_budget=2.0,
-        calibrate=True,
+        RunPlan(
+            rounds=ROUNDS, trials=TRIALS, seed=3, epsilon=2.0, calibrate="common", progress=False
+        ),
         ledger=Ledger(tmp_path / "l", accountant="rdp"),
-        progress=False,
     )
     spent = [r.epsilon for trial in result.epsilon for r in trial.values()]
     assert max(spent) <= 2.0
@@ -98,13 +94,8 @@ def test_per_silo_calibration_gives_rarer_silos_less_noise(tmp_path: Path) -> No
     result = simulate(
         _fedavg(),
         _silos(),
-        rounds=ROUNDS,
-        trials=1,
-        seed=3,
-        epsilon_budget=2.0,
-        calibrate="per-silo",
+        RunPlan(rounds=ROUNDS, trials=1, seed=3, epsilon=2.0, calibrate="per-silo", progress=False),
         ledger=Ledger(tmp_path / "l", accountant="rdp"),
-        progress=False,
     )
     schedule = drawn_schedule(_fedavg(), [s.info for s in _silos()], 1, 3, ROUNDS)
     rounds = participations(schedule, 0, ROUNDS)
@@ -133,4 +124,6 @@ class _Everyone(FedAvg):
 def test_a_cohort_outside_the_schedule_stops_the_run(tmp_path: Path) -> None:
     everyone = _Everyone(model=logistic_regression(30), loss=bce, dpsgd=CONFIG, client_rate=RATE)
     with pytest.raises(RuntimeError, match="outside the schedule"):
-        simulate(everyone, _silos(), rounds=3, seed=3, ledger=tmp_path / "l", progress=False)
+        simulate(
+            everyone, _silos(), RunPlan(rounds=3, seed=3, progress=False), ledger=tmp_path / "l"
+        )

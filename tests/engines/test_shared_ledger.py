@@ -11,6 +11,7 @@ import torch
 from sklearn.datasets import load_breast_cancer
 
 from dpfl.engines.accounts import UnaffordablePlan
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import FedAvg
 from dpfl.federation.silo import Silo
@@ -36,7 +37,7 @@ def _study(ledger: Ledger) -> None:
     torch.manual_seed(0)
     config = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
     fedavg = FedAvg(model=logistic_regression(30), loss=bce, dpsgd=config, expected_batch_size=10)
-    simulate(fedavg, _silos(), rounds=2, ledger=ledger, progress=False)
+    simulate(fedavg, _silos(), RunPlan(rounds=2, progress=False), ledger=ledger)
 
 
 def test_a_second_simulated_study_past_the_cap_is_refused_before_round_0(

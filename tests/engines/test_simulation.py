@@ -3,6 +3,7 @@ resumption, budgets, client sampling, traffic and interruption."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,7 +16,8 @@ from sklearn.datasets import load_breast_cancer
 from dpfl.data import partition
 from dpfl.engines import simulation, streams
 from dpfl.engines.accounts import note_release
-from dpfl.engines.simulation import SimulationResult, account, simulate
+from dpfl.engines.plan import Observer, RunPlan
+from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.federation.algorithms import Cyclic, FedAvg, Instruction, Local, State
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.dpsgd import DPSGDConfig
@@ -23,6 +25,7 @@ from dpfl.local.losses import bce
 from dpfl.local.noise import SecureNoise, SeededNoise
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 
 # Public standardisation constants would be declared in a real study; here the whole
 # table is only a test fixture, so its own moments are fine.
@@ -60,7 +63,7 @@ def _cyclic() -> Cyclic:
 
 @pytest.mark.parametrize("make", [_fedavg, _cyclic], ids=["fedavg", "cyclic"])
 def test_algorithms_learn_on_breast_cancer_over_three_silos(make) -> None:  # type: ignore[no-untyped-def]
-    result = simulate(make(), _silos(), rounds=8, progress=False)
+    result = simulate(make(), _silos(), RunPlan(rounds=8, progress=False))
     majority = max(np.mean(_Y), 1 - np.mean(_Y))
     assert result.final_metrics()["accuracy"] > majority + 0.25
     assert result.final_metrics()["auroc"] > 0.95
@@ -77,7 +80,9 @@ def test_ledger_epsilon_equals_an_independent_composition(
 ) -> None:  # type: ignore[no-untyped-def]
     algorithm = make()
     silos = _silos()
-    result = simulate(algorithm, silos, rounds=4, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, silos, RunPlan(rounds=4, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     for silo in silos:
         q = 16 / silo.size
         steps = 4 * algorithm.local_steps(silo)
@@ -89,9 +94,9 @@ def test_ledger_epsilon_equals_an_independent_composition(
 
 def test_same_seed_same_model_bit_for_bit() -> None:
     silos = _silos()
-    first = simulate(_fedavg(), silos, rounds=3, trials=2, seed=5, progress=False)
-    again = simulate(_fedavg(), silos, rounds=3, trials=2, seed=5, progress=False)
-    other = simulate(_fedavg(), silos, rounds=3, trials=2, seed=6, progress=False)
+    first = simulate(_fedavg(), silos, RunPlan(rounds=3, trials=2, seed=5, progress=False))
+    again = simulate(_fedavg(), silos, RunPlan(rounds=3, trials=2, seed=5, progress=False))
+    other = simulate(_fedavg(), silos, RunPlan(rounds=3, trials=2, seed=6, progress=False))
     for name in first.params:
         assert torch.equal(first.params[name], again.params[name])
         assert not torch.equal(first.params[name], other.params[name])
@@ -101,11 +106,11 @@ def test_same_seed_same_model_bit_for_bit() -> None:
 def test_silos_that_share_the_model_share_its_tensors_and_personal_ones_do_not() -> None:
     """At Kerkouche's scale a copy of the shared model per silo was 6 GB (314 × 4.9M)."""
     silos = _silos()
-    shared = simulate(_fedavg(), silos, rounds=2, trials=2, progress=False)
+    shared = simulate(_fedavg(), silos, RunPlan(rounds=2, trials=2, progress=False))
     assert all(models is shared.params for models in shared.silo_models.values())
     torch.manual_seed(0)
     alone = Local(model=logistic_regression(30), loss=bce, dpsgd=CONFIG)
-    personal = simulate(alone, silos, rounds=2, trials=2, progress=False).silo_models
+    personal = simulate(alone, silos, RunPlan(rounds=2, trials=2, progress=False)).silo_models
     assert not torch.equal(personal["h0"]["weight"], personal["h1"]["weight"])
 
 
@@ -147,7 +152,9 @@ def test_without_research_noise_a_silos_batches_cannot_be_replayed_from_the_seed
     def run(research: bool) -> SimulationResult:
         torch.manual_seed(0)  # one initial model
         fedavg = FedAvg(model=logistic_regression(30), loss=bce, dpsgd=plain, client_rate=0.5)
-        return simulate(fedavg, silos, rounds=4, seed=2, research_noise=research, progress=False)
+        return simulate(
+            fedavg, silos, RunPlan(rounds=4, seed=2, research_noise=research, progress=False)
+        )
 
     seeded = [run(True) for _ in range(2)]
     assert torch.equal(seeded[0].params["weight"], seeded[1].params["weight"])
@@ -158,14 +165,16 @@ def test_without_research_noise_a_silos_batches_cannot_be_replayed_from_the_seed
 
 def test_resuming_from_a_checkpoint_ends_with_the_same_model(tmp_path: Path) -> None:
     silos = _silos()
-    whole = simulate(_fedavg(), silos, rounds=5, seed=1, progress=False)
+    whole = simulate(_fedavg(), silos, RunPlan(rounds=5, seed=1, progress=False))
     checkpoint = tmp_path / "run.pt"
-    simulate(_fedavg(), silos, rounds=2, seed=1, checkpoint=checkpoint, progress=False)
-    resumed = simulate(_fedavg(), silos, rounds=5, seed=1, checkpoint=checkpoint, progress=False)
+    simulate(_fedavg(), silos, RunPlan(rounds=2, seed=1, checkpoint=checkpoint, progress=False))
+    resumed = simulate(
+        _fedavg(), silos, RunPlan(rounds=5, seed=1, checkpoint=checkpoint, progress=False)
+    )
     for name in whole.params:
         assert torch.equal(whole.params[name], resumed.params[name])
     with pytest.raises(ValueError, match="different run"):
-        simulate(_fedavg(), silos, rounds=5, seed=2, checkpoint=checkpoint, progress=False)
+        simulate(_fedavg(), silos, RunPlan(rounds=5, seed=2, checkpoint=checkpoint, progress=False))
 
 
 @pytest.mark.parametrize("crash", [0, 2])
@@ -173,18 +182,14 @@ def test_a_crash_between_paying_for_a_round_and_checkpointing_it_is_not_charged_
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, crash: int
 ) -> None:
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
-    whole = simulate(_fedavg(), silos, rounds=4, seed=3, trials=2, progress=False)
+    whole = simulate(_fedavg(), silos, RunPlan(rounds=4, seed=3, trials=2, progress=False))
 
     def run(checkpoint: Path = checkpoint) -> SimulationResult:
         return simulate(
             _fedavg(),
             silos,
-            rounds=4,
-            seed=3,
-            trials=2,
+            RunPlan(rounds=4, seed=3, trials=2, checkpoint=checkpoint, progress=False),
             ledger=ledger,
-            checkpoint=checkpoint,
-            progress=False,
         )
 
     real_save = simulation._save
@@ -230,12 +235,12 @@ def test_an_older_copy_of_a_checkpoint_pays_for_the_round_it_releases_again(
     and charged), restore the copy and run to 3 again: round 2 is released again, with
     fresh noise, and must be charged again (it was free: the ledger showed it once)."""
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
-    run = dict(ledger=ledger, checkpoint=checkpoint, research_noise=False, progress=False)
-    simulate(_fedavg(), silos, rounds=2, **run)  # type: ignore[arg-type]
+    plan = RunPlan(rounds=2, checkpoint=checkpoint, research_noise=False, progress=False)
+    simulate(_fedavg(), silos, plan, ledger=ledger)
     copy = checkpoint.read_bytes()
-    first = simulate(_fedavg(), silos, rounds=3, **run)  # type: ignore[arg-type]
+    first = simulate(_fedavg(), silos, dataclasses.replace(plan, rounds=3), ledger=ledger)
     checkpoint.write_bytes(copy)
-    second = simulate(_fedavg(), silos, rounds=3, **run)  # type: ignore[arg-type]
+    second = simulate(_fedavg(), silos, dataclasses.replace(plan, rounds=3), ledger=ledger)
     assert second.metadata["instance"] == first.metadata["instance"]  # resumed, not new
     assert not torch.equal(first.params["weight"], second.params["weight"])  # a new release
     assert _rounds_charged(ledger, silos) == [[0, 1, 2, 2]] * 3
@@ -254,16 +259,9 @@ def test_a_round_released_meanwhile_by_another_resume_is_not_released_again(
             raise RuntimeError("power cut")
         real_save(*args)  # type: ignore[arg-type]
 
-    def run(**kwargs: object) -> SimulationResult:
-        return simulate(
-            _fedavg(),
-            silos,
-            rounds=2,
-            ledger=ledger,
-            checkpoint=checkpoint,
-            progress=False,
-            **kwargs,  # type: ignore[arg-type]
-        )
+    def run(observe: Observer | None = None) -> SimulationResult:
+        plan = RunPlan(rounds=2, checkpoint=checkpoint, progress=False, observe=observe)
+        return simulate(_fedavg(), silos, plan, ledger=ledger)
 
     monkeypatch.setattr(simulation, "_save", crash_in_round_1)
     with pytest.raises(RuntimeError, match="power cut"):
@@ -292,7 +290,7 @@ def test_ctrl_c_in_a_round_charges_it_again_on_resume_only_once_it_was_charged(
     may be aggregated): a resume pays for that round again. Interrupted before its
     charges, it holds nothing of the round, and the resume pays once."""
     silos, ledger, checkpoint = _silos(), tmp_path / "ledger.sqlite", tmp_path / "run.pt"
-    run = dict(rounds=4, ledger=ledger, checkpoint=checkpoint, progress=False)
+    plan = RunPlan(rounds=4, checkpoint=checkpoint, progress=False)
     real = simulation._RunState.exchange
 
     def interrupted_in_round_2(self: object, *args: object) -> object:
@@ -304,10 +302,10 @@ def test_ctrl_c_in_a_round_charges_it_again_on_resume_only_once_it_was_charged(
         return out
 
     monkeypatch.setattr(simulation._RunState, "exchange", interrupted_in_round_2)
-    stopped = simulate(_fedavg(), silos, **run)  # type: ignore[arg-type]
+    stopped = simulate(_fedavg(), silos, plan, ledger=ledger)
     assert stopped.interrupted and stopped.rounds_completed == 2
     monkeypatch.setattr(simulation._RunState, "exchange", real)
-    simulate(_fedavg(), silos, **run)  # type: ignore[arg-type]
+    simulate(_fedavg(), silos, plan, ledger=ledger)
     again = [2] if charged else []
     assert _rounds_charged(ledger, silos) == [[0, 1, 2, *again, 3]] * 3
 
@@ -315,9 +313,9 @@ def test_ctrl_c_in_a_round_charges_it_again_on_resume_only_once_it_was_charged(
 def test_a_plan_over_budget_fails_before_training_and_calibration_fits_it() -> None:
     silos = _silos()
     with pytest.raises(ValueError, match=r"would exceed ε=1.*calibrate the noise"):
-        simulate(_fedavg(), silos, rounds=10, epsilon_budget=1.0, progress=False)
+        simulate(_fedavg(), silos, RunPlan(rounds=10, epsilon=1.0, progress=False))
     result = simulate(
-        _fedavg(), silos, rounds=10, epsilon_budget=1.0, calibrate=True, progress=False
+        _fedavg(), silos, RunPlan(rounds=10, epsilon=1.0, calibrate="common", progress=False)
     )
     spent = [report.epsilon for report in result.epsilon[0].values()]
     assert max(spent) <= 1.0
@@ -330,7 +328,9 @@ def test_client_sampling_charges_the_rounds_a_silo_took_part_in(
 ) -> None:
     silos = _silos()
     algorithm = _fedavg(clients_per_round=2)
-    result = simulate(algorithm, silos, rounds=6, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, silos, RunPlan(rounds=6, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
         taken = {s.name: len(ledger.entries(account(s, 0))) for s in silos}
     assert sum(taken.values()) == 2 * 6
@@ -344,7 +344,7 @@ def test_client_sampling_charges_the_rounds_a_silo_took_part_in(
 def test_traffic_is_one_float32_model_each_way_per_participation() -> None:
     silos = _silos()
     for algorithm in (_fedavg(), _cyclic()):
-        result = simulate(algorithm, silos, rounds=3, progress=False)
+        result = simulate(algorithm, silos, RunPlan(rounds=3, progress=False))
         for silo in silos:
             assert result.traffic[account(silo, 0)] == {
                 "down": 3 * 124,
@@ -372,7 +372,9 @@ def test_ctrl_c_stops_cleanly_with_the_ledger_intact(tmp_path: Path) -> None:
     torch.manual_seed(0)
     algorithm = _StopsInRoundTwo(model=logistic_regression(30), loss=bce, dpsgd=CONFIG)
     silos = _silos()
-    result = simulate(algorithm, silos, rounds=5, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, silos, RunPlan(rounds=5, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     assert result.interrupted
     assert result.rounds_completed == 2
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
@@ -382,11 +384,11 @@ def test_ctrl_c_stops_cleanly_with_the_ledger_intact(tmp_path: Path) -> None:
 def test_bad_runs_are_refused() -> None:
     silos = _silos()
     with pytest.raises(ValueError, match="unique"):
-        simulate(_fedavg(), [silos[0], silos[0]], rounds=1, progress=False)
+        simulate(_fedavg(), [silos[0], silos[0]], RunPlan(rounds=1, progress=False))
     with pytest.raises(ValueError, match="≥ 1"):
-        simulate(_fedavg(), silos, rounds=0, progress=False)
+        simulate(_fedavg(), silos, RunPlan(rounds=0, progress=False))
     with pytest.raises(ValueError, match="fewer than the expected batch"):
-        simulate(_fedavg(expected_batch_size=1000.0), silos, rounds=1, progress=False)
+        simulate(_fedavg(expected_batch_size=1000.0), silos, RunPlan(rounds=1, progress=False))
     with pytest.raises(ValueError, match="NaN"):
         Silo.from_arrays("bad", np.array([[np.nan, 1.0]]), np.array([1]))
 
@@ -396,13 +398,17 @@ def test_non_private_reference_learns_and_charges_nothing(tmp_path: Path) -> Non
     algorithm = FedAvg(
         model=logistic_regression(30), loss=bce, dpsgd=DPSGDConfig.non_private(learning_rate=0.5)
     )
-    result = simulate(algorithm, _silos(), rounds=5, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, _silos(), RunPlan(rounds=5, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     assert result.final_metrics()["accuracy"] > 0.9
     assert result.epsilon == [{}]
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
         assert ledger.silos() == []
     with pytest.raises(ValueError, match="needs a private algorithm"):
-        simulate(algorithm, _silos(), rounds=1, epsilon_budget=1.0, calibrate=True, progress=False)
+        simulate(
+            algorithm, _silos(), RunPlan(rounds=1, epsilon=1.0, calibrate="common", progress=False)
+        )
 
 
 def test_a_run_resumes_in_another_process(tmp_path: Path) -> None:
@@ -451,7 +457,7 @@ def test_a_robust_aggregator_limits_a_poisoned_silo(breast_cancer_silos) -> None
             dpsgd=DPSGDConfig.non_private(0.5),
             robust=robust,
         )
-        result = simulate(algorithm, silos[1:] + silos[:1], rounds=5, progress=False)
+        result = simulate(algorithm, silos[1:] + silos[:1], RunPlan(rounds=5, progress=False))
         accuracy[name] = np.mean([m["accuracy"] for m in result.silo_metrics[0].values()][:4])
     assert accuracy["median"] >= accuracy["mean"]
     assert accuracy["median"] > 0.9
@@ -459,7 +465,7 @@ def test_a_robust_aggregator_limits_a_poisoned_silo(breast_cancer_silos) -> None
 
 def test_messages_are_logged_per_round_and_add_up_to_the_totals() -> None:
     silos = _silos()
-    result = simulate(_fedavg(clients_per_round=2), silos, rounds=4, progress=False)
+    result = simulate(_fedavg(clients_per_round=2), silos, RunPlan(rounds=4, progress=False))
     assert sorted({row["round"] for row in result.messages}) == [0, 1, 2, 3]
     for round_ in range(4):
         rows = [row for row in result.messages if row["round"] == round_]
@@ -476,13 +482,7 @@ def test_trials_start_from_their_own_initialisation_unless_shared() -> None:
 
     def starts(init: str, seed: int = 0) -> list[torch.Tensor]:
         result = simulate(
-            _fedavg(),
-            silos,
-            rounds=1,
-            trials=3,
-            seed=seed,
-            init=init,
-            progress=False,  # type: ignore[arg-type]
+            _fedavg(), silos, RunPlan(rounds=1, trials=3, seed=seed, init=init, progress=False)
         )
         return [result.params["weight"][r] for r in range(3)]
 

@@ -18,7 +18,8 @@ from sklearn.metrics import balanced_accuracy_score
 from dpfl.data import partition
 from dpfl.engines import simulation
 from dpfl.engines.evaluation import scores
-from dpfl.engines.simulation import SimulationResult, account, simulate
+from dpfl.engines.plan import RunPlan
+from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.federation.algorithms import FedAvg, FedSGDSecure, Local
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
@@ -26,6 +27,7 @@ from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
 from dpfl.privacy import Accountant, Ledger, events
+from dpfl.privacy.accounts import account
 
 _X, _Y = load_breast_cancer(return_X_y=True)
 _X = (_X - _X.mean(0)) / _X.std(0)  # a test fixture: its own moments are fine
@@ -57,12 +59,8 @@ def test_each_evaluation_charges_one_release_per_silo_and_trial(tmp_path: Path) 
     result = simulate(
         _fedavg(),
         _silos(),
-        rounds=ROUNDS,
-        trials=TRIALS,
-        eval_every=2,
-        threshold=CUT,
+        RunPlan(rounds=ROUNDS, trials=TRIALS, eval_every=2, threshold=CUT, progress=False),
         ledger=tmp_path / "l",
-        progress=False,
     )
     release = CUT.event(_silos()[0].info).to_json()
     with Ledger(tmp_path / "l", create=False) as book:
@@ -81,12 +79,14 @@ def test_personalised_models_get_thresholds_of_their_own(tmp_path: Path) -> None
     result = simulate(
         _local(),
         _silos(),
-        rounds=2,
-        trials=1,
-        threshold=BalancedThreshold(noise=5.0, bins=64),
+        RunPlan(
+            rounds=2,
+            trials=1,
+            threshold=BalancedThreshold(noise=5.0, bins=64),
+            progress=False,
+            cross_silo=True,
+        ),
         ledger=tmp_path / "l",
-        progress=False,
-        cross_silo=True,
     )
     assert len(result.cross_silo) == 9
     cuts = {m["threshold"] for m in result.history[-1]["silos"].values()}
@@ -104,7 +104,7 @@ def test_a_non_private_run_chooses_the_best_edge_on_its_exact_training_scores() 
     test metrics are read at it."""
     silos = _silos()
     algorithm = _fedavg(DPSGDConfig.non_private(learning_rate=0.5))
-    result = simulate(algorithm, silos, rounds=3, threshold=CUT, progress=False)
+    result = simulate(algorithm, silos, RunPlan(rounds=3, threshold=CUT, progress=False))
     chosen = result.history[-1]["silos"]["h0"]["threshold"]
     params = {name: value[0] for name, value in result.params.items()}
     p = np.concatenate([scores(algorithm.model, params, s.x) for s in silos])
@@ -127,13 +127,15 @@ def test_calibration_leaves_room_for_the_releases(tmp_path: Path) -> None:
             result = simulate(
                 _fedavg(),
                 _silos(),
-                rounds=ROUNDS,
-                epsilon_budget=2.0,
-                calibrate=True,
-                eval_every=ROUNDS,
-                threshold=cut,
+                RunPlan(
+                    rounds=ROUNDS,
+                    epsilon=2.0,
+                    calibrate="common",
+                    eval_every=ROUNDS,
+                    threshold=cut,
+                    progress=False,
+                ),
                 ledger=book,
-                progress=False,
             )
         sigmas.append(result.noise_multiplier)
         spent.append(max(r.epsilon for r in result.epsilon[0].values()))
@@ -144,28 +146,21 @@ def test_calibration_leaves_room_for_the_releases(tmp_path: Path) -> None:
         simulate(
             _fedavg(),
             _silos(),
-            rounds=ROUNDS,
-            epsilon_budget=2.0,
-            calibrate=True,
-            threshold=CUT,
+            RunPlan(rounds=ROUNDS, epsilon=2.0, calibrate="common", threshold=CUT, progress=False),
             ledger=Ledger(tmp_path / "l2", accountant=Accountant.RDP),
-            progress=False,
         )
 
 
 def test_a_run_whose_releases_do_not_fit_is_refused_before_round_0(tmp_path: Path) -> None:
     with Ledger(tmp_path / "fits", accountant=Accountant.RDP) as book:
-        simulate(_fedavg(), _silos(), rounds=ROUNDS, ledger=book, progress=False)
+        simulate(_fedavg(), _silos(), RunPlan(rounds=ROUNDS, progress=False), ledger=book)
         budget = max(r.epsilon for r in [book.spent(account("h0", 0))])
     with pytest.raises(ValueError, match="Gaussian") as refused:
         simulate(
             _fedavg(),
             _silos(),
-            rounds=ROUNDS,
-            epsilon_budget=budget * 1.001,
-            threshold=CUT,
+            RunPlan(rounds=ROUNDS, epsilon=budget * 1.001, threshold=CUT, progress=False),
             ledger=Ledger(tmp_path / "l", accountant=Accountant.RDP),
-            progress=False,
         )
     assert "h0/trial-0" in str(refused.value)
     with Ledger(tmp_path / "l", create=False) as book:
@@ -174,18 +169,18 @@ def test_a_run_whose_releases_do_not_fit_is_refused_before_round_0(tmp_path: Pat
 
 def test_a_threshold_the_run_cannot_use_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"lies in \(0, 1\)"):
-        simulate(_fedavg(), _silos(), rounds=1, threshold=1.5, progress=False)
+        simulate(_fedavg(), _silos(), RunPlan(rounds=1, threshold=1.5, progress=False))
     torch.manual_seed(0)
     dopamine = FedSGDSecure(
         model=logistic_regression(30), loss=bce, dpsgd=CONFIG, expected_batch_size=16
     )
     with pytest.raises(ValueError, match="budget is spent"):
-        simulate(dopamine, _silos(), rounds=2, epsilon_budget=5.0, threshold=CUT, progress=False)
+        simulate(dopamine, _silos(), RunPlan(rounds=2, epsilon=5.0, threshold=CUT, progress=False))
     three = [
         Silo.from_arrays("h", _X[:60], np.arange(60) % 3, public_size=60),
     ]
     with pytest.raises(ValueError, match="binary"):
-        simulate(_fedavg(), three, rounds=1, threshold=CUT, progress=False)
+        simulate(_fedavg(), three, RunPlan(rounds=1, threshold=CUT, progress=False))
 
 
 def test_the_release_event_is_what_the_ledger_holds() -> None:
@@ -205,13 +200,15 @@ def test_a_crash_after_a_release_resumes_without_paying_twice(
         return simulate(
             _fedavg(),
             _silos(),
-            rounds=3,
-            epsilon_budget=3.0,
-            calibrate=True,
-            threshold=cut,
+            RunPlan(
+                rounds=3,
+                epsilon=3.0,
+                calibrate="common",
+                threshold=cut,
+                checkpoint=folder / "run.pt",
+                progress=False,
+            ),
             ledger=Ledger(folder / "l", accountant=Accountant.RDP),
-            checkpoint=folder / "run.pt",
-            progress=False,
         )
 
     (tmp_path / "whole").mkdir()
@@ -238,14 +235,13 @@ def test_a_crash_after_a_release_resumes_without_paying_twice(
 
 def test_a_checkpoint_resumes_only_into_the_same_threshold(tmp_path: Path) -> None:
     checkpoint = tmp_path / "run.pt"
-    simulate(_fedavg(), _silos(), rounds=2, threshold=CUT, checkpoint=checkpoint, progress=False)
+    simulate(
+        _fedavg(), _silos(), RunPlan(rounds=2, threshold=CUT, checkpoint=checkpoint, progress=False)
+    )
     for other in (0.5, BalancedThreshold(noise=6.0)):
         with pytest.raises(ValueError, match="different run"):
             simulate(
                 _fedavg(),
                 _silos(),
-                rounds=2,
-                threshold=other,
-                checkpoint=checkpoint,
-                progress=False,
+                RunPlan(rounds=2, threshold=other, checkpoint=checkpoint, progress=False),
             )

@@ -12,13 +12,14 @@ import pytest
 from dp_accounting import dp_event as dpe
 from dp_accounting import pld
 
-from dpfl.engines.simulation import account
 from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import ConfigError, Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger
 from dpfl.privacy.accounting import PLD_DISCRETISATION
+from dpfl.privacy.accounts import account
 
 DELTA = 1e-5
 RECORD_AT_EACH = (

@@ -30,7 +30,8 @@ from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore, RunResults
 from dpfl.experiments.results.summary import run_summaries
 from dpfl.experiments.study.config import Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 
 STUDY = {
     "name": "cross",

@@ -4,9 +4,9 @@ GPU benchmark runs its CUDA path with device "cpu"."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import torch
 from typer.testing import CliRunner
 
 from dpfl.cli import app
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import StudyConfig
@@ -36,8 +37,10 @@ def _trained(device: DeviceName | None = None) -> dict[str, torch.Tensor]:
     config = StudyConfig.model_validate(POINT)
     silos = build_silos(config.data, config.seed)
     algorithm = build_algorithm(config, silos)
-    run = functools.partial(simulate, algorithm, silos, rounds=2, trials=2, progress=False)
-    return (run() if device is None else run(device=device)).params
+    plan = RunPlan(rounds=2, trials=2, progress=False)
+    return simulate(
+        algorithm, silos, plan if device is None else replace(plan, device=device)
+    ).params
 
 
 def test_device_cpu_gives_the_default_runs_bits() -> None:
@@ -51,7 +54,7 @@ def test_device_cpu_gives_the_default_runs_bits() -> None:
 @no_cuda
 def test_cuda_without_cuda_is_refused_with_one_line_and_auto_falls_back() -> None:
     with pytest.raises(DeviceError, match=r"^device 'cuda': this machine has no CUDA") as no:
-        simulate(object(), [], rounds=1, device="cuda")  # type: ignore[arg-type]  # refused first
+        simulate(object(), [], RunPlan(rounds=1, device="cuda"))  # type: ignore[arg-type]  # refused first
     assert "\n" not in str(no.value)
     assert resolve("auto") == torch.device("cpu")
 

@@ -17,7 +17,8 @@ from dpfl.cli import app
 from dpfl.data import images
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import ConfigError, Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 
 
 def test_a_two_class_image_study_trains_one_logit_and_is_scored(tmp_path: Path) -> None:

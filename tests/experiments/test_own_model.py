@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.experiments.study.config import load
-from dpfl.experiments.study.runner import STORE
+from dpfl.experiments.study.point import STORE
 from studies import breast_cancer_study
 
 runner = CliRunner()

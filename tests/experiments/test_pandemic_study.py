@@ -6,11 +6,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpfl.engines.simulation import account
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger, Neighbouring
+from dpfl.privacy.accounts import account
 
 STUDY: dict[str, Any] = {
     "name": "pandemic",

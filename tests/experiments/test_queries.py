@@ -17,7 +17,9 @@ from dpfl.experiments.results.queries import Spread, epsilon_over_rounds, open_r
 from dpfl.experiments.results.store import ResultsStore, RunResults, RunRow
 from dpfl.experiments.results.summary import run_summaries, silo_summaries
 from dpfl.experiments.study.config import Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
+from dpfl.privacy.accounts import account
 
 STUDY = {
     "name": "tiny",
@@ -213,7 +215,7 @@ def hand_built(directory: Path) -> RunRow:
                     (1, 1, "a", "auroc", None),
                 ],
                 privacy=[
-                    (t, r, silo, None, "rdp", 1e-5, eps)
+                    (t, r, silo, None, "rdp", 1e-5, eps, account(silo, t))
                     for t, r, silo, eps in [
                         (0, 0, "a", 0.5),
                         (1, 0, "a", 0.2),
@@ -223,7 +225,10 @@ def hand_built(directory: Path) -> RunRow:
                         (1, 1, "b", 1.5),
                     ]
                 ]
-                + [(0, 1, "a", "hospitals", "rdp", 1e-5, 9.0), (0, 1, "a", None, "pld", 1e-5, 0.9)],
+                + [
+                    (0, 1, "a", "hospitals", "rdp", 1e-5, 9.0, account("a", 0, "hospitals")),
+                    (0, 1, "a", None, "pld", 1e-5, 0.9, account("a", 0)),
+                ],
                 communication=[
                     (0, 0, "a", 10, 100, 2),
                     (0, 1, "a", 10, 100, 2),

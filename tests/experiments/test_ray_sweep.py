@@ -38,7 +38,8 @@ from dpfl.cli import app
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study import cluster
 from dpfl.experiments.study.config import Study, load
-from dpfl.experiments.study.runner import LOCK, STORE, PointFailure, run_study
+from dpfl.experiments.study.point import LOCK, STORE, PointFailure
+from dpfl.experiments.study.runner import run_study
 
 from .test_study_directory import (
     DPFL,

@@ -25,7 +25,8 @@ from dpfl.experiments.recipes.clinical_common import (
 from dpfl.experiments.recipes.dopamine import METHODS
 from dpfl.experiments.results.store import ResultsStore, RunRow
 from dpfl.experiments.study.config import Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 
 from .test_recipe_golden import Ran, smoke
 

@@ -13,7 +13,7 @@ from dpfl.experiments.recipes.clinical_common import setting
 from dpfl.experiments.recipes.diabetes_readmission import DELTA, MAX_RECORDS, studies
 from dpfl.experiments.results.datasheet import PATIENT_LEVEL_UNIT, group_privacy
 from dpfl.experiments.results.store import ResultsStore
-from dpfl.experiments.study.runner import STORE
+from dpfl.experiments.study.point import STORE
 
 from .test_recipe_golden import Ran, smoke
 

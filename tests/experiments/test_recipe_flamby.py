@@ -17,7 +17,7 @@ from dpfl.experiments.recipes import recipe, reproduce
 from dpfl.experiments.recipes.clinical_common import private, setting
 from dpfl.experiments.recipes.flamby_heart import CENTRES
 from dpfl.experiments.results.store import ResultsStore
-from dpfl.experiments.study.runner import STORE
+from dpfl.experiments.study.point import STORE
 
 from .test_recipe_golden import Ran, smoke
 

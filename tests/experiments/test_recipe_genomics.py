@@ -24,7 +24,7 @@ from dpfl.experiments.recipes import (
 from dpfl.experiments.recipes.genomics_common import majority
 from dpfl.experiments.results.store import ResultsStore, RunRow
 from dpfl.experiments.study.datasets import build_silos, data_config
-from dpfl.experiments.study.runner import STORE
+from dpfl.experiments.study.point import STORE
 
 from .test_recipe_golden import recipe_lock, smoke
 

@@ -29,6 +29,7 @@ from dpfl.experiments.results.datasheet import RESEARCH_NOISE
 from dpfl.experiments.results.report import ReportError, write_report
 from dpfl.experiments.results.report import page as page_module
 from dpfl.experiments.results.store import ResultsStore, RunResults, StoreError
+from dpfl.privacy.accounts import account
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -139,9 +140,13 @@ def results(plan: Plan) -> RunResults:
                 if plan.sigma is None:
                     continue
                 for a in ("pld", "rdp") if r == last else (plan.accountant,):
-                    privacy.append((t, r, silo, None, a, DELTA, epsilon(plan, k, r, a, t)))
+                    spent = epsilon(plan, k, r, a, t)
+                    privacy.append((t, r, silo, None, a, DELTA, spent, account(silo, t)))
                 if plan.algorithm == "fedsgd_secure":  # what the other hospitals see
-                    privacy.append((t, r, silo, "hospitals", plan.accountant, DELTA, 99.0 + t))
+                    seen = account(silo, t, "hospitals")
+                    privacy.append(
+                        (t, r, silo, "hospitals", plan.accountant, DELTA, 99.0 + t, seen)
+                    )
     return RunResults(
         rounds_completed=plan.rounds_completed,
         noise_multiplier=plan.sigma,

@@ -18,14 +18,15 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.engines.simulation import account
 from dpfl.experiments.results import best
 from dpfl.experiments.results.report import write_report
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.results.summary import run_summaries, silo_summaries
 from dpfl.experiments.study.config import Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger, epsilon, events
+from dpfl.privacy.accounts import account
 from studies import breast_cancer_study
 
 STUDY = {

@@ -15,7 +15,10 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.experiments.results.store import DamagedStoreError, ResultsStore, StoreError
 from dpfl.experiments.study.config import load
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
+from dpfl.privacy import LedgerError
+from dpfl.privacy.accounts import account
 from privacy.test_ledger_files import BESIDE, FAULTS, damage, one_line_naming
 from studies import breast_cancer_study
 
@@ -124,3 +127,44 @@ def test_read_commands_create_nothing_in_a_healthy_study(finished: Path, tmp_pat
         assert CliRunner().invoke(app, ["privacy", "ledger", str(ledger)]).exit_code == 0
     assert _sqlite_files(study) == before
     assert {p: p.stat().st_mtime_ns for p in study.rglob("*.sqlite")} == stamps
+
+
+def _privacy_rows(store: Path) -> list[tuple[str, int, str | None, str]]:
+    with sqlite3.connect(store) as db:
+        return db.execute("SELECT silo, trial, view, account FROM privacy").fetchall()
+
+
+def test_each_runs_ledger_accounts_are_stored_and_read_back_by_name(
+    finished: Path, tmp_path: Path
+) -> None:
+    """A stored run names the ledger account of each of its ε figures, and a reader
+    re-reads ε at another δ from that account, not from a name it makes up again."""
+    study = _copy(finished, tmp_path)
+    rows = _privacy_rows(study / STORE)
+    assert rows and all(name == account(silo, trial, view) for silo, trial, view, name in rows)
+    with ResultsStore(study / STORE, create=False) as store:
+        run = store.runs()[0]
+        again = store.epsilon_by_silo(run, delta=1e-6).by_silo
+    assert again and all(e > 0 for e in again.values())
+    with sqlite3.connect(study / STORE) as db:
+        db.execute("UPDATE privacy SET account = 'nobody/trial-0' WHERE run_id = ?", (run.id,))
+    with (
+        ResultsStore(study / STORE, create=False) as store,
+        pytest.raises(LedgerError, match="no silo 'nobody/trial-0'"),
+    ):
+        store.epsilon_by_silo(store.run(run.id), delta=1e-6)
+
+
+def test_a_store_from_before_account_names_is_read_as_before(
+    finished: Path, tmp_path: Path
+) -> None:
+    """Schema 4 kept no account names: a reader opening it read-only names them itself."""
+    study = _copy(finished, tmp_path)
+    with ResultsStore(study / STORE, create=False) as store:
+        run = store.runs()[0]
+        today = store.epsilon_by_silo(run, delta=1e-6).by_silo
+    with sqlite3.connect(study / STORE) as db:
+        db.execute("ALTER TABLE privacy DROP COLUMN account")
+        db.execute("PRAGMA user_version = 4")
+    with ResultsStore(study / STORE, create=False) as store:
+        assert store.epsilon_by_silo(store.run(run.id), delta=1e-6).by_silo == today

@@ -34,7 +34,8 @@ from dpfl.experiments.results.store import ResultsStore, StoreError
 from dpfl.experiments.results.summary import run_summaries
 from dpfl.experiments.study.config import Study
 from dpfl.experiments.study.directory import IDENTITY
-from dpfl.experiments.study.runner import LOCK, STORE, StudyBar, run_study
+from dpfl.experiments.study.point import LOCK, STORE
+from dpfl.experiments.study.runner import StudyBar, run_study
 from studies import breast_cancer_study
 
 # RDP: cheaper than PLD, and these tests are not about ε

@@ -19,7 +19,8 @@ from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import ConfigError, Study
 from dpfl.experiments.study.datasets import build_silos, data_config
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from dpfl.federation.silo import Silo
 
 BINS = [365.0, 730.0, 1095.0, 1825.0, 2555.0, 3650.0]

@@ -9,12 +9,13 @@ from typing import Any
 
 import pytest
 
-from dpfl.engines.simulation import account
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import Study, StudyConfig
 from dpfl.experiments.study.deployment import check_deployable
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from dpfl.privacy import Ledger, events
+from dpfl.privacy.accounts import account
 
 STUDY: dict[str, Any] = {
     "name": "cut",

@@ -15,7 +15,8 @@ import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
-from dpfl.engines.simulation import account, simulate
+from dpfl.engines.plan import RunPlan
+from dpfl.engines.simulation import simulate
 from dpfl.experiments.study import tune as tune_module
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import ConfigError, Study, load
@@ -23,6 +24,7 @@ from dpfl.experiments.study.datasets import build_silos
 from dpfl.experiments.study.tune import LEDGER, RESULT, fixed_noise, tune, with_validation
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Accountant, BudgetExceededError, Ledger, events
+from dpfl.privacy.accounts import account
 
 STUDY: dict[str, Any] = {
     "name": "tune",
@@ -45,10 +47,8 @@ def test_the_selection_charges_the_tuned_event_of_a_candidates_own_run(tmp_path:
     simulate(
         build_algorithm(config, silos),
         silos,
-        rounds=4,
+        RunPlan(rounds=4, progress=False, eval_every=4),
         ledger=tmp_path / "alone.sqlite",
-        progress=False,
-        eval_every=4,
     )
     with Ledger(tmp_path / "alone.sqlite", create=False) as alone:
         run = {s.name: [e.event for e in alone.entries(account(s, 0))] for s in silos}
@@ -137,7 +137,7 @@ def test_dopamine_is_tuned_at_one_sigma_and_runs_every_round(tmp_path: Path) -> 
     assert config.privacy.epsilon == 2.0 and config.privacy.noise_multiplier is not None
     silos = [with_validation(s, 0.2, 0) for s in build_silos(config.data, 0)]
     alone = simulate(
-        build_algorithm(config, silos), silos, rounds=4, epsilon_budget=2.0, progress=False
+        build_algorithm(config, silos), silos, RunPlan(rounds=4, epsilon=2.0, progress=False)
     )
     assert alone.rounds_completed == 4
 
@@ -210,9 +210,9 @@ def _recorded(monkeypatch: pytest.MonkeyPatch) -> tuple[list[list[Silo]], list[l
     tested: list[list[Silo]] = []
     simulate_, tested_ = tune_module.simulate, tune_module._tested
 
-    def recorded_simulate(algorithm: Any, silos: list[Silo], **options: Any) -> Any:
+    def recorded_simulate(algorithm: Any, silos: list[Silo], *plan: Any, **options: Any) -> Any:
         trained.append(silos)
-        return simulate_(algorithm, silos, **options)
+        return simulate_(algorithm, silos, *plan, **options)
 
     def recorded_tested(algorithm: Any, result: Any, silos: list[Silo]) -> Any:
         tested.append(silos)

@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler
-from dpfl.engines.simulation import account
 from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import ConfigError, Study
-from dpfl.experiments.study.runner import STORE, run_study
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger, epsilon, events
+from dpfl.privacy.accounts import account
 
 STUDY: dict[str, Any] = {
     "name": "balanced",

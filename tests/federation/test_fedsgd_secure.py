@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import StudyConfig
@@ -47,7 +48,7 @@ def test_learns_and_charges_the_server_and_hospital_views(
     breast_cancer_silos: Silos, independent_epsilon: Callable[..., float]
 ) -> None:
     silos = breast_cancer_silos(3)
-    result = simulate(_dopamine(1.0), silos, rounds=30, epsilon_budget=50.0, progress=False)
+    result = simulate(_dopamine(1.0), silos, RunPlan(rounds=30, epsilon=50.0, progress=False))
     assert not result.stopped_by_budget
     assert result.final_metrics()["accuracy"] > 0.9
     first = silos[0]  # checked against an independent composition; the others alike
@@ -67,7 +68,7 @@ def test_stops_before_the_round_that_would_pass_the_budget(
     breast_cancer_silos: Silos, independent_epsilon: Callable[..., float]
 ) -> None:
     silos = breast_cancer_silos(3)
-    result = simulate(_dopamine(2.0), silos, rounds=10_000, epsilon_budget=1.0, progress=False)
+    result = simulate(_dopamine(2.0), silos, RunPlan(rounds=10_000, epsilon=1.0, progress=False))
     assert result.stopped_by_budget
     done = result.rounds_completed
     assert 0 < done < 10_000
@@ -75,7 +76,7 @@ def test_stops_before_the_round_that_would_pass_the_budget(
     assert result.epsilon[0][worst.name].epsilon <= 1.0
     assert independent_epsilon(2.0, 16 / worst.size, done + 1) > 1.0
     with pytest.raises(ValueError, match="no further round fits"):
-        simulate(_dopamine(1.0), silos, rounds=5, epsilon_budget=1.0, progress=False)
+        simulate(_dopamine(1.0), silos, RunPlan(rounds=5, epsilon=1.0, progress=False))
 
 
 def test_the_mean_of_k_shares_has_the_noise_of_central_dp_sgd(breast_cancer_silos: Silos) -> None:
@@ -88,13 +89,11 @@ def test_the_mean_of_k_shares_has_the_noise_of_central_dp_sgd(breast_cancer_silo
     noisy = simulate(
         _dopamine(sigma, 0.0),
         silos,
-        rounds=1,
-        trials=trials,
-        seed=3,
-        epsilon_budget=100.0,
-        progress=False,
+        RunPlan(rounds=1, trials=trials, seed=3, epsilon=100.0, progress=False),
     )
-    quiet = simulate(_dopamine(0.0, 0.0), silos, rounds=1, trials=trials, seed=3, progress=False)
+    quiet = simulate(
+        _dopamine(0.0, 0.0), silos, RunPlan(rounds=1, trials=trials, seed=3, progress=False)
+    )
     diff = torch.cat([(noisy.params[n] - quiet.params[n]).flatten() for n in noisy.params])
     expected = 0.5 * sigma * 1.0 / (3 * 16)
     assert diff.numel() == trials * 31
@@ -107,7 +106,7 @@ def _run(
 ) -> SimulationResult:
     algorithm = dataclasses.replace(_dopamine(sigma), **kwargs)
     return simulate(
-        algorithm, silos, rounds=4, epsilon_budget=50.0, secure_sum=summing, progress=False
+        algorithm, silos, RunPlan(rounds=4, epsilon=50.0, secure_sum=summing, progress=False)
     )
 
 
@@ -327,7 +326,7 @@ def test_a_cohort_other_than_the_roster_is_refused_before_anything_is_drawn_or_c
 def test_a_run_over_other_silos_than_the_roster_is_refused(breast_cancer_silos: Silos) -> None:
     algorithm = dataclasses.replace(_dopamine(1.0), roster=("h0", "h1", "h2", "h3"))
     with pytest.raises(ValueError, match=r"the run's silos .* roster of 4 hospitals"):
-        simulate(algorithm, breast_cancer_silos(3), rounds=1, epsilon_budget=9.0, progress=False)
+        simulate(algorithm, breast_cancer_silos(3), RunPlan(rounds=1, epsilon=9.0, progress=False))
     with pytest.raises(ValueError, match="names a hospital twice"):
         dataclasses.replace(_dopamine(1.0), roster=("h0", "h0"))
 

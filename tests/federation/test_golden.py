@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 import torch
 
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import (
     AOP,
@@ -72,13 +73,9 @@ def _outcome(name: str, silos: list[Silo]) -> dict[str, Any]:
     result = simulate(
         ALGORITHMS[name](),
         silos,
-        rounds=3,
-        trials=2,
-        seed=7,
-        epsilon_budget=8.0,
-        eval_every=3,
-        progress=False,
-        init="shared",  # as before the split: every trial from one initial model
+        RunPlan(
+            rounds=3, trials=2, seed=7, epsilon=8.0, eval_every=3, progress=False, init="shared"
+        ),
     )
     return {
         "models": {

@@ -14,7 +14,8 @@ from scipy import stats
 
 from dpfl.data import Dataset
 from dpfl.data.sampling import BalancedPoissonSampler, PoissonSampler
-from dpfl.engines.simulation import account, simulate
+from dpfl.engines.plan import RunPlan
+from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import MRMTL, FedAvg
 from dpfl.federation.algorithms.aop import AOP
 from dpfl.federation.algorithms.centralized import Centralized
@@ -25,6 +26,7 @@ from dpfl.local.losses import bce
 from dpfl.local.output_perturbation import AOPConfig
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger, Neighbouring, calibrate_noise, epsilon, events
+from dpfl.privacy.accounts import account
 from dpfl.privacy.errors import UnsupportedAccountingError
 
 APPEARANCES = 4
@@ -54,7 +56,9 @@ def test_the_sampler_declares_the_node_level_event_that_the_plan_charges(tmp_pat
     declared = events.node_gaussian(1.0, appearances=APPEARANCES, sample_rate=0.1, steps=steps)
     assert sampler.privacy_event(1.0, steps) == declared
     assert algorithm.training_event(silos[0].info) == declared
-    result = simulate(algorithm, silos, rounds=3, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, silos, RunPlan(rounds=3, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     with Ledger(tmp_path / "l.sqlite", create=False) as book:
         assert book.budget(account("region-0", 0)).neighbouring is Neighbouring.REPLACE_ONE
         charged = [entry.event for entry in book.entries(account("region-0", 0))]
@@ -84,7 +88,7 @@ def test_calibration_reaches_the_budget_through_the_node_level_bound() -> None:
     would need (RDP, for both)."""
     algorithm, silos = _fedavg(), _silos()
     result = simulate(
-        algorithm, silos, rounds=3, epsilon_budget=4.0, calibrate=True, progress=False
+        algorithm, silos, RunPlan(rounds=3, epsilon=4.0, calibrate="common", progress=False)
     )
     assert all(r.epsilon <= 4.0 for r in result.epsilon[0].values())
     steps = 3 * algorithm.local_steps(silos[0].info)

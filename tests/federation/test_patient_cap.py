@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from dpfl.engines.evaluation import chosen_thresholds, released_histograms
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import AOP, Algorithm, DPSGDAlgorithm
 from dpfl.federation.silo import Silo
@@ -45,7 +46,9 @@ def _silo(many: int = 0) -> Silo:
 
 def _run(algorithm: Algorithm, silo: Silo, threshold: float | BalancedThreshold) -> list[Params]:
     """One round on the silo; its model per trial."""
-    result = simulate(algorithm, [silo], rounds=1, seed=3, threshold=threshold, progress=False)
+    result = simulate(
+        algorithm, [silo], RunPlan(rounds=1, seed=3, threshold=threshold, progress=False)
+    )
     return [{k: v[0] for k, v in result.silo_models[silo.name].items()}]
 
 
@@ -64,7 +67,9 @@ def test_a_many_record_patient_moves_no_release_beyond_its_sensitivity(
         refused = ALGORITHMS[name]()
         with pytest.raises(ValueError, match=r"protects a patient|budget is spent"):
             simulate(
-                refused, [small], rounds=1, epsilon_budget=5.0, threshold=threshold, progress=False
+                refused,
+                [small],
+                RunPlan(rounds=1, epsilon=5.0, threshold=threshold, progress=False),
             )
         return
     models = [_run(ALGORITHMS[name](), small, threshold)]

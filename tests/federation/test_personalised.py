@@ -13,7 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from dpfl.engines.simulation import SimulationResult, account, simulate
+from dpfl.engines.plan import RunPlan
+from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.federation.algorithms import DPSGDAlgorithm, FedAvg
 from dpfl.federation.algorithms.ditto import Ditto
 from dpfl.federation.algorithms.finetune import Finetune
@@ -25,6 +26,7 @@ from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 
 Silos = Callable[[int], list[Silo]]
 CONFIG = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
@@ -44,9 +46,12 @@ ALGORITHMS = {
 }
 
 
-def _simulate(algorithm: FedAvg, silos: list[Silo], rounds: int, **kwargs: Any) -> Any:
+def _simulate(
+    algorithm: FedAvg, silos: list[Silo], rounds: int, ledger: Path | None = None, **kwargs: Any
+) -> Any:
     """A quiet run evaluated after its last round only."""
-    return simulate(algorithm, silos, rounds=rounds, eval_every=rounds, progress=False, **kwargs)
+    plan = RunPlan(rounds=rounds, eval_every=rounds, progress=False, **kwargs)
+    return simulate(algorithm, silos, plan, ledger=ledger)
 
 
 def _run(algorithm: FedAvg, silos: list[Silo], **kwargs: Any) -> tuple[Any, Params]:

@@ -14,7 +14,8 @@ import torch
 from scipy.stats import binomtest
 from torch import Tensor
 
-from dpfl.engines.simulation import account, simulate
+from dpfl.engines.plan import RunPlan
+from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms import Algorithm, FedAvg
 from dpfl.federation.algorithms.aop import AOP
 from dpfl.federation.algorithms.base import flat
@@ -26,6 +27,7 @@ from dpfl.local.losses import bce
 from dpfl.local.output_perturbation import AOPConfig
 from dpfl.models import logistic_regression
 from dpfl.privacy import Ledger, PrivacyParameterError, events
+from dpfl.privacy.accounts import account
 
 Silos = Callable[[int], list[Silo]]
 DP = DPSGDConfig(clip_norm=1.0, noise_multiplier=1.0, learning_rate=0.5)
@@ -82,7 +84,7 @@ def test_each_algorithm_learns_on_breast_cancer_over_three_silos(
     make, rounds = LEARNERS[name]
     silos = breast_cancer_silos(3)
     algorithm = make(silos)
-    result = simulate(algorithm, silos, rounds=rounds, progress=False)
+    result = simulate(algorithm, silos, RunPlan(rounds=rounds, progress=False))
     # The fixture's test rows are the last fifth of each silo's rows, 76% benign: beat
     # that majority class by making at most half its errors.
     labels = torch.cat([s.y_test for s in silos if s.y_test is not None]).double()
@@ -98,7 +100,7 @@ def test_the_sign_server_moves_every_coordinate_by_exactly_gamma(
 ) -> None:
     algorithm = _sign()
     start = {name: v.unsqueeze(0) for name, v in algorithm.initial_state([])["global"].items()}
-    result = simulate(algorithm, breast_cancer_silos(3), rounds=1, progress=False)
+    result = simulate(algorithm, breast_cancer_silos(3), RunPlan(rounds=1, progress=False))
     for name, value in result.params.items():
         # Three votes of ±1 never tie, so every coordinate moves by +γ or −γ.
         assert torch.allclose((value - start[name]).abs(), torch.full_like(value, GAMMA))
@@ -140,7 +142,7 @@ def test_ternary_votes_leave_the_weights_no_record_touches_where_coins_move_them
     def moved(votes: str, rounds: int) -> Tensor:
         algorithm = _sign(NON_PRIVATE, votes=votes)
         start = flat(algorithm.initial_state([])["global"])
-        result = simulate(algorithm, silos, rounds=rounds, progress=False)
+        result = simulate(algorithm, silos, RunPlan(rounds=rounds, progress=False))
         return (flat({k: v[0] for k, v in result.params.items()}) - start).abs()
 
     first = moved("ternary", rounds=1)
@@ -154,7 +156,7 @@ def test_ternary_votes_leave_the_weights_no_record_touches_where_coins_move_them
 def test_ternary_votes_under_dp_are_the_binary_votes(breast_cancer_silos: Silos) -> None:
     silos = _without_feature(breast_cancer_silos(3), column=4)
     binary, ternary = (
-        simulate(_sign(votes=votes), silos, rounds=3, seed=5, progress=False)
+        simulate(_sign(votes=votes), silos, RunPlan(rounds=3, seed=5, progress=False))
         for votes in ("binary", "ternary")
     )
     # the noise leaves no coordinate exactly 0: the same votes, the same model
@@ -169,7 +171,7 @@ def test_sign_upstream_is_a_32nd_of_fedavg_on_the_same_run(breast_cancer_silos: 
     torch.manual_seed(0)
     fedavg = FedAvg(model=logistic_regression(30), loss=bce, dpsgd=DP, clients_per_round=2)
     runs = [
-        simulate(algorithm, silos, rounds=6, seed=3, progress=False)
+        simulate(algorithm, silos, RunPlan(rounds=6, seed=3, progress=False))
         for algorithm in (fedavg, _sign(clients_per_round=2))
     ]
     plain, sign = (run.traffic for run in runs)
@@ -188,7 +190,9 @@ def test_fl_sign_dp_charges_each_silo_its_own_steps_in_the_rounds_it_took_part_i
 ) -> None:
     silos = breast_cancer_silos(3)
     algorithm = _sign(clients_per_round=2)
-    result = simulate(algorithm, silos, rounds=5, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, silos, RunPlan(rounds=5, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
         entries = {s.name: ledger.entries(account(s, 0)) for s in silos}
     assert sum(len(e) for e in entries.values()) == 2 * 5
@@ -212,7 +216,9 @@ def test_cdp_charges_every_silo_the_pooled_run(
         assert algorithm.participation_event(silo, silos) == events.poisson_gaussian(
             pooled_rate, 1.0, steps=steps
         )
-    result = simulate(algorithm, silos, rounds=2, ledger=tmp_path / "l.sqlite", progress=False)
+    result = simulate(
+        algorithm, silos, RunPlan(rounds=2, progress=False), ledger=tmp_path / "l.sqlite"
+    )
     expected = independent_epsilon(1.0, pooled_rate, 2 * steps)
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
         for silo in silos:
@@ -234,7 +240,7 @@ def test_aop_spends_epsilon_over_t_per_epoch_by_basic_composition(
     release = events.approximate_dp(AOP_EPSILON / AOP_EPOCHS, AOP_DELTA / AOP_EPOCHS)
     assert algorithm.participation_event(silos[0], silos) == release
     result = simulate(
-        algorithm, silos, rounds=AOP_EPOCHS, ledger=tmp_path / "l.sqlite", progress=False
+        algorithm, silos, RunPlan(rounds=AOP_EPOCHS, progress=False), ledger=tmp_path / "l.sqlite"
     )
     with Ledger(tmp_path / "l.sqlite", create=False) as ledger:
         for silo in silos:
@@ -248,7 +254,7 @@ def test_aop_spends_epsilon_over_t_per_epoch_by_basic_composition(
             with pytest.raises(PrivacyParameterError, match="already use δ"):
                 ledger.spent(name, delta=AOP_DELTA / 2)
     with pytest.raises(ValueError, match="T = 2 epochs"):
-        simulate(_aop(), silos, rounds=AOP_EPOCHS + 1, progress=False)
+        simulate(_aop(), silos, RunPlan(rounds=AOP_EPOCHS + 1, progress=False))
 
 
 @pytest.mark.parametrize("name", ["fl-sign-dp", "cdp", "aop"])
@@ -256,7 +262,7 @@ def test_same_seed_same_model_bit_for_bit(name: str, breast_cancer_silos: Silos)
     silos = breast_cancer_silos(3)
     make = LEARNERS[name][0]
     first, again, other = (
-        simulate(make(silos), silos, rounds=2, trials=2, seed=seed, progress=False)
+        simulate(make(silos), silos, RunPlan(rounds=2, trials=2, seed=seed, progress=False))
         for seed in (5, 5, 6)
     )
     # Whole models: FL-SIGN's coordinates live on the lattice w₀ + γℤ, so one coordinate

@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.aggregators import coordinate_median
 from dpfl.federation.algorithms import (
@@ -149,7 +150,9 @@ def test_dopamine_refuses_a_sum_in_the_clear_or_one_that_lost_a_hospital(
     silos = breast_cancer_silos(3)
     with pytest.raises(ValueError, match="in the clear each reply carries only σ/√K"):
         simulate(
-            algorithm, silos, rounds=1, epsilon_budget=8.0, secure_sum=InTheClear(), progress=False
+            algorithm,
+            silos,
+            RunPlan(rounds=1, epsilon=8.0, secure_sum=InTheClear(), progress=False),
         )
 
     class LosesOne:  # and ignores `at_least`, which it must not: the server half checks
@@ -160,7 +163,7 @@ def test_dopamine_refuses_a_sum_in_the_clear_or_one_that_lost_a_hospital(
 
     with pytest.raises(ValueError, match=r"holds 2 of 3 replies.*σ√\(2/3\)"):
         simulate(
-            algorithm, silos, rounds=1, epsilon_budget=8.0, secure_sum=LosesOne(), progress=False
+            algorithm, silos, RunPlan(rounds=1, epsilon=8.0, secure_sum=LosesOne(), progress=False)
         )
 
 
@@ -174,8 +177,8 @@ def test_a_robust_aggregator_refuses_a_sum_that_hides_the_updates(
     )
     silos = breast_cancer_silos(3)
     with pytest.raises(ValueError, match="needs every update in the clear"):
-        simulate(robust, silos, rounds=1, secure_sum=IdealSecureSum(), progress=False)
-    assert simulate(robust, silos, rounds=1, progress=False).rounds_completed == 1
+        simulate(robust, silos, RunPlan(rounds=1, secure_sum=IdealSecureSum(), progress=False))
+    assert simulate(robust, silos, RunPlan(rounds=1, progress=False)).rounds_completed == 1
 
 
 def test_participation_events_need_public_facts_only() -> None:
@@ -221,10 +224,8 @@ def test_a_non_finite_model_is_refused_where_it_reaches_the_hospital_half(
         simulate(
             algorithm,
             breast_cancer_silos(3),
-            rounds=1,
-            epsilon_budget=8.0,
+            RunPlan(rounds=1, epsilon=8.0, progress=False),
             ledger=ledger,
-            progress=False,
         )
     with Ledger(ledger, create=False) as book:
         assert [book.entries(a.silo) for a in book.accounts()] == [[]] * len(book.accounts())

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from dpfl.audit.canaries import Canary, GradientCanary, plant, scores, with_gradient_canaries
-from dpfl.engines.accounts import account
+from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import simulate
 from dpfl.federation.algorithms.base import Algorithm, Reply, State, flat, unflat
 from dpfl.federation.messages import SecureSum
@@ -36,6 +36,7 @@ from dpfl.federation.silo import Silo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of, stack
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 
 __all__ = ["Observed", "observe"]
 
@@ -117,17 +118,19 @@ def observe(
         result = simulate(
             algorithm,
             world,
-            rounds=rounds,
-            trials=trials,
-            seed=seed,
-            epsilon_budget=epsilon_budget,
-            budgets=budgets,
-            delta=delta,
+            RunPlan(
+                rounds=rounds,
+                trials=trials,
+                seed=seed,
+                epsilon=epsilon_budget,
+                budgets=budgets or {},
+                delta=delta,
+                progress=False,
+                init="shared",
+                secure_sum=secure_sum,
+                observe=seen,
+            ),
             ledger=Path(scratch) / "ledger.sqlite",
-            progress=False,
-            init="shared",
-            secure_sum=secure_sum,
-            observe=seen,
         )
         epsilon = np.inf
         if algorithm.private:

@@ -24,6 +24,7 @@ from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.noise import NoiseSource
 from dpfl.privacy import Accountant, Budget, Ledger, calibrate_noise, epsilon, events
+from dpfl.privacy.accounts import account as account  # named in privacy; engines use it here
 from dpfl.privacy.ledger import plan_epsilon
 
 DEFAULT_SIZE_NOISE = 20.0
@@ -33,15 +34,6 @@ DEFAULT_SIZE_NOISE = 20.0
 Budgets = Mapping[str, tuple[float | None, float]]
 """(ε, δ) per silo name; ε None: record without limit (ε read off afterwards)."""
 Prepaid = Counter[tuple[str, int, str]]
-
-
-def account(silo: Silo | SiloInfo | str, trial: int, view: str | None = None) -> str:
-    """The ledger account of a silo (or silo name) in one trial: trials are separate runs
-    on the same records, each with the silo's budget (releasing several trials' models
-    composes them). A `view` account records what another observer (e.g. the other
-    hospitals) learns."""
-    name = silo if isinstance(silo, str) else silo.name
-    return f"{name}/trial-{trial}" + ("" if view is None else f"/{view}")
 
 
 def register_accounts(book: Ledger, silos: Sequence[Silo], trials: int, budgets: Budgets) -> None:

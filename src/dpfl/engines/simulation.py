@@ -3,15 +3,16 @@
 Each round it calls the algorithm's server half once per trial and its hospital half
 once for all (trial, silo) members together, which the algorithm runs as one stacked
 computation; the replies reach the server half through a secure sum (`dpfl.secure`).
-What it adds around the halves (the bookkeeping shared with any engine is in
-`dpfl.engines.accounts`):
+It runs a frozen `RunPlan` (`dpfl.engines.plan`, with the public schedule every engine
+draws alike). What it adds around the halves (the bookkeeping shared with any engine is
+in `dpfl.engines.accounts`):
 
 * privacy: one ledger account per (silo, trial), with the silo's (ε, δ) budget. The
   server's cohorts depend on the run's seed alone (`Algorithm.cohort`), so the schedule
   of every round is drawn before round 0, and each account's plan is the rounds its
   silo is scheduled for. The whole plan is checked before round 0, so an unaffordable
   run fails before it touches data; each event is recorded during the round, before
-  the update it paid for is aggregated. With `calibrate=True`, σ is the least noise
+  the update it paid for is aggregated. With the plan's `calibrate`, σ is the least noise
   that keeps every silo's plan within its budget: under client sampling, its own
   scheduled rounds, not every round.
 * public sizes: a silo that declares no public size gets a DP count of its records,
@@ -47,7 +48,7 @@ from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import numpy as np
 import torch
@@ -55,10 +56,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from torch import nn
 
 from dpfl.engines.accounts import (
-    DEFAULT_SIZE_NOISE,
     Budgets,
     Calibration,
-    account,
     affordable_rounds,
     check_plans,
     note_release,
@@ -70,7 +69,15 @@ from dpfl.engines.accounts import (
     worst_spent,
 )
 from dpfl.engines.evaluation import chosen_thresholds, cross_evaluate, evaluate
-from dpfl.engines.streams import Streams, member_rng, stream_noise, stream_rng
+from dpfl.engines.plan import (
+    Init,
+    Observer,
+    RunPlan,
+    Schedule,
+    drawn_schedule,
+    participations,
+)
+from dpfl.engines.streams import Streams, count_noise, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
     Algorithm,
     Charges,
@@ -87,20 +94,17 @@ from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.federation.threshold import FIXED, BalancedThreshold
 from dpfl.files import replacing
 from dpfl.local.clipping import Params
-from dpfl.local.device import DeviceName, training_device
+from dpfl.local.device import training_device
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.noise import NoiseSource
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, events
+from dpfl.privacy.accounts import account
 from dpfl.privacy.calibration import calibrate_consortium_noise
 from dpfl.secure import IdealSecureSum, InTheClear
 
-__all__ = ["DEFAULT_SIZE_NOISE", "SimulationResult", "account", "simulate"]
+__all__ = ["SimulationResult", "initial_models", "simulate"]
 
-Init = Literal["per-trial", "shared"]
-Observer = Callable[[int, int, Sequence[State], Sequence[Mapping[str, Reply]], bool], None]
-"""Called after each exchange: (round, exchange, states per trial, replies per trial,
-whether the server saw the replies)."""
 CHECKPOINT_FORMAT = 2
 """Checkpoints hold per-trial server states and per-hospital local states."""
 
@@ -136,7 +140,7 @@ class SimulationResult:
     """The algorithm stops at its budget (Dopamine) and fewer rounds than asked fitted."""
     metadata: dict[str, Any] = field(default_factory=dict)
     cross_silo: list[dict[str, Any]] = field(default_factory=list)
-    """With `simulate(cross_silo=True)`, the final models only: one row per trial, model
+    """With `RunPlan(cross_silo=True)`, the final models only: one row per trial, model
     silo and test silo (`model` None: the one model every silo shares), each silo's
     model scored on every silo's test set; empty unless asked."""
     accountant: Accountant | None = None
@@ -280,116 +284,35 @@ class _RunState:
 def simulate(
     algorithm: Algorithm,
     silos: Sequence[Silo],
-    *,
-    rounds: int,
-    trials: int = 1,
-    seed: int = 0,
-    epsilon_budget: float | None = None,
-    delta: float = 1e-5,
-    budgets: Mapping[str, tuple[float, float]] | None = None,
-    calibrate: bool | Literal["common", "per-silo"] = False,
+    plan: RunPlan,
     ledger: Ledger | str | Path | None = None,
-    research_noise: bool = True,
-    progress: bool = True,
-    checkpoint: str | Path | None = None,
-    eval_every: int = 1,
-    size_noise: float = DEFAULT_SIZE_NOISE,
-    secure_sum: SecureSum | None = None,
-    init: Init = "per-trial",
-    threads: int | None = 1,
-    cross_silo: bool = False,
-    observe: Observer | None = None,
-    threshold: float | BalancedThreshold = FIXED,
-    device: DeviceName = "cpu",
-    consortium: tuple[int, float] | None = None,
 ) -> SimulationResult:
-    """Run `rounds` rounds of `algorithm` over `silos`, `trials` times in one stack.
+    """Run `plan.rounds` rounds of `algorithm` over `silos`, `plan.trials` times in one
+    stack.
 
     Args:
-        algorithm: The federated algorithm (its server and hospital halves).
+        algorithm: The federated algorithm (its server and hospital halves), at the σ it
+            runs with unless `plan.calibrate` replaces it.
         silos: The hospitals' records; names must be unique.
-        rounds: Rounds to run (fewer if the algorithm stops at its budget).
-        trials: Independent repetitions, run stacked together.
-        seed: Keys every random stream (`dpfl.engines.streams`) and initial model.
-        epsilon_budget: Every silo's ε, unless `budgets` names it; None: each account's
-            budget is what its plan spends.
-        delta: Every silo's δ, unless `budgets` names it.
-        budgets: Per silo name, its (ε, δ).
-        calibrate: True or "common": every silo gets the most constrained silo's σ;
-            "per-silo": each the least σ that keeps its scheduled rounds in its budget.
+        plan: What the run is asked for (`dpfl.engines.plan.RunPlan`).
         ledger: The privacy ledger, or its path (None: a new one in a temporary folder).
-        research_noise: Seeded noise (reproducible, for research); False draws a silo's
-            noise and batches from the CSPRNG and the OS.
-        progress: Show a progress bar with the worst ε and the latest accuracy.
-        checkpoint: A file the run is saved to after every round, and resumed from if
-            it holds this run.
-        eval_every: Evaluate every this many rounds (and after the last).
-        size_noise: The std, in records, of the DP count's Gaussian noise for a silo that
-            declares no public size, charged first (a non-private run uses the true count).
-        secure_sum: How the server learns the sum of the replies; None: in the clear, or
-            the ideal secure sum for an algorithm that needs one.
-        init: "per-trial": trial 0 from the model as given, every other from its own
-            seeded initialisation; "shared": every trial from the model as given.
-        threads: torch's thread count during the run, restored after (None keeps it).
-        cross_silo: Also score every silo's final model on every silo's test set.
-        observe: For audits (`dpfl.audit`): called after every exchange as
-            `observe(round, exchange, states, replies, revealed)`; it copies what it keeps.
-        threshold: Binary models' decision threshold: a public number, or a
-            `BalancedThreshold` released (and charged) at every evaluation.
-        device: Where local training runs (`dpfl.local.device`): "cpu", "cuda" (refused
-            where there is none) or "auto"; the noise is the same values on every device,
-            and the server half, secure sums and evaluation stay on the CPU.
-        consortium: (h, ε): with `calibrate`, σ also keeps a patient seen by up to h
-            silos within ε at `delta` (`calibration.calibrate_consortium_noise`); silos
-            without an ε budget are then held to this one only.
 
     Returns:
         The run, or its rounds before a Ctrl-C (`interrupted`) or the budget's end.
     """
-    with torch_threads(threads), training_device(device):
-        _check_run(silos, rounds, trials, eval_every)
-        _check_threshold(threshold, algorithm, silos)
-        summing = secure_sum or (IdealSecureSum() if algorithm.needs_secure_sum else InTheClear())
-        targets: Budgets = {
-            s.name: (budgets or {}).get(s.name, (epsilon_budget, delta)) for s in silos
-        }
-        book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
-        settings = _Settings(
-            rounds,
-            trials,
-            seed,
-            research_noise,
-            progress,
-            None if checkpoint is None else Path(checkpoint),
-            eval_every,
-            init,
-            cross_silo,
-            observe,
-            threshold,
+    with torch_threads(plan.threads), training_device(plan.device):
+        _check_silos(silos)
+        _check_threshold(plan.threshold, algorithm, silos)
+        summing = plan.secure_sum or (
+            IdealSecureSum() if algorithm.needs_secure_sum else InTheClear()
         )
-        run = _Simulation.planned(algorithm, silos, settings, book, targets, summing, size_noise)
-        if calibrate:
-            run.calibrate(calibrate, consortium, delta)
+        book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
+        run = _Simulation.planned(algorithm, silos, plan, book, summing)
+        if plan.calibrate is not None:
+            run.calibrate()
         run.resume()
         run.loop()
         return run.result()
-
-
-@dataclass(frozen=True)
-class _Settings:
-    """What `simulate` was asked for that stays the same through the run."""
-
-    rounds: int
-    trials: int
-    seed: int
-    research_noise: bool
-    progress: bool
-    checkpoint: Path | None
-    eval_every: int
-    init: Init
-    cross_silo: bool
-    observe: Observer | None
-    threshold: float | BalancedThreshold
 
 
 @dataclass
@@ -398,7 +321,7 @@ class _Simulation:
     `calibrate`, `resume` (from the checkpoint; the plan checked against the ledger),
     `loop` (the rounds) and `result`."""
 
-    settings: _Settings
+    plan: RunPlan
     algorithm: Algorithm
     silos: list[Silo]
     """The run's silos, each with its public size (declared, released or, for a
@@ -448,60 +371,54 @@ class _Simulation:
         cls,
         algorithm: Algorithm,
         silos: Sequence[Silo],
-        settings: _Settings,
+        plan: RunPlan,
         book: Ledger,
-        targets: Budgets,
         summing: SecureSum,
-        size_noise: float,
     ) -> _Simulation:
         """Accounts registered and public sizes released (private runs), and every
         round's cohorts drawn from the seed."""
-        trials, rounds = settings.trials, settings.rounds
+        trials, rounds = plan.trials, plan.rounds
+        targets = plan.targets([s.name for s in silos])
         counts: dict[str, events.PrivacyEvent] = {}
         if algorithm.private:
             declared = {s.name: s.public_size for s in silos}
             register_accounts(book, silos, trials, targets)
-            noise_of = functools.partial(_count_noise, settings.research_noise, settings.seed)
-            silos, counts = public_sizes(book, silos, trials, size_noise, noise_of)
+            noise_of = functools.partial(count_noise, plan.research_noise, plan.seed)
+            silos, counts = public_sizes(book, silos, trials, plan.size_noise, noise_of)
             register_views(book, algorithm, [s.info for s in silos], trials, targets, declared)
         else:  # nothing is protected, so the true counts may shape the reference run
             silos = [s if s.public_size is not None else s.with_public_size(s.size) for s in silos]
         infos = [s.info for s in silos]
         return cls(
-            settings,
+            plan,
             algorithm,
             list(silos),
             book,
             targets,
             summing,
             counts,
-            drawn_schedule(algorithm, infos, trials, settings.seed, rounds),
-            [r for r in range(rounds) if (r + 1) % settings.eval_every == 0 or r == rounds - 1],
+            drawn_schedule(algorithm, infos, trials, plan.seed, rounds),
+            plan.evaluations(rounds),
             rounds,
         )
 
     def releases(self, first: int) -> dict[str, tuple[events.PrivacyEvent, int]]:
         """Per silo, the threshold releases of the evaluations from round `first` on."""
-        threshold = self.settings.threshold
+        threshold = self.plan.threshold
         if not (self.algorithm.private and isinstance(threshold, BalancedThreshold)):
             return {}
         count = sum(r >= first for r in self.evaluations)
         return {s.name: (threshold.event(s), count) for s in self.infos}
 
-    def calibrate(
-        self,
-        calibrate: bool | Literal["common", "per-silo"],
-        consortium: tuple[int, float] | None = None,
-        delta: float = 1e-5,
-    ) -> None:
+    def calibrate(self) -> None:
         """The algorithm with the least σ that keeps each silo's scheduled rounds (and
-        its other releases) within its budget, and with a `consortium` (h, ε), a patient
-        of up to h silos within ε at `delta`."""
-        if calibrate not in (True, "common", "per-silo"):
-            raise ValueError(f"calibrate must be 'common' or 'per-silo', got {calibrate!r}")
+        its other releases) within its budget, and with the plan's `consortium` (h, ε),
+        a patient of up to h silos within ε at the plan's δ: the only place a run's σ
+        is replaced."""
+        calibrate, consortium = self.plan.calibrate, self.plan.consortium
         if not self.algorithm.private:
-            raise ValueError("calibrate=True needs a private algorithm (σ > 0 to start from)")
-        infos, trials = self.infos, self.settings.trials
+            raise ValueError("calibrate needs a private algorithm (σ > 0 to start from)")
+        infos, trials = self.infos, self.plan.trials
         scheduled = participations(self.schedule, 0, self.rounds)
         planned = {s.name: max(scheduled[s.name, r] for r in range(trials)) for s in infos}
         others = {s.name: [self.counts[s.name]] if s.name in self.counts else [] for s in infos}
@@ -511,12 +428,10 @@ class _Simulation:
             self.algorithm, infos, planned, self.targets, self.book.accountant, others
         )
         if consortium is not None:
-            if calibrate == "per-silo":
-                raise ValueError("a consortium budget calibrates one σ: calibrate 'common'")
             hospitals, target = consortium
             least = calibrate_consortium_noise(
                 target,
-                delta,
+                self.plan.delta,
                 lambda sigma: [sigmas.plan(s, sigma) for s in infos],
                 hospitals,
                 accountant=self.book.accountant,
@@ -535,22 +450,23 @@ class _Simulation:
         """The initial states, or the checkpoint's if it holds this run (a new one is
         saved before round 0: a crash in it resumes this instance); the rounds the budget
         affords, and the plan left checked against the ledger."""
-        s, algorithm, infos, book = self.settings, self.algorithm, self.infos, self.book
+        s, algorithm, infos, book = self.plan, self.algorithm, self.infos, self.book
         self.state = _initial(algorithm, infos, s.trials, s.seed, s.init)
         self.fingerprint = _fingerprint(
             algorithm, self.silos, s.trials, s.seed, s.research_noise, s.init, s.threshold
         )
         self.instance, resumed = uuid.uuid4().hex[:16], False
-        if s.checkpoint is not None and s.checkpoint.exists():
-            saved = torch.load(s.checkpoint, weights_only=False)
+        checkpoint = s.checkpoint_file
+        if checkpoint is not None and checkpoint.exists():
+            saved = torch.load(checkpoint, weights_only=False)
             if saved["fingerprint"] != self.fingerprint:
-                raise ValueError(f"checkpoint {s.checkpoint} belongs to a different run")
+                raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
             self.start, self.state = saved["round"] + 1, saved["state"]
             self.history, self.messages = saved["history"], saved["messages"]
             self.instance, resumed = saved["instance"], True
-        elif s.checkpoint is not None:  # before round 0: a crash in it resumes this instance
+        elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
             state, history, messages = self.state, self.history, self.messages
-            _save(s.checkpoint, self.fingerprint, self.instance, -1, state, history, messages)
+            _save(checkpoint, self.fingerprint, self.instance, -1, state, history, messages)
         if algorithm.private and algorithm.stops_at_budget:
             left = self.rounds - self.start
             affordable = self.start + affordable_rounds(book, algorithm, infos, left, self.targets)
@@ -603,7 +519,7 @@ class _Simulation:
         if again and self.paid and round_ == self.start and round_ not in self.noted:
             raise RuntimeError(
                 f"round {round_} of {self.run_name} was released meanwhile by another "
-                f"process while this one resumed it from {self.settings.checkpoint}; its "
+                f"process while this one resumed it from {self.plan.checkpoint}; its "
                 "charges pay for one release, so this one is not released"
             )
         self.noted.add(round_)
@@ -611,7 +527,7 @@ class _Simulation:
     def loop(self) -> None:
         """The rounds from `start`, with a progress bar; Ctrl-C stops after the round
         under way, noting it released if the result may hold it."""
-        s, algorithm = self.settings, self.algorithm
+        s, algorithm = self.plan, self.algorithm
         bar = Progress(
             TextColumn(f"{algorithm.name}"),
             BarColumn(),
@@ -644,7 +560,7 @@ class _Simulation:
                     self.completed = round_ + 1
             except KeyboardInterrupt:
                 self.interrupted = True
-                if s.checkpoint is not None and self.current in self.begun:  # it may hold it
+                if s.checkpoint_file is not None and self.current in self.begun:  # it may hold it
                     self.mark_released(self.current)
 
     @property
@@ -653,7 +569,7 @@ class _Simulation:
 
     def round(self, curator: Silo | None) -> None:
         """Round `current`: its exchanges, its evaluation if due, its checkpoint."""
-        s, algorithm, current, state = self.settings, self.algorithm, self.current, self.state
+        s, algorithm, current, state = self.plan, self.algorithm, self.current, self.state
         assert state is not None, "resume() makes the initial states"
         rng = Streams(s.seed, current, functools.partial(member_rng, s.research_noise))
         noise = Streams(s.seed, current, functools.partial(stream_noise, s.research_noise))
@@ -680,9 +596,10 @@ class _Simulation:
             self.history += evaluate(
                 algorithm.model, models, self.silos, current, algorithm.loss, self.cuts
             )
-        if s.checkpoint is not None:
+        checkpoint = s.checkpoint_file
+        if checkpoint is not None:
             _save(
-                s.checkpoint,
+                checkpoint,
                 self.fingerprint,
                 self.instance,
                 current,
@@ -695,7 +612,7 @@ class _Simulation:
     def result(self) -> SimulationResult:
         """The models, metrics, accounts and traffic of the rounds completed."""
         s, algorithm, silos, infos, state = (
-            self.settings,
+            self.plan,
             self.algorithm,
             self.silos,
             self.infos,
@@ -810,14 +727,12 @@ def _released_thresholds(
     return chosen_thresholds(threshold, algorithm.model, models, silos, noise)
 
 
-def _check_run(silos: Sequence[Silo], rounds: int, trials: int, eval_every: int) -> None:
+def _check_silos(silos: Sequence[Silo]) -> None:
     if not silos:
         raise ValueError("need at least one silo")
     names = [s.name for s in silos]
     if len(set(names)) != len(names):
         raise ValueError(f"silo names must be unique, got {names}")
-    if rounds < 1 or trials < 1 or eval_every < 1:
-        raise ValueError("rounds, trials and eval_every must be ≥ 1")
 
 
 def _initial(
@@ -895,40 +810,6 @@ def _traffic(round_: int, trial: int, member: Member, reply: Reply | None) -> li
 
 def _stacked(params: Sequence[Params]) -> Params:
     return {name: torch.stack([p[name] for p in params]) for name in params[0]}
-
-
-Schedule = dict[tuple[int, int], frozenset[str]]
-"""(round, trial) -> the names of the silos the server's `cohort` takes that round."""
-
-
-def drawn_schedule(
-    algorithm: Algorithm, silos: Sequence[SiloInfo], trials: int, seed: int, rounds: int
-) -> Schedule:
-    """Every round's cohort, drawn before round 0 from the very stream `configure` will
-    draw it from (the server's first stream of the round): public, from the seed alone."""
-    return {
-        (round_, trial): frozenset(
-            s.name for s in algorithm.cohort(round_, silos, functools.partial(streams, trial, -1))
-        )
-        for round_ in range(rounds)
-        for streams in [Streams(seed, round_, stream_rng)]
-        for trial in range(trials)
-    }
-
-
-def participations(schedule: Schedule, first: int, last: int) -> Counter[tuple[str, int]]:
-    """Rounds in [first, last) each (silo, trial) is scheduled for."""
-    return Counter(
-        (name, trial)
-        for (round_, trial), names in schedule.items()
-        if first <= round_ < last
-        for name in names
-    )
-
-
-def _count_noise(research: bool, seed: int, k: int) -> NoiseSource:
-    """The noise of silo k's released record count (drawn once, before round 0)."""
-    return stream_noise(research, (seed, 0, k + 1, 0, 0, 2))
 
 
 def _status(

@@ -16,7 +16,7 @@ from numpy.random.bit_generator import ISeedSequence
 
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 
-__all__ = ["Streams", "member_rng", "stats_noise", "stream_noise", "stream_rng"]
+__all__ = ["Streams", "count_noise", "member_rng", "stats_noise", "stream_noise", "stream_rng"]
 
 _T = TypeVar("_T")
 
@@ -112,3 +112,9 @@ def evaluation_noise(research: bool, seed: int, hospital: int) -> NoiseSource:
     seeded by the study's seed and its index among the run's hospitals with research
     noise (tests), else the CSPRNG."""
     return stream_noise(research, (seed, -2, hospital))
+
+
+def count_noise(research: bool, seed: int, hospital: int) -> NoiseSource:
+    """The noise of a hospital's released record count (drawn once, before round 0), by
+    its index among the run's hospitals: the simulator's and a deployed hospital's alike."""
+    return stream_noise(research, (seed, 0, hospital + 1, 0, 0, 2))

@@ -1,6 +1,6 @@
 """Where local training runs: the device of its models, batches and noise.
 
-`simulate(device=...)` (a study's `device`) sets it for the run with `training_device`;
+`RunPlan(device=...)` (a study's `device`) sets it for the run with `training_device`;
 `DPSGD` reads it (or takes its own). On the CPU nothing moves and nothing changes: the
 bits are today's. On another device a training call copies its starting parameters
 there, keeps each silo's records and a copy of the model there for the rest of the run

@@ -68,8 +68,7 @@ from dpfl.engines.flower.protocol import (
 )
 from dpfl.engines.flower.roster import PREFIX, RosterError, public_text, read_identity
 from dpfl.engines.flower.sums import Protection, Work, deployed, every_deployed
-from dpfl.engines.simulation import _count_noise
-from dpfl.engines.streams import Streams, evaluation_noise, member_rng, stream_noise
+from dpfl.engines.streams import Streams, count_noise, evaluation_noise, member_rng, stream_noise
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
@@ -809,7 +808,7 @@ def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
         register_accounts(book, [silo], 1, {me.name: (me.epsilon, me.delta)})
         new = book.released(f"record count of {me.name}") is None
         (counted,), _ = public_sizes(
-            book, [silo], 1, run.size_noise, lambda _: _count_noise(me.research_noise, run.seed, k)
+            book, [silo], 1, run.size_noise, lambda _: count_noise(me.research_noise, run.seed, k)
         )
         if new:
             LOG.info(

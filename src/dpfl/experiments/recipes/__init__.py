@@ -48,7 +48,8 @@ from dpfl.experiments.recipes.base import (
     real_folder,
 )
 from dpfl.experiments.results.store import ResultsStore, RunRow
-from dpfl.experiments.study.runner import STORE, Progress, _die_with, run_study
+from dpfl.experiments.study.point import STORE, Progress
+from dpfl.experiments.study.runner import die_with, run_study
 from dpfl.experiments.study.tune import RESULT, released, tune
 
 __all__ = [
@@ -133,7 +134,7 @@ def _selections(tunings: list[Tuning], out: Path, workers: int, report: Progress
     with ProcessPoolExecutor(
         min(workers, len(tunings)),
         mp_context=get_context("spawn"),  # torch and fork do not mix
-        initializer=_die_with,  # as the sweep's workers: none outlives this process
+        initializer=die_with,  # as the sweep's workers: none outlives this process
         initargs=(os.getpid(),),
     ) as pool:
         return _reported(pool.map(select, tunings, folders), report)

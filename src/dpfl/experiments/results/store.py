@@ -7,8 +7,10 @@ Tables (long format, one number a row, so that any grouping is one SQL query):
   ran with, timings, the path of its privacy ledger and its privacy datasheet (JSON).
 * `metrics`: (run, trial, round, silo, metric, value); `silo` NULL is the union of the
   silos' test sets.
-* `privacy`: (run, trial, round, silo, view, accountant, delta, epsilon), read off the
-  run's ledger; `view` NULL is the server's view (the one budgets bind).
+* `privacy`: (run, trial, round, silo, view, accountant, delta, epsilon, account), read
+  off the run's ledger; `view` NULL is the server's view (the one budgets bind);
+  `account` (schema 5) the ledger account the figure was read from, which a reader
+  re-reads it from (NULL in older stores: named by `dpfl.privacy.accounts.account`).
 * `communication`: (run, trial, round, silo, bytes_down, bytes_up, messages).
 * `cross_silo` (schema 2): (run, trial, round, model_silo, test_silo, metric, value), for
   runs asked to score every silo's final model on every silo's test set (`cross_silo =
@@ -52,10 +54,11 @@ from typing import Any
 
 from dpfl.experiments.study import spending
 from dpfl.privacy import Ledger
+from dpfl.privacy.accounts import account
 from dpfl.sqlite_file import DamagedFileError, open_database, schema_of, write_transaction
 
 _APPLICATION_ID = 0x64706672  # "dpfr": a dpfl results store
-_SCHEMA_VERSION = 4
+_SCHEMA_VERSION = 5
 FROM_LEDGER = "ledger"
 """A run's ε read off its own ledger (a simulated run)."""
 REPORTED_BY_HOSPITALS = "hospitals"
@@ -122,6 +125,7 @@ _MIGRATIONS = {
     1: _CROSS_SILO,  # schema 1 had no cross-silo scores
     2: f"ALTER TABLE runs ADD COLUMN {_EPSILON_SOURCE};{_REPORTED_PRIVACY}",  # nor deployments
     3: _AUDITS,  # nor audits
+    4: "ALTER TABLE privacy ADD COLUMN account TEXT",  # nor the accounts' names
 }
 _TABLES = (
     "metrics",
@@ -175,7 +179,8 @@ CREATE TABLE privacy (
     view TEXT,
     accountant TEXT NOT NULL,
     delta REAL NOT NULL,
-    epsilon REAL NOT NULL
+    epsilon REAL NOT NULL,
+    account TEXT
 );
 CREATE INDEX privacy_run ON privacy (run_id);
 CREATE TABLE communication (
@@ -252,8 +257,8 @@ class RunResults:
     datasheet: Mapping[str, Any]
     metrics: Sequence[tuple[int, int, str | None, str, float | None]]
     """(trial, round, silo or None for the union, metric, value; NaN or None if undefined)"""
-    privacy: Sequence[tuple[int, int, str, str | None, str, float, float]]
-    """(trial, round, silo, view or None, accountant, delta, epsilon)"""
+    privacy: Sequence[tuple[int, int, str, str | None, str, float, float, str]]
+    """(trial, round, silo, view or None, accountant, delta, epsilon, ledger account)"""
     communication: Sequence[tuple[int, int, str, int, int, int]]
     """(trial, round, silo, bytes_down, bytes_up, messages)"""
     cross_silo: Sequence[tuple[int, int, str | None, str, str, float | None]] = ()
@@ -519,14 +524,13 @@ class ResultsStore:
             )
             by_silo = {r["silo"]: r["epsilon"] for r in reported if r["accountant"] == accountant}
             return SiloEpsilons(accountant, by_silo, {}, reported=True)
+        named = "account" if schema_of(self._db) >= 5 else "NULL"  # older: no names kept
         rows = self._db.execute(
-            "SELECT silo, trial, delta, epsilon FROM privacy WHERE run_id = ? AND view IS ?"
-            " AND accountant = ? AND round = ? ORDER BY silo, trial",
+            f"SELECT silo, trial, delta, epsilon, {named} FROM privacy WHERE run_id = ?"
+            " AND view IS ? AND accountant = ? AND round = ? ORDER BY silo, trial",
             (run.id, view, accountant, last),
         ).fetchall()
         if delta is not None and rows:
-            from dpfl.engines.simulation import account  # imports torch: only when needed
-
             shared = run.config.get("privacy", {}).get("ledger")
             book_of = spending.book(run.study, run.id, shared)
             with Ledger(self.ledger_of(run), create=False, study=book_of) as book:
@@ -536,17 +540,18 @@ class ResultsStore:
                         trial,
                         delta,
                         book.spent(
-                            account(silo, trial, view),
+                            name or account(silo, trial, view),
                             delta=delta,
                             accountant=accountant,
                             through_round=last,
                         ).epsilon,
+                        name,
                     )
-                    for silo, trial, _, _ in rows
+                    for silo, trial, _, _, name in rows
                 ]
         epsilon: dict[str, float] = {}
         deltas: dict[str, float] = {}
-        for silo, _, silo_delta, spent in rows:
+        for silo, _, silo_delta, spent, _ in rows:
             epsilon[silo] = max(epsilon.get(silo, -math.inf), spent)
             deltas[silo] = silo_delta
         return SiloEpsilons(accountant, epsilon, deltas)

@@ -29,7 +29,6 @@ from dpfl.analytics import (
     describe,
 )
 from dpfl.data.dataset import Dataset
-from dpfl.engines.accounts import account
 from dpfl.engines.flower.protocol import Analytics
 from dpfl.engines.streams import stats_noise
 from dpfl.experiments.study import spending
@@ -38,6 +37,7 @@ from dpfl.experiments.study.datasets import TableData
 from dpfl.experiments.study.datasets.base import partition_of, site_names
 from dpfl.files import replacing
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
+from dpfl.privacy.accounts import account
 from dpfl.secure import mode
 
 LEDGER = "ledger.sqlite"

@@ -4,7 +4,7 @@
 The driver (the sweep's own process) holds the study directory (`runner.owning`) and is
 the only writer of its results store: it marks a point started, ships the point's
 config to a Ray task, and writes what the task returns, the point's results or its
-failure, itself. The task runs what a local worker runs (`runner.point_results`), and
+failure, itself. The task runs what a local worker runs (`point.point_results`), and
 writes the point's ledger and checkpoint into the study directory as a local worker
 does: every node must therefore mount the study directory at the same path. A task that
 finds no study there, or another sweep's, fails its point and writes nothing (a fresh
@@ -36,7 +36,7 @@ from typing import Any
 
 from dpfl.experiments.results.store import ResultsStore, RunResults
 from dpfl.experiments.study.config import StudyConfig
-from dpfl.experiments.study.runner import (
+from dpfl.experiments.study.point import (
     LOCK,
     STORE,
     PointFailure,

@@ -28,7 +28,8 @@ from dpfl.experiments.results.store import REPORTED_BY_HOSPITALS, ResultsStore, 
 from dpfl.experiments.study import analytics
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.config import StudyConfig, ThresholdConfig, load
-from dpfl.experiments.study.runner import STORE, owning
+from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import owning
 from dpfl.federation.algorithms import BY_NAME
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo

@@ -28,11 +28,9 @@ import socket
 import sys
 import threading
 import time
-import traceback
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
 from multiprocessing import active_children, get_context
 from pathlib import Path
 from typing import Any
@@ -42,39 +40,23 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, TaskID, TextColumn, TimeElapsedColumn
 from rich.progress import Progress as Bar
 
-from dpfl import secure
-from dpfl.allocator import keep_freed_memory
-from dpfl.data.dataset import DataFormatError
-from dpfl.engines.accounts import UnaffordablePlan
-from dpfl.engines.simulation import SimulationResult, simulate
-from dpfl.experiments.results.datasheet import datasheet
-from dpfl.experiments.results.store import ResultsStore, RunResults, RunRow, owned_ledger
-from dpfl.experiments.study import spending
-from dpfl.experiments.study.build import build_algorithm, decision_threshold
+from dpfl.experiments.results.store import ResultsStore, RunRow
 from dpfl.experiments.study.config import Study, StudyConfig, grid_pairs
-from dpfl.experiments.study.datasets import build_silos
 from dpfl.experiments.study.directory import claim
-from dpfl.local.device import DeviceError
-from dpfl.local.device import resolve as resolve_device
-from dpfl.models.factories import ModelError
-from dpfl.privacy import Accountant, Ledger
-from dpfl.privacy.errors import UnsupportedAccountingError
-from dpfl.sqlite_file import DamagedFileError
+from dpfl.experiments.study.point import (
+    LOCK,
+    STORE,
+    Progress,
+    checkpoint_of,
+    run_point,
+    worker_config,
+)
 
-STORE = "results.sqlite"
-LOCK = "study.lock"
 _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
-
-Progress = Callable[[str], None]
 
 
 class StudyInUseError(OSError):
     """Another process holds the study directory."""
-
-
-class RefusedPlan(ValueError):
-    """A point's plan that would pass a budget or a cap, refused before round 0 with the
-    remedies a study file's user has: nothing was charged (shown in one line)."""
 
 
 def run_study(
@@ -211,7 +193,7 @@ def _run_in_pool(
     pool = ProcessPoolExecutor(
         min(workers, len(todo)),
         mp_context=get_context("spawn"),  # torch and fork do not mix
-        initializer=_die_with,
+        initializer=die_with,
         initargs=(os.getpid(),),
     )
     try:
@@ -230,7 +212,7 @@ def _run_in_pool(
         pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _die_with(parent: int) -> None:
+def die_with(parent: int) -> None:
     """Worker initializer: a worker never outlives the process that started it (an
     orphan would go on writing to a study directory whose lock is gone, and idle on its
     memory after), and leaves Ctrl-C to it."""
@@ -251,90 +233,6 @@ def _exit_when_orphaned(parent: int) -> None:
 
 def _run_in_worker(config: dict[str, Any], grid: dict[str, Any], out: str) -> str:
     return run_point(worker_config(config), grid, Path(out))
-
-
-def worker_config(config: dict[str, Any]) -> StudyConfig:
-    """In a worker process (local or on a Ray node): the point's config, shipped as JSON,
-    one thread, since the workers take a core each, and freed memory kept for reuse
-    (`dpfl.allocator`), as in the `dpfl` command's own process."""
-    torch.set_num_threads(1)
-    keep_freed_memory()
-    return StudyConfig.model_validate(config)
-
-
-def run_point(config: StudyConfig, grid: dict[str, Any], out: Path) -> str:
-    """Run one point (or resume it) and store its results; a one-line summary. The
-    caller owns `out` (`owning`)."""
-    with ResultsStore(out / STORE) as store:
-        if not start_point(store, config, grid):
-            return finished_already(config, grid)
-        return record_point(store, config, grid, out, point_results(config, out))
-
-
-@dataclass(frozen=True)
-class PointFailure:
-    """Why a point failed: what the store keeps (`error`) and the traceback shown."""
-
-    error: str
-    trace: str = ""
-
-
-def point_results(config: StudyConfig, out: Path) -> RunResults | PointFailure:
-    """Simulate one point, resuming from its checkpoint with its ledger (both in `out`),
-    and build its results; what any worker runs. An error is returned as the point's
-    failure; Ctrl-C and a damaged ledger are raised, leaving the point to resume."""
-    key = config.key()
-    ledger_file = spending.ledger_file(config, _own_ledger(key))
-    checkpoint = _checkpoint(out, key)
-    checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    started = time.perf_counter()
-    try:
-        result = _simulate(config, key, out, checkpoint)
-        if result.interrupted:
-            raise KeyboardInterrupt
-        return _results(config, key, result, ledger_file, time.perf_counter() - started)
-    except (KeyboardInterrupt, SystemExit, DamagedFileError):
-        raise  # left 'running': a restart resumes it from its checkpoint
-    except (DataFormatError, ModelError, DeviceError, RefusedPlan) as exc:  # one line says why
-        return PointFailure(f"{type(exc).__name__}: {exc}")
-    except Exception as exc:
-        return PointFailure(f"{type(exc).__name__}: {exc}", traceback.format_exc())
-
-
-def start_point(store: ResultsStore, config: StudyConfig, grid: dict[str, Any]) -> bool:
-    """Mark the point running in the store; False if it has finished."""
-    return store.start(
-        config.key(),
-        study=config.name,
-        algorithm=config.algorithm.name,
-        config=config.model_dump(mode="json"),
-        grid=grid,
-        trials=config.trials,
-        rounds=config.rounds,
-    )
-
-
-def record_point(
-    store: ResultsStore,
-    config: StudyConfig,
-    grid: dict[str, Any],
-    out: Path,
-    outcome: RunResults | PointFailure,
-) -> str:
-    """Store a started point's results, or its failure (its checkpoint is kept, so a rerun
-    resumes it); a one-line summary."""
-    key = config.key()
-    if isinstance(outcome, PointFailure):
-        store.fail(key, outcome.error)
-        return f"{key} {config.algorithm.name} FAILED: {outcome.error}\n{outcome.trace}".rstrip()
-    store.finish(key, outcome)
-    _checkpoint(out, key).unlink(missing_ok=True)
-    finished = f"finished in {outcome.seconds:.1f} s"
-    return " ".join([key, config.algorithm.name, *grid_pairs(grid), finished])
-
-
-def finished_already(config: StudyConfig, grid: dict[str, Any]) -> str:
-    return " ".join([config.key(), config.algorithm.name, *grid_pairs(grid), "already finished"])
 
 
 class StudyBar:
@@ -378,7 +276,7 @@ class StudyBar:
                 self._bar.add_task(
                     _label(c.key(), g), total=c.rounds, visible=False, status="rounds"
                 ),
-                _checkpoint(out, c.key()),
+                checkpoint_of(out, c.key()),
             )
             for g, c in todo
         }
@@ -413,134 +311,6 @@ class StudyBar:
                     continue  # or one being replaced, is read at the next tick
 
 
-def _checkpoint(out: Path, key: str) -> Path:
-    return out / "checkpoints" / f"{key}.pt"
-
-
-def _own_ledger(key: str) -> Path:
-    """A point's own ledger in the study directory, where the study names no shared one."""
-    return Path("ledgers") / f"{key}.sqlite"
-
-
 def _label(key: str, grid: dict[str, Any]) -> str:
     """`ab12cd34 learning_rate=0.5`: the last part of each grid key tells points apart."""
     return " ".join([key[:8], *grid_pairs(grid, last_part=True)])
-
-
-def _simulate(config: StudyConfig, key: str, out: Path, checkpoint: Path) -> SimulationResult:
-    resolve_device(config.device)  # no CUDA for "cuda": refused before any record is read
-    silos = build_silos(config.data, config.seed)
-    algorithm = build_algorithm(config, silos)
-    privacy = config.privacy
-    if privacy.private and privacy.accountant == "pld" and any(s.appearances > 1 for s in silos):
-        raise ValueError(
-            f"privacy.accountant: in {config.data.dataset} a person is in up to "
-            f"{max(s.appearances for s in silos)} records, and such node-level steps are "
-            "accounted by RDP only: set privacy.accountant = 'rdp'"
-        )
-    fixed_noise = privacy.noise_multiplier is not None or algorithm.sets_own_noise
-    hospitals = {s.name: s.neighbouring for s in silos}
-    with (
-        spending.charged(
-            config, key, out / _own_ledger(key), hospitals, accountant=privacy.accountant
-        ) as book,
-        _in_study_terms(),
-    ):
-        if book.study is None:
-            book.claim(key)  # readers refuse this ledger for any other run
-        return simulate(
-            algorithm,
-            silos,
-            rounds=config.rounds,
-            trials=config.trials,
-            seed=config.seed,
-            epsilon_budget=privacy.epsilon if privacy.private else None,
-            delta=privacy.delta,
-            budgets={name: (b.epsilon, b.delta) for name, b in privacy.silos.items()},
-            calibrate=privacy.calibration if privacy.private and not fixed_noise else False,
-            ledger=book,
-            research_noise=config.research_noise,
-            progress=False,
-            checkpoint=checkpoint,
-            eval_every=config.eval_every,
-            size_noise=config.data.size_noise,
-            init=config.model.init,
-            cross_silo=config.cross_silo,
-            secure_sum=secure.by_name(config.summing),
-            threshold=decision_threshold(config.threshold),
-            device=config.device,
-            consortium=None
-            if privacy.consortium_epsilon is None or privacy.hospitals_per_patient is None
-            else (privacy.hospitals_per_patient, privacy.consortium_epsilon),
-        )
-
-
-@contextmanager
-def _in_study_terms() -> Iterator[None]:
-    """A plan the budget refuses, with the remedies a study file's user has."""
-    try:
-        yield
-    except UnaffordablePlan as exc:
-        raise RefusedPlan(
-            f"{exc.why}; raise privacy.noise_multiplier, lower rounds, or leave "
-            "privacy.noise_multiplier out of the study file (σ is then calibrated to "
-            "privacy.epsilon)"
-        ) from None
-
-
-def _results(
-    config: StudyConfig, key: str, result: SimulationResult, ledger: Path, seconds: float
-) -> RunResults:
-    metrics = [
-        (row["trial"], row["round"], silo, name, value)
-        for row in result.history
-        for silo, values in [(None, row["metrics"]), *row["silos"].items()]
-        for name, value in values.items()
-    ]
-    communication = [
-        (row["trial"], row["round"], row["silo"], row["down"], row["up"], messages)
-        for row in result.messages
-        for messages in [(row["down"] > 0) + (row["up"] > 0)]
-    ]
-    cross_silo = [
-        (row["trial"], row["round"], row["model"], row["test"], name, value)
-        for row in result.cross_silo
-        for name, value in row["metrics"].items()
-    ]
-    last = result.rounds_completed - 1
-    rounds = sorted({row["round"] for row in result.history} | {last})
-    own = Accountant(config.privacy.accountant)
-    other = Accountant.RDP if own is Accountant.PLD else Accountant.PLD
-    privacy = []
-    study = spending.book(config.name, key, config.privacy.ledger)
-    opened = (
-        owned_ledger(result.ledger_path, key)
-        if study is None
-        else Ledger(result.ledger_path, create=False, study=study)
-    )
-    with opened as book:
-        for trial, accounts in enumerate(result.accounts):
-            for silo, views in accounts.items():
-                for view, name in views.items():
-                    delta = book.budget(name).delta
-                    for r in rounds:
-                        spent = book.spent(name, accountant=own, through_round=r)
-                        privacy.append((trial, r, silo, view, own.value, delta, spent.epsilon))
-                    try:  # the other accountant's figure, where it can analyse the run
-                        spent = book.spent(name, accountant=other)
-                    except UnsupportedAccountingError:  # node-level steps: RDP only
-                        continue
-                    privacy.append((trial, last, silo, view, other.value, delta, spent.epsilon))
-        sheet = datasheet(config, config.algorithm.algorithm, result, book)
-    return RunResults(
-        rounds_completed=result.rounds_completed,
-        noise_multiplier=result.noise_multiplier if config.privacy.private else None,
-        stopped_by_budget=result.stopped_by_budget,
-        seconds=seconds,
-        ledger=ledger,
-        datasheet=sheet,
-        metrics=metrics,
-        privacy=privacy,
-        communication=communication,
-        cross_silo=cross_silo,
-    )

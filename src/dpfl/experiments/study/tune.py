@@ -48,13 +48,8 @@ import torch
 from dpfl.data import partition
 from dpfl.engines.accounts import Calibration, register_accounts
 from dpfl.engines.evaluation import evaluate
-from dpfl.engines.simulation import (
-    SimulationResult,
-    account,
-    drawn_schedule,
-    participations,
-    simulate,
-)
+from dpfl.engines.plan import RunPlan, drawn_schedule, participations
+from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.results import datasheet
 from dpfl.experiments.results.best import LOWER_IS_BETTER
 from dpfl.experiments.study import spending
@@ -66,6 +61,7 @@ from dpfl.federation.algorithms import Algorithm
 from dpfl.federation.silo import Silo
 from dpfl.federation.threshold import BalancedThreshold
 from dpfl.privacy import Accountant, Ledger, events, selection
+from dpfl.privacy.accounts import account
 from dpfl.privacy.errors import BudgetExceededError
 
 RESULT = "tuned.json"
@@ -193,21 +189,19 @@ def _candidate(
 ) -> tuple[Algorithm, SimulationResult]:
     """One candidate's run on the tuning silos, its events in its own scratch `ledger`."""
     algorithm = build_algorithm(config, silos)
-    result = simulate(
-        algorithm,
-        silos,
+    plan = RunPlan(
         rounds=config.rounds,
         # the study's seed: its schedule (public cohorts) is the one planned; the silos'
         # batches and noise are the OS's unless the noise is research noise
         seed=config.seed,
-        ledger=ledger,
-        budgets=budgets or None,  # each candidate alone spends less than the selection
+        budgets=budgets,  # each candidate alone spends less than the selection
         research_noise=config.research_noise,
         progress=False,
         eval_every=config.rounds,
         init=config.model.init,
         threshold=decision_threshold(config.threshold),
     )
+    result = simulate(algorithm, silos, plan, ledger=ledger)
     return algorithm, result
 
 

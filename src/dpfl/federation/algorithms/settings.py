@@ -143,8 +143,10 @@ class DPSGDSettings(BaseModel, ABC):
 
     def common(self, parts: Parts) -> dict[str, Any]:
         """The keyword arguments every DP-SGD algorithm takes: model, loss, its DP-SGD
-        step (σ = 1 until calibrated, or the study's; no clipping when not private) and
-        its batches."""
+        step (the study's σ; without one, σ = 1, which only stands until the run's plan
+        calibrates it before round 0, `dpfl.engines.plan.RunPlan.calibrate`, decided in
+        `dpfl.experiments.study.plan.plan_of`; no clipping when not private) and its
+        batches."""
         dpsgd = (
             DPSGDConfig(
                 self.clip_norm,
