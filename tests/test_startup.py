@@ -105,10 +105,17 @@ def test_ledger_commands_load_no_training(command: list[str], ledger: Path) -> N
     assert _loaded(*command, str(ledger), heavy=TRAINING) == []
 
 
-def test_importing_the_flower_protocol_loads_no_homomorphic_encryption() -> None:
-    """`dpfl.engines.flower` imports its server and hospital (and so TenSEAL) only when
-    one of their names is used."""
-    code = "import sys, dpfl.engines.flower.protocol; print('tenseal' in sys.modules)"
+@pytest.mark.parametrize(
+    "module", ["dpfl.engines.flower.protocol", "dpfl.secure", "dpfl.experiments.study.config"]
+)
+def test_importing_the_protocol_the_modes_or_the_study_file_loads_no_encryption(
+    module: str,
+) -> None:
+    """TenSEAL is loaded where a sum is encrypted: `dpfl.engines.flower` imports its
+    server and hospital only when one of their names is used, and the registry of
+    secure-sum modes (which every study file's schema reads) holds `he`'s mode, not
+    TenSEAL."""
+    code = f"import sys, {module}; print('tenseal' in sys.modules)"
     shown = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert shown.stdout.strip() == "False", shown.stderr
 

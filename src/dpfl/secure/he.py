@@ -91,10 +91,9 @@ import secrets
 import struct
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import tenseal as ts
 import torch
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
@@ -102,6 +101,9 @@ from torch import Tensor
 
 from dpfl.federation.messages import Summed
 from dpfl.secure.base import Dropouts, SecureMode, dropped
+
+if TYPE_CHECKING:  # imported where used: loading TenSEAL takes a quarter second
+    import tenseal as ts
 
 __all__ = [
     "MODE",
@@ -299,6 +301,8 @@ def _chunk_len(n_params: int, slots: int, i: int) -> int:
 
 
 def _public_context(public_context: bytes) -> ts.Context:
+    import tenseal as ts
+
     context = ts.context_from(public_context, n_threads=1)
     if context.has_secret_key():
         raise HomomorphicError("this context holds the secret key; only the key holder may")
@@ -322,6 +326,8 @@ class KeyHolder:
     ) -> None:
         """New keys, or with `secret_context` (from `key_files`) the same key holder in
         another process, which decrypted up to `last_round` already."""
+        import tenseal as ts
+
         self.params = params or BFVParams()
         if secret_context is not None:
             self._context = ts.context_from(secret_context, n_threads=1)
@@ -387,6 +393,8 @@ class KeyHolder:
         """The float64 sum in an authentic sum message of this round, and whose it is; a
         sum of fewer than `at_least` (or `min_clients`) replies, or one that claims a
         reply from outside `among` (the federation's hospitals), is not decrypted."""
+        import tenseal as ts
+
         fields = _open(self._mac_key, message, _SUM)
         if len(fields) < 6:
             raise HomomorphicError("malformed sum message")
@@ -464,6 +472,8 @@ class KeyFile:
 
     @property
     def public_context(self) -> bytes:
+        import tenseal as ts
+
         if not self.secret:
             return self.context
         public: bytes = ts.context_from(self.context, n_threads=1).serialize(
@@ -504,6 +514,8 @@ class HospitalEncryptor:
 
     def encrypt(self, vector: Tensor, round_: int) -> bytes:
         """The reply message of this round: header, ciphertexts, tag."""
+        import tenseal as ts
+
         ints = self.params.encode(vector)
         slots = self.params.slots
         chunks = [  # TenSEAL takes the int64 slices as they are: no list round trip
@@ -544,6 +556,8 @@ class Aggregator:
 
     def add(self, sender: str, message: bytes) -> None:
         """Add one hospital's reply; refuses anything that is not its reply of this round."""
+        import tenseal as ts
+
         if not self._open:
             raise HomomorphicError("no round is open")
         fields = _open(self._mac_key, message, _REPLY)
