@@ -14,6 +14,7 @@ from typing import Any, Generic, TypeVar
 import numpy as np
 from numpy.random.bit_generator import ISeedSequence
 
+from dpfl.errors import InternalError
 from dpfl.local.noise import NoiseSource, SecureNoise, SeededNoise
 
 __all__ = ["Streams", "count_noise", "member_rng", "stats_noise", "stream_noise", "stream_rng"]
@@ -58,7 +59,9 @@ class _Key(ISeedSequence):
     def generate_state(self, n_words: int, dtype: Any = np.uint32) -> np.ndarray:
         wanted = np.dtype(dtype)
         if n_words * wanted.itemsize > len(self._digest):
-            raise ValueError(f"a stream key holds {len(self._digest)} bytes, not {n_words} words")
+            raise InternalError(
+                f"a stream key holds {len(self._digest)} bytes, not {n_words} words"
+            )
         # little-endian words: the same streams on every machine
         return np.frombuffer(self._digest, wanted.newbyteorder("<"), n_words).astype(wanted)
 

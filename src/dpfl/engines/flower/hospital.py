@@ -69,6 +69,7 @@ from dpfl.engines.flower.protocol import (
 from dpfl.engines.flower.roster import PREFIX, RosterError, public_text, read_identity
 from dpfl.engines.flower.sums import Protection, Work, deployed, every_deployed
 from dpfl.engines.streams import Streams, count_noise, evaluation_noise, member_rng, stream_noise
+from dpfl.errors import InternalError
 from dpfl.federation.algorithms.base import (
     Algorithm,
     HospitalContext,
@@ -802,7 +803,8 @@ def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
     """The records with their public size, a DP count released as the simulator releases
     it: charged to this hospital's account, then drawn, once; kept in its ledger and
     re-used by every later message and run over that ledger."""
-    assert run.size_noise is not None
+    if run.size_noise is None:
+        raise InternalError(f"{me.name}'s size is counted, but the study sets no size noise")
     k = sorted(run.roster.identities).index(me.name)  # its index among the run's silos
     with _ledger(me, run, silo) as book:
         register_accounts(book, [silo], 1, {me.name: (me.epsilon, me.delta)})

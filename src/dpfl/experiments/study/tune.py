@@ -50,6 +50,7 @@ from dpfl.engines.accounts import Calibration, register_accounts
 from dpfl.engines.evaluation import evaluate
 from dpfl.engines.plan import RunPlan, drawn_schedule, participations
 from dpfl.engines.simulation import SimulationResult, simulate
+from dpfl.errors import InternalError
 from dpfl.experiments.results import datasheet
 from dpfl.experiments.results.best import LOWER_IS_BETTER
 from dpfl.experiments.study import spending
@@ -346,7 +347,7 @@ def validation_split(
     if validation == "held-out":
         pairs = [held_out(s, fraction, seed) for s in silos]
         return [tuning for tuning, _ in pairs], [tested for _, tested in pairs]
-    raise ValueError(
+    raise InternalError(
         f"split by 'from-training' or 'held-out' ('official': selection_silos), not {validation!r}"
     )
 
