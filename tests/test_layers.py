@@ -164,3 +164,17 @@ def test_the_results_side_reads_the_study_file_and_runs_nothing() -> None:
             ):
                 reached.append(f"{path.relative_to(ROOT)} imports {module}")
     assert reached == []
+
+
+def test_the_package_map_names_every_folder() -> None:
+    """docs/architecture.md's package map names every folder of dpfl, so that it reads
+    true after a move."""
+    text = (ROOT.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rows = " ".join(line for line in text.splitlines() if line.startswith("| "))
+    folders = {p.parent for p in ROOT.rglob("__init__.py")} - {ROOT}
+    unnamed = [
+        str(f.relative_to(ROOT))
+        for f in sorted(folders)
+        if f"`{f.name}/`" not in rows and f"`dpfl.{f.name}`" not in rows
+    ]
+    assert unnamed == []
