@@ -292,7 +292,7 @@ def test_a_version_1_store_is_read_as_it_is_and_upgraded_keeping_its_runs(tmp_pa
         store.record_audit("old", [], [attack | {"trials": 1, "shadows": 2, "folds": 2}])
         assert read_audits(store, old).membership[0]["auc"] == 0.5  # audits: schema 4
     db = sqlite3.connect(tmp_path / STORE)
-    assert db.execute("PRAGMA user_version").fetchone() == (4,)  # through 2 and 3 to today's
+    assert db.execute("PRAGMA user_version").fetchone() == (5,)  # through 2, 3 and 4 to today's
     assert db.execute("SELECT * FROM cross_silo").fetchall() == [
         ("new", 0, 0, "a", "b", "auroc", 0.8)
     ]

@@ -287,12 +287,12 @@ def simulate(
     plan: RunPlan,
     ledger: Ledger | str | Path | None = None,
 ) -> SimulationResult:
-    """Run `plan.rounds` rounds of `algorithm` over `silos`, `plan.trials` times in one
-    stack.
+    """Run `algorithm` over `silos` as `plan` says: its rounds (`RunPlan.rounds`), its
+    trials stacked in one computation (`RunPlan.trials`).
 
     Args:
         algorithm: The federated algorithm (its server and hospital halves), at the σ it
-            runs with unless `plan.calibrate` replaces it.
+            runs with unless `RunPlan.calibrate` replaces it.
         silos: The hospitals' records; names must be unique.
         plan: What the run is asked for (`dpfl.engines.plan.RunPlan`).
         ledger: The privacy ledger, or its path (None: a new one in a temporary folder).
