@@ -13,7 +13,7 @@ key holder that is not the server decrypts the sum.
 Each is a `SecureMode` (`base`), a study file's `secure_aggregation`, declared beside its
 sum; `MODES` lists them: adding a mode adds its module and its entry there (and, where it
 deploys, its Flower halves: `dpfl.engines.flower.sums`). Nothing else in dpfl compares a
-mode's name (tests/test_secure_mode_names.py).
+mode's name (tests/test_registry_names.py).
 """
 
 from __future__ import annotations
