@@ -95,10 +95,19 @@ class DataSettings(Strict, ABC):
     `dataset` values) adds its own and says how its records are loaded."""
 
     FILES: ClassVar[Files] = "folder"
+    OWN_KEYS_WERE_OPTIONS: ClassVar[bool] = True
+    """The kind's own keys are its loader's keyword arguments, once written in
+    `[data.options]` (not a table's or images' keys, always `[data]`'s own)."""
     OPTIONS: ClassVar[tuple[str, ...]] = ()
-    """The kind's own keys that are its loader's keyword arguments, once written in
-    `[data.options]`: a dump (a stored config) and a run key hold those the study gave
-    there still, so that no run's key moves."""
+    """Those keys, each kind's own fields (set when the kind is declared): a dump (a stored
+    config) and a run key hold those the study gave under `options` still, so that no
+    run's key moves."""
+
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        own = tuple(name for name in cls.model_fields if name not in DataSettings.model_fields)
+        cls.OPTIONS = own if cls.OWN_KEYS_WERE_OPTIONS else ()
 
     dataset: str
     path: Path | None = None

@@ -48,8 +48,6 @@ class FlambyHeartDisease(DataSettings):
     """FLamby's Fed-Heart-Disease (740 patients, FLamby's split: `data.split =
     "official"`)."""
 
-    OPTIONS: ClassVar[tuple[str, ...]] = ("scaling",)
-
     dataset: Literal["flamby_heart_disease"]
     scaling: Literal["flamby", "flamby-pooled", "public"] = "flamby"
     """"flamby": each centre's training mean/std, as FLamby (not private);
@@ -65,8 +63,6 @@ class FlambyHeartDisease(DataSettings):
 class PhysioNet2012(DataSettings):
     """The PhysioNet/CinC 2012 challenge (in-hospital death), numbers scaled by declared
     public ranges, missing values zero; parsed once per process, folder and options."""
-
-    OPTIONS: ClassVar[tuple[str, ...]] = ("sets", "cache_dir")
 
     dataset: Literal["physionet2012"]
     sets: tuple[Literal["a", "b"], ...] = Field(("a", "b"), min_length=1)
@@ -92,14 +88,6 @@ def _physionet2012(folder: Path, sets: tuple[str, ...], cache_dir: str | None) -
 class Diabetes130(DataSettings):
     """Diabetes 130-US hospitals (`public_tables.diabetes130`), numbers scaled by declared
     public ranges; read once per process, folder and options."""
-
-    OPTIONS: ClassVar[tuple[str, ...]] = (
-        "one_encounter_per_patient",
-        "proxy_site_column",
-        "max_records",
-        "patient_unit",
-        "patients_fraction",
-    )
 
     dataset: Literal["diabetes130"]
     one_encounter_per_patient: bool = True
@@ -133,8 +121,6 @@ fixed map of each value, so it costs nothing."""
 class TcgaBrca(DataSettings):
     """FLamby's Fed-TCGA-BRCA: 39 clinical features (age scaled by declared bounds, the
     rest one-hot), 6 regional centres, FLamby's split (`data.split = "official"`)."""
-
-    OPTIONS: ClassVar[tuple[str, ...]] = ("task",)
 
     dataset: Literal["tcga_brca"]
     task: Literal["survival", "death_observed"] = "survival"

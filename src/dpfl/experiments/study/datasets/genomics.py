@@ -22,8 +22,6 @@ a fixed map of each value, never a statistic of the records."""
 class SignatureData(DataSettings):
     """A real expression set restricted to a published signature's genes."""
 
-    OPTIONS: ClassVar[tuple[str, ...]] = ("signature", "signatures")
-
     signature: str = "gene76"
     """The published signature (default Wang's `gene76`)."""
     signatures: str | None = None
@@ -41,8 +39,6 @@ class SignatureData(DataSettings):
 class GSE7390(SignatureData):
     """GSE7390: the signature's probesets (`gene76` is the file's 76), matched by probe
     id. The clinical columns are left out: the seeds learn from expression alone."""
-
-    OPTIONS: ClassVar[tuple[str, ...]] = ("task", *SignatureData.OPTIONS)
 
     dataset: Literal["gse7390"]
     task: Literal["metastasis", "survival"] = "metastasis"
@@ -77,16 +73,6 @@ class SyntheticBcTcga(DataSettings):
     the centre (zero). Its keys are the generator's size and effect arguments."""
 
     FILES: ClassVar[Files] = "nothing"
-    OPTIONS: ClassVar[tuple[str, ...]] = (
-        "n_normal",
-        "n_tumour",
-        "n_genes",
-        "signal_genes",
-        "n_signal",
-        "effect",
-        "missing_gene_fraction",
-        "missing_rate",
-    )
 
     dataset: Literal["synthetic_bc_tcga"]
     n_normal: int = Field(61, ge=1)

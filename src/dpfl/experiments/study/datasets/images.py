@@ -51,6 +51,8 @@ class ImagesConfig(Strict):
 class ImageData(DataSettings):
     """An image dataset: its files' format is `[data.images]`."""
 
+    OWN_KEYS_WERE_OPTIONS = False
+
     images: ImagesConfig = ImagesConfig()
     """`[data.images]`: the format of the image files."""
 

@@ -17,12 +17,6 @@ class SyntheticEhr(DataSettings):
     """Kerkouche-shaped sparse EHR of many hospitals (`dpfl.data.synthetic`)."""
 
     FILES: ClassVar[Files] = "nothing"
-    OPTIONS: ClassVar[tuple[str, ...]] = (
-        "n_hospitals",
-        "size_scale",
-        "positive_rate",
-        "codes_per_admission",
-    )
 
     dataset: Literal["synthetic_ehr"]
     n_hospitals: int = Field(314, ge=1)
@@ -58,14 +52,6 @@ class Pandemic(DataSettings):
     `privacy.accountant = "rdp"`."""
 
     FILES: ClassVar[Files] = "nothing"
-    OPTIONS: ClassVar[tuple[str, ...]] = (
-        *POPULATION,
-        "max_appearances",
-        "window",
-        "horizon",
-        "train_days",
-        "contacts",
-    )
 
     dataset: Literal["pandemic"]
     people: int = Field(20_000, ge=1)

@@ -20,6 +20,8 @@ class TableData(DataSettings):
     """The file `path`, with the keys `label` (or `time` and `event`), `classes`, `site`,
     `sites`, `features`, `[data.columns]`, `unit` and `max_records`."""
 
+    OWN_KEYS_WERE_OPTIONS = False
+
     FILES: ClassVar[Files] = "file"
 
     dataset: Literal["table"]
