@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.cli.deploy import _released
-from dpfl.engines.flower import DeploymentError
+from dpfl.engines.flower import DeploymentError, masking
 from dpfl.engines.flower.analytics import serve_stats
 from dpfl.engines.flower.he import EncryptedSum, make_key_files
 from dpfl.engines.flower.hospital import Hospital
@@ -262,4 +262,4 @@ def test_a_masked_statistics_session_needs_every_hospitals_input(
     hospital = Hospital.of(context, deployment_of, fields)
     assert hospital.run.analytics is not None
     asked = {**fields, "plan": hospital.run.analytics.plan(1), "silos": ["east"]}
-    assert hospital.masking(asked).fewest == 3
+    assert masking.session(hospital, asked).fewest == 3

@@ -62,16 +62,20 @@ def make_key_files(folder: Path) -> tuple[Path, Path]:
     return paths
 
 
+def key_file(hospital: Hospital) -> KeyFile:
+    """The hospital's HE key file (the key holder's holds the secret key)."""
+    if hospital.me.he_keys is None:
+        raise DeploymentError(
+            f"study {hospital.run.key} encrypts replies: give this hospital its he-keys file"
+        )
+    return read_key_file(hospital.me.he_keys)
+
+
 def read_key_file(path: Path) -> KeyFile:
     try:
         return KeyFile.read(path.read_bytes())
     except OSError as exc:
         raise HomomorphicError(f"cannot read the HE key file {path}: {exc}") from None
-
-
-def counter(round_: int, exchange: int, exchanges: int) -> int:
-    """The HE protocol's round number of one exchange (each exchange is one sum)."""
-    return round_ * exchanges + exchange
 
 
 # -- the hospitals' half ----------------------------------------------------------------
@@ -182,7 +186,7 @@ class Encrypted:
     resent: ClassVar[bool] = True
 
     def announced(self, hospital: Hospital) -> dict[str, Any]:
-        return {"key-holder": hospital.keys().secret}
+        return {"key-holder": key_file(hospital).secret}
 
     def refusal(self, hospital: Hospital, fields: Mapping[str, Any]) -> str | None:
         return None
@@ -190,7 +194,7 @@ class Encrypted:
     def protected(
         self, hospital: Hospital, fields: Mapping[str, Any], reply: Reply, at: int
     ) -> dict[str, Any]:
-        encrypted = hospital.keys().hospital(hospital.me.name).encrypt(reply.vector, at)
+        encrypted = key_file(hospital).hospital(hospital.me.name).encrypt(reply.vector, at)
         return {"ciphertext": encrypted}
 
     def released(

@@ -47,7 +47,6 @@ from dpfl.engines.accounts import (
     unaffordable,
 )
 from dpfl.engines.evaluation import evaluate, predictions
-from dpfl.engines.flower import he, masking
 from dpfl.engines.flower.protocol import (
     INSTANCE,
     LOG,
@@ -58,6 +57,7 @@ from dpfl.engines.flower.protocol import (
     Deployment,
     DeploymentError,
     DeploymentOf,
+    exchange_number,
     fields_of,
     held,
     keep,
@@ -75,7 +75,6 @@ from dpfl.federation.algorithms.base import (
     HospitalContext,
     Instruction,
     finite,
-    flat,
     unflat,
 )
 from dpfl.federation.messages import Encoding, decode
@@ -86,8 +85,6 @@ from dpfl.local.dpsgd import parameters_of
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, Ledger, events
 from dpfl.privacy.errors import BudgetExceededError, PrivacyError
-from dpfl.secure.he import KeyFile
-from dpfl.secure.masking import STATS_MASKING
 
 
 @dataclass(frozen=True)
@@ -275,37 +272,6 @@ class Hospital:
     def protection(self) -> Protection:
         """How this hospital's replies leave it, as its study says."""
         return deployed(self.run.summing).protection
-
-    def keys(self) -> KeyFile:
-        """This hospital's HE key file (the key holder's holds the secret key)."""
-        if self.me.he_keys is None:
-            raise DeploymentError(
-                f"study {self.run.key} encrypts replies: give this hospital its he-keys file"
-            )
-        return he.read_key_file(self.me.he_keys)
-
-    def masking(self, fields: Mapping[str, Any]) -> masking.HospitalSide:
-        """This hospital's side of the exchange's masking session; where the server states
-        a plan, a stats exchange's (`flower.analytics`: its plan's vector, in the statistics'
-        ring, unmasked only as the sum of every roster hospital's, not of as many as the
-        server's `silos`, which could then unmask a training reply nearly alone)."""
-        scheme = masking.MASKING
-        if "plan" in fields and self.run.analytics is not None:
-            fewest = len(self.run.roster.names)
-            length, scheme = self.run.analytics.length(fewest), STATS_MASKING
-        else:
-            algorithm, silos = self.algorithm(fields)
-            length = flat(parameters_of(algorithm.model)).numel()
-            fewest = algorithm.fewest_replies(len(silos))
-        return masking.HospitalSide(
-            self.state,
-            self.me.name,
-            length,
-            fewest,
-            read_identity(self.me.identity),
-            self.run.roster,
-            scheme,
-        )
 
     def algorithm(self, fields: Mapping[str, Any]) -> tuple[Algorithm, list[SiloInfo]]:
         """The study's algorithm over the run's silos (`built`), at the σ the server
@@ -516,7 +482,7 @@ class Hospital:
             # zeroed before the noise, `clipping`), so refusing it after the charge is safe
             return self.refused(round_, "its reply holds NaN or infinity: charged, not sent")
         if reply is not None:
-            at = he.counter(round_, exchange, algorithm.exchanges(silos))
+            at = exchange_number(round_, exchange, algorithm.exchanges(silos))
             out.update(self.protection.protected(self, fields, reply, at))
         calls = {"rng": rng.calls(*me), "noise": noise.calls(*me)}
         kept = {"local": local, "before": before, "at": [round_, exchange], "calls": calls}

@@ -47,10 +47,11 @@ from flwr.app import ConfigRecord, RecordDict
 from torch import Tensor
 
 from dpfl.engines.flower.protocol import Ask, DeploymentError, Exchange
-from dpfl.engines.flower.roster import Roster, RosterError
+from dpfl.engines.flower.roster import Roster, RosterError, read_identity
 from dpfl.engines.flower.sums import DeployedSum, Work
-from dpfl.federation.algorithms.base import Reply
+from dpfl.federation.algorithms.base import Reply, flat
 from dpfl.federation.messages import Summed
+from dpfl.local.dpsgd import parameters_of
 from dpfl.secure.masking import (
     MODE,
     STATS_MASKING,
@@ -351,7 +352,7 @@ class Masked:
 
     def refusal(self, hospital: Hospital, fields: Mapping[str, Any]) -> str | None:
         try:
-            hospital.masking(fields).check_cohort(fields)
+            session(hospital, fields).check_cohort(fields)
         except SecureAggregationError as exc:
             return str(exc)
         return None
@@ -359,12 +360,36 @@ class Masked:
     def protected(
         self, hospital: Hospital, fields: Mapping[str, Any], reply: Reply, at: int
     ) -> dict[str, Any]:
-        return hospital.masking(fields).masked(fields, reply.vector)
+        return session(hospital, fields).masked(fields, reply.vector)
 
     def released(
         self, hospital: Hospital, fields: Mapping[str, Any], vector: Tensor
     ) -> dict[str, Any]:
         return self.protected(hospital, fields, Reply(vector), 0)
+
+
+def session(hospital: Hospital, fields: Mapping[str, Any]) -> HospitalSide:
+    """The hospital's side of the exchange's masking session; where the server states a
+    plan, a stats exchange's (`flower.analytics`: its plan's vector, in the statistics'
+    ring, unmasked only as the sum of every roster hospital's, not of as many as the
+    server's `silos`, which could then unmask a training reply nearly alone)."""
+    scheme = MASKING
+    if "plan" in fields and hospital.run.analytics is not None:
+        fewest = len(hospital.run.roster.names)
+        length, scheme = hospital.run.analytics.length(fewest), STATS_MASKING
+    else:
+        algorithm, silos = hospital.algorithm(fields)
+        length = flat(parameters_of(algorithm.model)).numel()
+        fewest = algorithm.fewest_replies(len(silos))
+    return HospitalSide(
+        hospital.state,
+        hospital.me.name,
+        length,
+        fewest,
+        read_identity(hospital.me.identity),
+        hospital.run.roster,
+        scheme,
+    )
 
 
 def _step(step: Callable[[HospitalSide, Mapping[str, Any]], dict[str, Any]]) -> Work:
@@ -373,7 +398,7 @@ def _step(step: Callable[[HospitalSide, Mapping[str, Any]], dict[str, Any]]) -> 
     def work(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
         if not isinstance(hospital.protection, Masked):
             raise DeploymentError("this study's replies are not masked")
-        return step(hospital.masking(fields), fields)
+        return step(session(hospital, fields), fields)
 
     return work
 

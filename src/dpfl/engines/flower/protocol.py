@@ -353,6 +353,12 @@ Ask = Callable[[str, Mapping[str, Mapping[str, Any]]], dict[str, dict[str, Any]]
 """Send each named hospital its fields as a message of a kind; their replies by name."""
 
 
+def exchange_number(round_: int, exchange: int, exchanges: int) -> int:
+    """An exchange's number in the run (each exchange is one sum), as the server and each
+    hospital count it: what a secure sum's session is keyed by."""
+    return round_ * exchanges + exchange
+
+
 SCORE_BINS = 10_000
 """Bins of [0, 1] in which a hospital counts its model's test scores, by label, for the
 union of the test sets: 0.5, the decision threshold, is a bin edge."""

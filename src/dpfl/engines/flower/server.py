@@ -30,7 +30,6 @@ import torch
 from flwr.app import Message
 from flwr.serverapp import Grid
 
-from dpfl.engines.flower import he
 from dpfl.engines.flower.protocol import (
     LOG,
     PROTOCOL,
@@ -41,6 +40,7 @@ from dpfl.engines.flower.protocol import (
     Exchange,
     NodeUnavailable,
     by_reference,
+    exchange_number,
     fields_of,
     record,
     union_metrics,
@@ -542,7 +542,7 @@ class _Serving:
                 list(orders),
                 flat(result.params).numel(),
                 algorithm.fewest_replies(len(result.silos)),
-                he.counter(common["round"], common["exchange"], exchanges),
+                exchange_number(common["round"], common["exchange"], exchanges),
             )
         )
         extra = summing.instructed(list(orders))
