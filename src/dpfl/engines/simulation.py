@@ -520,8 +520,10 @@ class _Rounds:
     """Rounds whose charges were recorded: from then on their outputs may be out."""
     noted: set[int] = field(default_factory=set)
     """Rounds this process noted released."""
-    current: int = 0
-    completed: int = 0
+    current: int = field(init=False)
+    """The round under way (from `start`)."""
+    completed: int = field(init=False)
+    """The rounds completed, resumed ones included."""
     cuts: list[list[float]] | None = None
     """Each silo's thresholds per trial (None: 0.5, not reported)."""
     interrupted: bool = False
