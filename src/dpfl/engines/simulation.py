@@ -44,7 +44,6 @@ import math
 import tempfile
 import time
 import uuid
-from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -58,6 +57,7 @@ from torch import nn
 from dpfl.engines.accounts import (
     Budgets,
     Calibration,
+    Prepaid,
     affordable_rounds,
     check_plans,
     note_release,
@@ -307,19 +307,18 @@ def simulate(
             IdealSecureSum() if algorithm.needs_secure_sum else InTheClear()
         )
         book = ledger if isinstance(ledger, Ledger) else Ledger(_ledger_path(ledger))
-        run = _Simulation.planned(algorithm, silos, plan, book, summing)
+        planned = _Planned.made(algorithm, silos, plan, book, summing)
         if plan.calibrate is not None:
-            run.calibrate()
-        run.resume()
+            planned = planned.calibrated()
+        run = _Rounds(planned, _resume(planned))
         run.loop()
         return run.result()
 
 
-@dataclass
-class _Simulation:
-    """One call of `simulate`, in phases: `planned` (accounts, public sizes, the schedule),
-    `calibrate`, `resume` (from the checkpoint; the plan checked against the ledger),
-    `loop` (the rounds) and `result`."""
+@dataclass(frozen=True)
+class _Planned:
+    """What a call of `simulate` fixes before round 0: accounts registered, public sizes
+    released, every round's cohorts drawn and, with the plan's `calibrate`, σ."""
 
     plan: RunPlan
     algorithm: Algorithm
@@ -335,46 +334,21 @@ class _Simulation:
     evaluations: list[int]
     """The rounds evaluated (thresholds are released at each)."""
     rounds: int
-    """The rounds to run: fewer than asked when the budget stops the algorithm."""
-    state: _RunState | None = None
-    start: int = 0
-    history: list[dict[str, Any]] = field(default_factory=list)
-    messages: list[dict[str, Any]] = field(default_factory=list)
-    fingerprint: str = ""
-    instance: str = ""
-    run_name: str = ""
-    """The run across its instances: what the ledger notes rounds released under."""
-    paid: Counter[Any] = field(default_factory=Counter)
-    """The resumed round's charges already in the ledger (a resume of this instance)."""
-    begun: set[int] = field(default_factory=set)
-    """Rounds whose charges were recorded: from then on their outputs may be out."""
-    noted: set[int] = field(default_factory=set)
-    """Rounds this process noted released."""
-    current: int = 0
-    completed: int = 0
-    cuts: list[list[float]] | None = None
-    """Each silo's thresholds per trial (None: 0.5, not reported)."""
-    interrupted: bool = False
-    stopped_by_budget: bool = False
+    """The rounds asked for."""
 
     @property
     def infos(self) -> list[SiloInfo]:
         return [s.info for s in self.silos]
 
-    @property
-    def label(self) -> str:
-        """The label of this instance's ledger entries."""
-        return f"{self.run_name} instance {self.instance}"
-
     @classmethod
-    def planned(
+    def made(
         cls,
         algorithm: Algorithm,
         silos: Sequence[Silo],
         plan: RunPlan,
         book: Ledger,
         summing: SecureSum,
-    ) -> _Simulation:
+    ) -> _Planned:
         """Accounts registered and public sizes released (private runs), and every
         round's cohorts drawn from the seed."""
         trials, rounds = plan.trials, plan.rounds
@@ -410,11 +384,11 @@ class _Simulation:
         count = sum(r >= first for r in self.evaluations)
         return {s.name: (threshold.event(s), count) for s in self.infos}
 
-    def calibrate(self) -> None:
-        """The algorithm with the least σ that keeps each silo's scheduled rounds (and
-        its other releases) within its budget, and with the plan's `consortium` (h, ε),
-        a patient of up to h silos within ε at the plan's δ: the only place a run's σ
-        is replaced."""
+    def calibrated(self) -> _Planned:
+        """The plan with the algorithm at the least σ that keeps each silo's scheduled
+        rounds (and its other releases) within its budget, and with the plan's
+        `consortium` (h, ε), a patient of up to h silos within ε at the plan's δ: the
+        only place a run's σ is replaced."""
         calibrate, consortium = self.plan.calibrate, self.plan.consortium
         if not self.algorithm.private:
             raise ValueError("calibrate needs a private algorithm (σ > 0 to start from)")
@@ -438,88 +412,150 @@ class _Simulation:
             )
             if any(self.targets[s.name][0] is not None for s in infos):
                 least = max(least, sigmas.common())
-            self.algorithm = self.algorithm.with_noise(least)
-            return
-        self.algorithm = (
-            self.algorithm.with_silo_noise(sigmas.per_silo())
+            return dataclasses.replace(self, algorithm=self.algorithm.with_noise(least))
+        return dataclasses.replace(
+            self,
+            algorithm=self.algorithm.with_silo_noise(sigmas.per_silo())
             if calibrate == "per-silo"
-            else self.algorithm.with_noise(sigmas.common())
+            else self.algorithm.with_noise(sigmas.common()),
         )
 
-    def resume(self) -> None:
-        """The initial states, or the checkpoint's if it holds this run (a new one is
-        saved before round 0: a crash in it resumes this instance); the rounds the budget
-        affords, and the plan left checked against the ledger."""
-        s, algorithm, infos, book = self.plan, self.algorithm, self.infos, self.book
-        self.state = _initial(algorithm, infos, s.trials, s.seed, s.init)
-        self.fingerprint = _fingerprint(
-            algorithm, self.silos, s.trials, s.seed, s.research_noise, s.init, s.threshold
+
+@dataclass(frozen=True)
+class _Resumed:
+    """Where this process's rounds start (`_resume`): the run's state, history and
+    message rows at `start` (the rounds carry them on in place), the run's identity,
+    the rounds the budget affords and what the ledger already holds."""
+
+    state: _RunState
+    start: int
+    end: int
+    """The round the run stops before: the rounds asked for, fewer when the budget
+    stops the algorithm."""
+    stopped_by_budget: bool
+    history: list[dict[str, Any]]
+    messages: list[dict[str, Any]]
+    fingerprint: str
+    instance: str
+    run_name: str
+    """The run across its instances: what the ledger notes rounds released under."""
+    label: str
+    """The label of this instance's ledger entries."""
+    paid: Prepaid
+    """The resumed round's charges already in the ledger (a resume of this instance)."""
+
+
+def _resume(planned: _Planned) -> _Resumed:
+    """The initial states, or the checkpoint's if it holds this run (a new one is saved
+    before round 0: a crash in it resumes this instance); the rounds the budget affords,
+    and the plan left checked against the ledger."""
+    s, algorithm, infos, book = planned.plan, planned.algorithm, planned.infos, planned.book
+    state = _initial(algorithm, infos, s.trials, s.seed, s.init)
+    fingerprint = _fingerprint(
+        algorithm, planned.silos, s.trials, s.seed, s.research_noise, s.init, s.threshold
+    )
+    instance, resumed = uuid.uuid4().hex[:16], False
+    start, history, messages = 0, [], []
+    checkpoint = s.checkpoint_file
+    if checkpoint is not None and checkpoint.exists():
+        saved = torch.load(checkpoint, weights_only=False)
+        if saved["fingerprint"] != fingerprint:
+            raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
+        start, state = saved["round"] + 1, saved["state"]
+        history, messages = saved["history"], saved["messages"]
+        instance, resumed = saved["instance"], True
+    elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
+        _save(checkpoint, fingerprint, instance, -1, state, history, messages)
+    end, stopped_by_budget = planned.rounds, False
+    if algorithm.private and algorithm.stops_at_budget:
+        left = end - start
+        affordable = start + affordable_rounds(book, algorithm, infos, left, planned.targets)
+        if affordable <= start:
+            raise ValueError(
+                f"{algorithm.name}: no further round fits every silo's budget; a round "
+                "costs more than what is left (add noise or raise the budget)"
+            )
+        stopped_by_budget = affordable < end
+        end = min(end, affordable)
+    run_name = f"{algorithm.name} run {fingerprint[:12]}"
+    label = f"{run_name} instance {instance}"
+    paid = (
+        prepaid(book, algorithm, infos, s.trials, start, label, run_name) if resumed else Prepaid()
+    )
+    if algorithm.private:
+        left_plan = participations(planned.schedule, start, end)
+        check_plans(
+            book,
+            algorithm,
+            infos,
+            s.trials,
+            left_plan,
+            planned.targets,
+            paid,
+            planned.releases(start),
         )
-        self.instance, resumed = uuid.uuid4().hex[:16], False
-        checkpoint = s.checkpoint_file
-        if checkpoint is not None and checkpoint.exists():
-            saved = torch.load(checkpoint, weights_only=False)
-            if saved["fingerprint"] != self.fingerprint:
-                raise ValueError(f"checkpoint {checkpoint} belongs to a different run")
-            self.start, self.state = saved["round"] + 1, saved["state"]
-            self.history, self.messages = saved["history"], saved["messages"]
-            self.instance, resumed = saved["instance"], True
-        elif checkpoint is not None:  # before round 0: a crash in it resumes this instance
-            state, history, messages = self.state, self.history, self.messages
-            _save(checkpoint, self.fingerprint, self.instance, -1, state, history, messages)
-        if algorithm.private and algorithm.stops_at_budget:
-            left = self.rounds - self.start
-            affordable = self.start + affordable_rounds(book, algorithm, infos, left, self.targets)
-            if affordable <= self.start:
-                raise ValueError(
-                    f"{algorithm.name}: no further round fits every silo's budget; a round "
-                    "costs more than what is left (add noise or raise the budget)"
-                )
-            self.stopped_by_budget = affordable < self.rounds
-            self.rounds = min(self.rounds, affordable)
-        self.run_name = f"{algorithm.name} run {self.fingerprint[:12]}"
-        if resumed:
-            self.paid = prepaid(
-                book, algorithm, infos, s.trials, self.start, self.label, self.run_name
-            )
-        if algorithm.private:
-            left_plan = participations(self.schedule, self.start, self.rounds)
-            check_plans(
-                book,
-                algorithm,
-                infos,
-                s.trials,
-                left_plan,
-                self.targets,
-                self.paid,
-                self.releases(self.start),
-            )
-        self.current = self.completed = self.start
+    return _Resumed(
+        state,
+        start,
+        end,
+        stopped_by_budget,
+        history,
+        messages,
+        fingerprint,
+        instance,
+        run_name,
+        label,
+        paid,
+    )
+
+
+@dataclass
+class _Rounds:
+    """The rounds of one call of `simulate`, from the resumed start (`loop`), and their
+    `result`: the progress they make on what was planned and resumed."""
+
+    planned: _Planned
+    resumed: _Resumed
+    begun: set[int] = field(default_factory=set)
+    """Rounds whose charges were recorded: from then on their outputs may be out."""
+    noted: set[int] = field(default_factory=set)
+    """Rounds this process noted released."""
+    current: int = field(init=False)
+    """The round under way (from `start`)."""
+    completed: int = field(init=False)
+    """The rounds completed, resumed ones included."""
+    cuts: list[list[float]] | None = None
+    """Each silo's thresholds per trial (None: 0.5, not reported)."""
+    interrupted: bool = False
+
+    def __post_init__(self) -> None:
+        self.current = self.completed = self.resumed.start
 
     def record(self, charges: Sequence[tuple[Any, str | None, events.PrivacyEvent]]) -> None:
         """A hospital's ledger: `(trial, silo index)` keys its accounts (-1: the pooled
         curator, whose every event is charged to every silo)."""
-        silos, current = self.silos, self.current
+        silos, current, resumed = self.planned.silos, self.current, self.resumed
         named = [
             (account(silos[k], trial, view), event)
             for (trial, index), view, event in charges
             for k in (range(len(silos)) if index < 0 else [index])
         ]
         self.begun.add(current)  # from here on the round's outputs may be in the result
-        if self.paid and current == self.start:  # only the resumed round can have been paid
-            named = unpaid(named, self.paid, current)
+        if resumed.paid and current == resumed.start:  # only the resumed round can be paid
+            named = unpaid(named, resumed.paid, current)
         if named:
-            self.book.record_many(named, label=self.label, round=current)
+            self.planned.book.record_many(named, label=resumed.label, round=current)
 
     def mark_released(self, round_: int) -> None:
         """Note the round released in the ledger before anything holding it is written or
         returned. A round re-run on charges paid for one release, which another process
         released meanwhile (e.g. from the same checkpoint), is not released."""
-        again = self.algorithm.private and note_release(self.book, self.run_name, round_)
-        if again and self.paid and round_ == self.start and round_ not in self.noted:
+        planned, resumed = self.planned, self.resumed
+        again = planned.algorithm.private and note_release(planned.book, resumed.run_name, round_)
+        if again and resumed.paid and round_ == resumed.start and round_ not in self.noted:
             raise RuntimeError(
-                f"round {round_} of {self.run_name} was released meanwhile by another "
-                f"process while this one resumed it from {self.plan.checkpoint}; its "
+                f"round {round_} of {resumed.run_name} was released meanwhile by another "
+                f"process while this one resumed it from {planned.plan.checkpoint}; its "
                 "charges pay for one release, so this one is not released"
             )
         self.noted.add(round_)
@@ -527,7 +563,8 @@ class _Simulation:
     def loop(self) -> None:
         """The rounds from `start`, with a progress bar; Ctrl-C stops after the round
         under way, noting it released if the result may hold it."""
-        s, algorithm = self.plan, self.algorithm
+        planned, resumed = self.planned, self.resumed
+        s, algorithm = planned.plan, planned.algorithm
         bar = Progress(
             TextColumn(f"{algorithm.name}"),
             BarColumn(),
@@ -537,21 +574,23 @@ class _Simulation:
             disable=not s.progress,
             transient=False,
         )
-        curator = pool(self.silos) if algorithm.pools_data else None
+        curator = pool(planned.silos) if algorithm.pools_data else None
         # a balanced threshold's are released at evaluations, 0.5 until the first
         public = FIXED if isinstance(s.threshold, BalancedThreshold) else s.threshold
         if s.threshold != FIXED:
-            self.cuts = [[public] * s.trials for _ in self.silos]
+            self.cuts = [[public] * s.trials for _ in planned.silos]
         next_status = -math.inf
         with bar:
-            task = bar.add_task("rounds", total=self.rounds, completed=self.start, status="")
+            task = bar.add_task("rounds", total=resumed.end, completed=resumed.start, status="")
             try:
-                for round_ in range(self.start, self.rounds):
+                for round_ in range(resumed.start, resumed.end):
                     self.current = round_
                     self.round(curator)
                     if s.progress and (time.monotonic() >= next_status or self.last_round):
                         began = time.monotonic()
-                        status = _status(self.book, self.infos, s.trials, self.history, algorithm)
+                        status = _status(
+                            planned.book, planned.infos, s.trials, resumed.history, algorithm
+                        )
                         bar.update(task, status=status)
                         # every account's ε can be costly (client sampling: many histories):
                         # the status takes at most a tenth of the run, and is shown each second
@@ -565,65 +604,61 @@ class _Simulation:
 
     @property
     def last_round(self) -> bool:
-        return self.current == self.rounds - 1
+        return self.current == self.resumed.end - 1
 
     def round(self, curator: Silo | None) -> None:
         """Round `current`: its exchanges, its evaluation if due, its checkpoint."""
-        s, algorithm, current, state = self.plan, self.algorithm, self.current, self.state
-        assert state is not None, "resume() makes the initial states"
+        planned, resumed, current = self.planned, self.resumed, self.current
+        s, algorithm, silos, state = planned.plan, planned.algorithm, planned.silos, resumed.state
         rng = Streams(s.seed, current, functools.partial(member_rng, s.research_noise))
         noise = Streams(s.seed, current, functools.partial(stream_noise, s.research_noise))
-        for exchange in range(algorithm.exchanges(self.infos)):
-            self.messages += state.exchange(
-                algorithm,
-                self.silos,
-                curator,
-                current,
-                exchange,
-                rng,
-                noise,
-                self.record,
-                self.summing,
-                self.schedule,
-                s.observe,
+        for exchange in range(algorithm.exchanges(planned.infos)):
+            resumed.messages.extend(
+                state.exchange(
+                    algorithm,
+                    silos,
+                    curator,
+                    current,
+                    exchange,
+                    rng,
+                    noise,
+                    self.record,
+                    planned.summing,
+                    planned.schedule,
+                    s.observe,
+                )
             )
         if (current + 1) % s.eval_every == 0 or self.last_round:
-            models = state.models(algorithm, self.silos)
+            models = state.models(algorithm, silos)
             if isinstance(s.threshold, BalancedThreshold):
                 self.cuts = _released_thresholds(
-                    s.threshold, algorithm, models, self.silos, noise, self.record
+                    s.threshold, algorithm, models, silos, noise, self.record
                 )
-            self.history += evaluate(
-                algorithm.model, models, self.silos, current, algorithm.loss, self.cuts
+            resumed.history.extend(
+                evaluate(algorithm.model, models, silos, current, algorithm.loss, self.cuts)
             )
         checkpoint = s.checkpoint_file
         if checkpoint is not None:
             _save(
                 checkpoint,
-                self.fingerprint,
-                self.instance,
+                resumed.fingerprint,
+                resumed.instance,
                 current,
                 state,
-                self.history,
-                self.messages,
+                resumed.history,
+                resumed.messages,
                 self.mark_released,
             )
 
     def result(self) -> SimulationResult:
         """The models, metrics, accounts and traffic of the rounds completed."""
-        s, algorithm, silos, infos, state = (
-            self.plan,
-            self.algorithm,
-            self.silos,
-            self.infos,
-            self.state,
-        )
-        assert state is not None, "resume() makes the initial states"
-        completed = self.completed
+        planned, resumed = self.planned, self.resumed
+        s, algorithm, silos, infos = planned.plan, planned.algorithm, planned.silos, planned.infos
+        completed, state = self.completed, resumed.state
         shared = [server["global"] for server in state.server]
         params = _stacked(shared)
         models = state.models(algorithm, silos)
-        evaluated = [h for h in self.history if h["round"] == completed - 1] or evaluate(
+        evaluated = [h for h in resumed.history if h["round"] == completed - 1] or evaluate(
             algorithm.model, models, silos, completed - 1, algorithm.loss, self.cuts
         )
         return SimulationResult(
@@ -640,7 +675,7 @@ class _Simulation:
                 else _stacked(models[k])
                 for k, silo in enumerate(silos)
             },
-            history=self.history,
+            history=resumed.history,
             silo_metrics=[h["silos"] for h in evaluated],
             accounts=[
                 {
@@ -654,7 +689,7 @@ class _Simulation:
                 else {}
                 for r in range(s.trials)
             ],
-            messages=self.messages,
+            messages=resumed.messages,
             cross_silo=(
                 cross_evaluate(
                     algorithm.model, models, silos, completed - 1, algorithm.loss, self.cuts
@@ -662,20 +697,20 @@ class _Simulation:
                 if s.cross_silo
                 else []
             ),
-            ledger_path=self.book.path,
-            accountant=self.book.accountant,
+            ledger_path=planned.book.path,
+            accountant=planned.book.accountant,
             interrupted=self.interrupted,
-            stopped_by_budget=self.stopped_by_budget,
+            stopped_by_budget=resumed.stopped_by_budget,
             metadata={
                 "seed": s.seed,
                 "research_noise": s.research_noise,
                 "init": s.init,
-                "rounds": self.rounds,
-                "fingerprint": self.fingerprint,
-                "instance": self.instance,
+                "rounds": resumed.end,
+                "fingerprint": resumed.fingerprint,
+                "instance": resumed.instance,
                 "public_sizes": {silo.name: silo.public_size for silo in silos},
-                "released_sizes": sorted(self.counts),
-                "secure_sum": type(self.summing).__name__,
+                "released_sizes": sorted(planned.counts),
+                "secure_sum": type(planned.summing).__name__,
                 "noise_multipliers": {silo.name: algorithm.noise_of(silo.name) for silo in silos},
             },
         )
