@@ -36,7 +36,7 @@ from sklearn.metrics import roc_auc_score, roc_curve
 from torch import Tensor, nn
 from torch.func import functional_call, vmap
 
-from dpfl.engines.plan import RunPlan
+from dpfl.audit.runs import audit_plan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.messages import SecureSum
@@ -99,16 +99,7 @@ def membership_audit(
         return simulate(
             algorithm,
             [dataclasses.replace(s, x_test=None, y_test=None) for s in world],
-            RunPlan(
-                rounds=rounds,
-                trials=count,
-                seed=run_seed,
-                epsilon=epsilon_budget,
-                budgets=budgets or {},
-                delta=delta,
-                progress=False,
-                secure_sum=secure_sum,
-            ),
+            audit_plan(rounds, count, run_seed, delta, epsilon_budget, budgets, secure_sum),
             ledger=Path(scratch.name) / f"{run_seed}.sqlite",
         )
 

@@ -22,6 +22,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -118,16 +119,15 @@ def observe(
         result = simulate(
             algorithm,
             world,
-            RunPlan(
-                rounds=rounds,
-                trials=trials,
-                seed=seed,
-                epsilon=epsilon_budget,
-                budgets=budgets or {},
-                delta=delta,
-                progress=False,
+            audit_plan(
+                rounds,
+                trials,
+                seed,
+                delta,
+                epsilon_budget,
+                budgets,
+                secure_sum,
                 init="shared",
-                secure_sum=secure_sum,
                 observe=seen,
             ),
             ledger=Path(scratch) / "ledger.sqlite",
@@ -138,6 +138,31 @@ def observe(
                 epsilon = max(book.spent(account(target, r, view)).epsilon for r in range(trials))
     return Observed(
         torch.stack(rows).numpy(), torch.stack(replied).numpy(), exchanges, float(epsilon)
+    )
+
+
+def audit_plan(
+    rounds: int,
+    trials: int,
+    seed: int,
+    delta: float,
+    epsilon: float | None,
+    budgets: Mapping[str, tuple[float, float]] | None,
+    secure_sum: SecureSum | None,
+    **more: Any,
+) -> RunPlan:
+    """The plan an audit runs the study's mechanism under: its rounds, budgets and secure
+    sum, `trials` stacked runs from `seed`, without a progress bar (`more`: the rest)."""
+    return RunPlan(
+        rounds=rounds,
+        trials=trials,
+        seed=seed,
+        epsilon=epsilon,
+        budgets=budgets or {},
+        delta=delta,
+        progress=False,
+        secure_sum=secure_sum,
+        **more,
     )
 
 
