@@ -19,6 +19,7 @@ from dpfl.privacy.errors import PrivacyParameterError, UnsupportedAccountingErro
 __all__ = [
     "BalancedPoissonSampler",
     "BatchSampler",
+    "CyclicPoissonSampler",
     "PatientPoissonSampler",
     "PoissonSampler",
     "ShuffledSampler",
@@ -299,3 +300,84 @@ class PatientPoissonSampler(BatchSampler):
             steps=steps,
             neighbouring=events.Neighbouring.ADD_REMOVE_PATIENT,
         )
+
+
+class CyclicPoissonSampler(BatchSampler):
+    """Min-separated participation: the records are split into b partitions, each
+    record's drawn uniformly at random once for the whole run (`partitions`), and step t
+    (counted over the run, from `start`) samples only partition t mod b, each of its
+    records with probability p (Choquette-Choo et al., "Amplified banded matrix
+    factorization", NeurIPS 2023, Alg. 2's cyclic Poisson sampling). A record can then
+    take part at most once in any b consecutive steps, which a correlated noise
+    mechanism's sensitivity needs (`dpfl.local.mechanisms`).
+
+    With independent noise each record is in ⌈T/b⌉ of any T steps' samples at most, so
+    the T steps are ⌈T/b⌉ Poisson-sampled Gaussians at p, whichever its partition; the
+    normaliser is the expected batch p·n/b over the public size n. The partitions are
+    secret (drawn from the hospital's own randomness), and each record's is drawn on its
+    own, so adding or removing one moves no other record's."""
+
+    def __init__(
+        self,
+        partitions: np.ndarray,
+        separation: int,
+        sample_rate: float,
+        rng: np.random.Generator,
+        *,
+        public_size: int,
+        start: int = 0,
+    ) -> None:
+        partitions = np.asarray(partitions)
+        if isinstance(separation, bool) or not (isinstance(separation, int) and separation >= 1):
+            raise ValueError(f"the separation b must be an integer ≥ 1, got {separation!r}")
+        if (
+            partitions.ndim != 1
+            or not len(partitions)
+            or not (
+                np.issubdtype(partitions.dtype, np.integer)
+                and partitions.min() >= 0
+                and partitions.max() < separation
+            )
+        ):
+            raise ValueError(f"partitions must be one integer in [0, {separation}) per record")
+        if public_size < 1:
+            raise ValueError(f"the public size must be positive, got {public_size}")
+        if not 0.0 < sample_rate <= 1.0:
+            raise PrivacyParameterError(f"sample rate p must lie in (0, 1], got {sample_rate}")
+        self.dataset_size = len(partitions)
+        self.partitions = partitions
+        self.separation = separation
+        self.sample_rate = sample_rate
+        self.public_size = public_size
+        self.step = start
+        """The run's step this sampler draws next."""
+        self._rng = rng
+
+    @staticmethod
+    def draw_partitions(size: int, separation: int, rng: np.random.Generator) -> np.ndarray:
+        """Each of `size` records' partition, uniform over the b partitions and drawn on
+        its own (from a secret stream: the hospital's)."""
+        partitions: np.ndarray = rng.integers(separation, size=size)
+        return partitions
+
+    def sample(self) -> np.ndarray:
+        members = self.partitions == self.step % self.separation
+        self.step += 1
+        chosen = members & (self._rng.random(self.dataset_size) < self.sample_rate)
+        batch: np.ndarray = chosen.nonzero()[0]
+        return batch
+
+    @property
+    def expected_batch_size(self) -> float:
+        return self.sample_rate * self.public_size / self.separation
+
+    def privacy_event(self, noise_multiplier: float, steps: int) -> events.PrivacyEvent:
+        return self.event(self.sample_rate, self.separation, noise_multiplier, steps)
+
+    @staticmethod
+    def event(
+        sample_rate: float, separation: int, noise_multiplier: float, steps: int
+    ) -> events.PrivacyEvent:
+        """What `privacy_event` declares, known before any record is read: ⌈T/b⌉
+        Poisson-sampled Gaussians at p (the most samples one partition is in)."""
+        return events.poisson_gaussian(sample_rate, noise_multiplier, steps=-(-steps // separation))

@@ -214,7 +214,7 @@ def prepaid(
     checkpoint was written, and the one resumed from is an older copy) or this
     instance's entries go past it (a new run over an old ledger), re-running it is a new
     release and nothing counts as paid."""
-    if book.noted(_released(run, start)):
+    if was_released(book, run, start):
         return Counter()
     names = [
         account(s, r, view)
@@ -245,6 +245,11 @@ def note_release(book: Ledger, run: str, round_: int) -> bool:
     copy of a checkpoint can be restored, a ledger's fact cannot be taken back. True if
     the round was noted released before."""
     return book.noted(_released(run, round_), note=True)
+
+
+def was_released(book: Ledger, run: str, round_: int) -> bool:
+    """Whether the ledger notes `run`'s round `round_` released (`note_release`)."""
+    return book.noted(_released(run, round_))
 
 
 def _released(run: str, round_: int) -> str:

@@ -66,6 +66,7 @@ from dpfl.engines.accounts import (
     register_accounts,
     register_views,
     unpaid,
+    was_released,
     worst_spent,
 )
 from dpfl.engines.evaluation import chosen_thresholds, cross_evaluate, evaluate
@@ -96,6 +97,7 @@ from dpfl.files import replacing
 from dpfl.local.clipping import Params
 from dpfl.local.device import training_device
 from dpfl.local.dpsgd import parameters_of
+from dpfl.local.mechanisms import forget_streams
 from dpfl.local.noise import NoiseSource
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, EpsilonReport, Ledger, events
@@ -203,6 +205,12 @@ class _RunState:
 
     server: list[State]
     hospitals: list[dict[str, LocalState]]
+
+    def without_streams(self) -> _RunState:
+        """The states with new noise streams: the checkpoint's were continued by rounds
+        released since, and continuing them again would take that noise back out."""
+        hospitals = [{k: forget_streams(v) for k, v in h.items()} for h in self.hospitals]
+        return _RunState(self.server, hospitals)
 
     def models(self, algorithm: Algorithm, silos: Sequence[Silo]) -> list[list[Params]]:
         """Per silo, the model it uses in each trial."""
@@ -478,6 +486,8 @@ def _resume(planned: _Planned) -> _Resumed:
         stopped_by_budget = affordable < end
         end = min(end, affordable)
     run_name = f"{algorithm.name} run {fingerprint[:12]}"
+    if resumed and was_released(book, run_name, start):  # an older copy of the checkpoint
+        state = state.without_streams()
     label = f"{run_name} instance {instance}"
     paid = (
         prepaid(book, algorithm, infos, s.trials, start, label, run_name) if resumed else Prepaid()

@@ -38,6 +38,7 @@ from dpfl.local.clipping import (
 from dpfl.local.device import Placement, current
 from dpfl.local.lazy_noise import DeferredRows
 from dpfl.local.losses import Loss
+from dpfl.local.mechanisms import Correlation
 from dpfl.local.noise import NoiseSource, SecureNoise
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import events
@@ -194,19 +195,22 @@ class DPSGD:
         noises: Sequence[NoiseSource],
         steps: int,
         velocity: Params | None = None,
+        correlation: Correlation | None = None,
     ) -> StackedResult:
         """Members (silos or trials) stacked on axis 0 of `params`, each with its own data,
         sampler and noise; one `vmap`ped computation per step, or for convolutional models
         one per member (`ClippedGradientSum.stacks_members`). Each member draws its batch
         and noise exactly as a single `run` with the same sampler and noise would, and gets
         the same bits. `DPSGDAlgorithm.train` assembles the stack: members that do not
-        match, or sparse ones stacked, are a bug in dpfl (`InternalError`)."""
+        match, or sparse ones stacked, are a bug in dpfl (`InternalError`). With a
+        `correlation` each step's draws pass through its filter (correlated noise, from
+        the members' cyclic samplers), and it declares the events."""
         members = len(datasets)
         if not members == len(samplers) == len(noises) == next(iter(params.values())).shape[0]:
             raise InternalError("need one dataset, sampler and noise source per stacked member")
         if members > 1 and any(x.is_sparse for x, _ in datasets):
             raise InternalError("stacked runs need dense inputs; run sparse silos one by one")
-        return self._train(params, datasets, samplers, noises, steps, velocity)
+        return self._train(params, datasets, samplers, noises, steps, velocity, correlation)
 
     def _train(
         self,
@@ -216,6 +220,7 @@ class DPSGD:
         noises: Sequence[NoiseSource],
         steps: int,
         velocity: Params | None,
+        correlation: Correlation | None = None,
     ) -> StackedResult:
         cfg = self.config
         if cfg.optimizer == "adam" and velocity is not None:
@@ -223,9 +228,7 @@ class DPSGD:
                 "adam's state restarts at each local training; pass no velocity "
                 "(its second moment and step count are not carried between runs)"
             )
-        declared = (
-            [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers] if cfg.private else []
-        )
+        declared = declared_events(cfg, samplers, steps, correlation)
         put, device = self.placement.put, self.placement.device
         datasets = [(put(x), put(y)) for x, y in datasets]
         dtype = next(iter(params.values())).dtype
@@ -254,10 +257,20 @@ class DPSGD:
         std = cfg.noise_multiplier * cfg.clip_norm
         member_size = sum(v[0].numel() for v in params.values())
         work = len(samplers) * max(s.expected_batch_size for s in samplers) * member_size
-        deferred = self._deferred(params, transposed, datasets, samplers, noises, std)
+        deferred = self._deferred(params, transposed, datasets, samplers, noises, std, correlation)
         with torch_threads(1 if work < ONE_THREAD_BELOW else None):
             self._steps(
-                params, velocity, datasets, samplers, noises, steps, pool, scales, std, deferred
+                params,
+                velocity,
+                datasets,
+                samplers,
+                noises,
+                steps,
+                pool,
+                scales,
+                std,
+                deferred,
+                correlation,
             )
         for k in transposed:  # handed back row-major, as they came (velocity as it is)
             params[k] = params[k].contiguous()
@@ -284,6 +297,7 @@ class DPSGD:
                 ),
                 "steps": steps,
                 "event": described,
+                **({} if correlation is None else {"noise_mechanism": correlation.mechanism.name}),
                 **n.metadata(),
             }
             for s, n, described in zip(
@@ -307,11 +321,13 @@ class DPSGD:
         scales: Params,
         std: float,
         deferred: DeferredRows | None = None,
+        correlation: Correlation | None = None,
     ) -> None:
         """`steps` DP-SGD steps, updating `params` and `velocity` in place (with Adam,
         `velocity` is the first moment m; the second moment lives for this call only).
         The `deferred` weight's noise is drawn by `deferred` (see `_deferred`), and its
-        velocity, which would lack that noise, is not handed back."""
+        velocity, which would lack that noise, is not handed back. A `correlation` filters
+        each step's draws into correlated noise."""
         cfg = self.config
         clip_norm, rate, momentum = cfg.clip_norm, cfg.learning_rate, cfg.momentum
         adam = cfg.optimizer == "adam"
@@ -333,6 +349,10 @@ class DPSGD:
         device = self.placement.device
         buffer = torch.empty(members, width, dtype=dtype, device=device) if cfg.private else None
         rows = [] if buffer is None else list(zip(buffer.unbind(0), noises, strict=True))
+        if buffer is None:
+            correlation = None
+        elif correlation is not None:
+            correlation.start(width, dtype, device)
         updates, offset = [], 0
         for name, value in own.items():
             size = 0 if name == lazy else value[0].numel()
@@ -359,6 +379,8 @@ class DPSGD:
                     sums = {k: sums[k].add_(part[k]) for k in sums}
             for row, source in rows:
                 source.normal_into(row, std)
+            if correlation is not None and buffer is not None:
+                correlation.apply(buffer)
             for name, value, scale, noise in updates:
                 g = sums[name]  # a fresh tensor per step: updated in place
                 if lone:
@@ -390,15 +412,19 @@ class DPSGD:
         samplers: Sequence[BatchSampler],
         noises: Sequence[NoiseSource],
         std: float,
+        correlation: Correlation | None,
     ) -> DeferredRows | None:
         """The deferred noise of the first weight's untouched rows (`lazy_noise`) where
         that is exact: a lone member's private plain SGD (no momentum, no Adam, no weight
         decay) with a first `nn.Linear` over sparse records (`transposed`), whose loss
         reads only the model's outputs and which nothing reads between steps (a
         proximal pull acts between one-step runs, after the flush), and which is the
-        model's first module (`_first_is_linear`). None elsewhere."""
+        model's first module (`_first_is_linear`), with independent noise (a correlated
+        draw depends on the earlier ones of every row). None elsewhere."""
         cfg = self.config
-        if not (cfg.private and cfg.optimizer == "sgd" and not cfg.momentum):
+        if correlation is not None or not (
+            cfg.private and cfg.optimizer == "sgd" and not cfg.momentum
+        ):
             return None
         if len(transposed) != 1 or len(datasets) != 1:
             return None
@@ -435,6 +461,21 @@ class DPSGD:
         if len(sums) == 1:  # a view, not a copy (Kerkouche's sums are 4.9M values)
             return {k: v.unsqueeze(0) for k, v in sums[0].items()}
         return stack(sums)
+
+
+def declared_events(
+    config: DPSGDConfig,
+    samplers: Sequence[BatchSampler],
+    steps: int,
+    correlation: Correlation | None,
+) -> list[events.PrivacyEvent]:
+    """Each member's event for `steps` steps, known before the first: the samplers' for
+    independent noise, the correlation's for correlated noise (none without noise)."""
+    if not config.private:
+        return []
+    if correlation is not None:
+        return correlation.events(config.noise_multiplier)
+    return [s.privacy_event(config.noise_multiplier, steps) for s in samplers]
 
 
 def _first_is_linear(model: nn.Module, weight: str) -> bool:

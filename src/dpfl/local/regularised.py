@@ -20,7 +20,8 @@ from torch import Tensor
 from dpfl.data.sampling import BatchSampler
 from dpfl.errors import InternalError
 from dpfl.local.clipping import Params
-from dpfl.local.dpsgd import DPSGD, DPSGDConfig, StackedResult
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, StackedResult, declared_events
+from dpfl.local.mechanisms import Correlation
 from dpfl.local.noise import NoiseSource
 
 __all__ = ["ProximalDPSGD", "check_strength"]
@@ -62,19 +63,21 @@ class ProximalDPSGD:
         samplers: Sequence[BatchSampler],
         noises: Sequence[NoiseSource],
         steps: int,
+        correlation: Correlation | None = None,
     ) -> StackedResult:
         """As `DPSGD.run_stacked`, each member pulled towards its own row of `anchors`.
-        The events are declared before the first step, for all `steps` at once."""
+        The events are declared before the first step, for all `steps` at once (the one
+        `correlation`, if any, carries its filters' memory from step to step)."""
         if steps < 1:
             raise InternalError(f"need at least one step, got {steps}")
         cfg = self.trainer.config
-        declared = (
-            [s.privacy_event(cfg.noise_multiplier, steps) for s in samplers] if cfg.private else []
-        )
+        declared = declared_events(cfg, samplers, steps, correlation)
         velocity: Params | None = None
         for _ in range(steps):
             pull = {name: (v - anchors[name]).mul_(self.strength) for name, v in params.items()}
-            step = self.trainer.run_stacked(params, datasets, samplers, noises, 1, velocity)
+            step = self.trainer.run_stacked(
+                params, datasets, samplers, noises, 1, velocity, correlation
+            )
             velocity = {name: v.add_(pull[name]) for name, v in step.velocity.items()}
             params = {
                 name: v.sub_(pull[name], alpha=cfg.learning_rate) for name, v in step.params.items()

@@ -82,6 +82,7 @@ from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.files import replacing
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import parameters_of
+from dpfl.local.mechanisms import forget_streams
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, Ledger, events
 from dpfl.privacy.errors import BudgetExceededError, PrivacyError
@@ -433,8 +434,8 @@ class Hospital:
                 return self.refused(round_, why)
             names = {s.name: s for s in silos}
             cohort = tuple(names[str(n)] for n in fields["cohort"])
-            before = (
-                saved["before"]
+            before = (  # trained again from before a released exchange: a new noise stream
+                forget_streams(saved["before"])
                 if again
                 else saved.get("local", algorithm.initial_local_state(like))
             )

@@ -32,13 +32,26 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from dpfl.data.sampling import BalancedPoissonSampler, PatientPoissonSampler, PoissonSampler
+from dpfl.data.sampling import (
+    BalancedPoissonSampler,
+    CyclicPoissonSampler,
+    PatientPoissonSampler,
+    PoissonSampler,
+)
 from dpfl.errors import InternalError
 from dpfl.federation.messages import Encoding, SecureSum
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, LocalResult, parameters_of, stack
 from dpfl.local.losses import Loss
+from dpfl.local.mechanisms import (
+    STREAMS,
+    CorrelatedNoise,
+    Correlation,
+    Independent,
+    NoiseMechanism,
+    Stream,
+)
 from dpfl.local.noise import NoiseSource
 from dpfl.local.regularised import ProximalDPSGD
 from dpfl.privacy import events
@@ -348,6 +361,8 @@ class Job:
     member: Member
     velocity: Params | None = None
     anchor: Params | None = None
+    stream: str = "model"
+    """Which of the member's noise streams the training continues (correlated noise)."""
 
 
 @dataclass(frozen=True)
@@ -364,6 +379,9 @@ class DPSGDAlgorithm(Algorithm):
     """Kerkouche's downsampling (Alg. 7): each Poisson batch keeps as many records of each
     of the two classes as the rarer one has (`BalancedPoissonSampler`). One record then
     moves the clipped sum by up to 2C, so each step is charged at σ/2."""
+    noise: NoiseMechanism = dataclasses.field(default_factory=Independent)
+    """How each step's Gaussian noise is drawn (`dpfl.local.mechanisms`): independent, or
+    correlated over the run with the batches the mechanism needs."""
 
     silo_noise_allowed: ClassVar[bool] = True
     balances_batches: ClassVar[bool] = True
@@ -379,6 +397,11 @@ class DPSGDAlgorithm(Algorithm):
             raise ValueError(f"{self.name}'s silos cannot have noise multipliers of their own")
         if any(not sigma > 0 for _, sigma in self.silo_noise):
             raise ValueError(f"every silo's noise multiplier must be > 0, got {self.silo_noise}")
+        if self.balanced and self.noise.correlated:
+            raise ValueError(
+                f"{self.noise.name} noise needs cyclic batches: balanced batches downsample "
+                "them, which its analysis does not cover"
+            )
 
     @property
     def private(self) -> bool:
@@ -442,6 +465,11 @@ class DPSGDAlgorithm(Algorithm):
     def training_event(self, silo: SiloInfo) -> events.PrivacyEvent:
         """One `train` of the silo: `local_steps` Poisson DP-SGD steps, as its sampler
         will declare them (over patients where the unit is the patient)."""
+        if isinstance(self.noise, CorrelatedNoise):
+            self._check_correlated(silo)
+            return self.noise.event(
+                self.sample_rate(silo), self.noise_of(silo.name), self.local_steps(silo), silo.name
+            )
         if silo.patient_level:
             self._check_patient_level(silo.name)
             return PatientPoissonSampler.event(
@@ -466,6 +494,15 @@ class DPSGDAlgorithm(Algorithm):
                 "has no patient-level analysis"
             )
 
+    def _check_correlated(self, silo: SiloInfo) -> None:
+        """Refuse a silo that correlated noise's min-separated analysis does not cover."""
+        if silo.patient_level or silo.appearances > 1:
+            raise ValueError(
+                f"{self.noise.name} noise is analysed for one record per person in cyclic "
+                f"batches, but silo {silo.name!r} protects a person with several records: "
+                'use independent noise (algorithm.noise = "independent")'
+            )
+
     def sampler_of(
         self, silo: Silo, rng: np.random.Generator
     ) -> PoissonSampler | PatientPoissonSampler:
@@ -484,6 +521,36 @@ class DPSGDAlgorithm(Algorithm):
         return PoissonSampler(
             silo.size, rate, rng, public_size=public, appearances=silo.appearances
         )
+
+    def _correlated(self, jobs: Sequence[Job], steps: int) -> _Correlated | None:
+        """The correlated noise of the jobs' training (None for independent noise): each
+        member's stream from its hospital's state, begun on its first training."""
+        noise = self.noise
+        if not isinstance(noise, CorrelatedNoise):
+            return None
+        streams, samplers, rates = [], [], []
+        for job in jobs:
+            silo, ctx = job.member.silo, job.member.ctx
+            self._check_correlated(silo.info)
+            rate, rng = self.sample_rate(silo), ctx.rng()
+            kept: dict[str, Stream] = job.member.state.setdefault(STREAMS, {})
+            if job.stream not in kept:
+                kept[job.stream] = noise.new_stream(silo.size, rate, silo.name, rng)
+            stream = kept[job.stream]
+            if len(stream["partitions"]) != silo.size:
+                raise ValueError(
+                    f"silo {silo.name!r} holds {silo.size} records, but its noise stream was "
+                    f"begun on {len(stream['partitions'])}: a run's records cannot change"
+                )
+            noise.check_stream(stream["step"], steps)
+            streams.append(stream)
+            rates.append(rate)
+            samplers.append(
+                noise.sampler(stream, rate, rng, public_size=silo.declared_size, who=silo.name)
+            )
+        names = [job.member.silo.name for job in jobs]
+        memories = [stream["memory"] for stream in streams]
+        return _Correlated(streams, samplers, Correlation(noise, rates, names, steps, memories))
 
     def train(
         self,
@@ -514,17 +581,27 @@ class DPSGDAlgorithm(Algorithm):
                 ctxs = [job.member.ctx for job in chosen]
                 start = stack([job.start for job in chosen])
                 data = [(silo.x, silo.y) for silo in silos]
-                samplers = [
-                    self.sampler_of(silo, ctx.rng()) for silo, ctx in zip(silos, ctxs, strict=True)
-                ]
+                correlated = self._correlated(chosen, steps) if own.private else None
+                samplers = (
+                    [self.sampler_of(s, ctx.rng()) for s, ctx in zip(silos, ctxs, strict=True)]
+                    if correlated is None
+                    else correlated.samplers
+                )
+                correlation = None if correlated is None else correlated.correlation
                 noises = [ctx.noise() for ctx in ctxs]
                 if proximal is None:
                     velocity = _stacked([job.velocity for job in chosen])
-                    outcome = trainer.run_stacked(start, data, samplers, noises, steps, velocity)
+                    outcome = trainer.run_stacked(
+                        start, data, samplers, noises, steps, velocity, correlation
+                    )
                 else:
                     anchors = _stacked([job.anchor for job in chosen])
                     assert anchors is not None  # every job of an anchored run has one
-                    outcome = proximal.run_stacked(start, anchors, data, samplers, noises, steps)
+                    outcome = proximal.run_stacked(
+                        start, anchors, data, samplers, noises, steps, correlation
+                    )
+                if correlated is not None:
+                    correlated.advance()
                 if charge_events and outcome.events:
                     charge(list(zip(ctxs, outcome.events, strict=True)))
                 for j, i in enumerate(batch):
@@ -538,6 +615,22 @@ class DPSGDAlgorithm(Algorithm):
         if len(done) != len(jobs):
             raise InternalError(f"{len(jobs) - len(done)} of {len(jobs)} jobs were not trained")
         return done
+
+
+@dataclass
+class _Correlated:
+    """One stacked training's correlated noise: the members' streams, the cyclic samplers
+    that continue them and the filter that carries their memory."""
+
+    streams: list[Stream]
+    samplers: list[CyclicPoissonSampler]
+    correlation: Correlation
+
+    def advance(self) -> None:
+        """Write each member's progress back into its stream (its hospital's state)."""
+        memories = self.correlation.memories()
+        for stream, sampler, memory in zip(self.streams, self.samplers, memories, strict=True):
+            stream["step"], stream["memory"] = sampler.step, memory
 
 
 @dataclass(frozen=True)

@@ -69,6 +69,13 @@ from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.privacy import events
 
+CORRELATED_SHARES = (
+    "each hospital's noise is a 1/√K share of the secure sum's, which stays noise "
+    "correlated by one strategy only if every hospital's stream advances at every round, "
+    "and a dropped reply breaks that: dpfl does not keep them in step"
+)
+"""Why fedsgd_secure's noise is independent (`algorithm.noise`)."""
+
 
 @dataclass(frozen=True)
 class FedSGDSecure(DPSGDAlgorithm):
@@ -103,6 +110,8 @@ class FedSGDSecure(DPSGDAlgorithm):
             raise ValueError(f"tolerated_dropouts must be ≥ 0, got {self.tolerated_dropouts}")
         if len(set(self.roster)) != len(self.roster):
             raise ValueError(f"fedsgd_secure's roster names a hospital twice: {self.roster}")
+        if self.noise.correlated:
+            raise ValueError(f"fedsgd_secure's noise must be independent: {CORRELATED_SHARES}")
         if self.dpsgd.optimizer != "sgd":
             raise ValueError(
                 "fedsgd_secure's hospitals reply one plain noisy step for the secure sum to "
@@ -224,6 +233,7 @@ class FedSGDSecureSettings(DPSGDSettings):
     algorithm: ClassVar[type[Algorithm]] = FedSGDSecure
     exclusive: ClassVar[frozenset[str]] = frozenset({"tolerated_dropouts"})
     refuses_adam: ClassVar[str] = "its hospitals reply one plain noisy step for the secure sum"
+    refuses_noise: ClassVar[str] = CORRELATED_SHARES
 
     name: Literal["fedsgd_secure"]
     tolerated_dropouts: int = Field(0, ge=0)

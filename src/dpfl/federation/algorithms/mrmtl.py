@@ -44,9 +44,10 @@ def train_personal(
     algorithm: DPSGDAlgorithm, members: Sequence[Member], strength: float
 ) -> list[LocalResult]:
     """Each member's personal model, trained with its steps pulled towards the model it
-    was sent (MR-MTL's w̄, Ditto's global model)."""
+    was sent (MR-MTL's w̄, Ditto's global model), continuing its own noise stream."""
     return algorithm.train(
-        [Job(m.state["model"], m, anchor=received(m)) for m in members], strength=strength
+        [Job(m.state["model"], m, anchor=received(m), stream="personal") for m in members],
+        strength=strength,
     )
 
 

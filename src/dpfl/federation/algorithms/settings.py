@@ -22,6 +22,7 @@ from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import Loss
+from dpfl.local.mechanisms import IndependentSettings, MechanismSettings
 
 LossName = Literal["bce", "cross_entropy", "focal", "weighted_bce", "logistic_hazard", "cox"]
 Weighting = Literal["size", "uniform"] | None
@@ -58,6 +59,8 @@ class DPSGDSettings(BaseModel, ABC):
     """The algorithm these settings build, whose class facts a study checks."""
     refuses_adam: ClassVar[str] = ""
     """Why the algorithm cannot take Adam's steps, if it cannot."""
+    refuses_noise: ClassVar[str] = ""
+    """Why the algorithm's noise cannot be other than independent, if it cannot."""
     exclusive: ClassVar[frozenset[str]] = frozenset()
     """Its own settings that a study of another algorithm may not set (off their
     default): they would silently do nothing there."""
@@ -81,6 +84,10 @@ class DPSGDSettings(BaseModel, ABC):
     since one record then moves the clipped sum by up to 2C)."""
     positive_weight: float = Field(1.0, gt=0)
     """weighted_bce's weight of the positive class."""
+    noise: MechanismSettings = IndependentSettings()
+    """How each DP-SGD step's noise is drawn (`dpfl.local.mechanisms`): "independent"
+    (DP-SGD's), "bandmf" or "blt" (correlated over the run), by name or as a table with
+    the mechanism's settings (`[algorithm.noise] mechanism = "bandmf"`, `band = 8`)."""
 
     @model_validator(mode="before")
     @classmethod
@@ -135,6 +142,11 @@ class DPSGDSettings(BaseModel, ABC):
                 )
         if self.sampling == "balanced" and not getattr(self.algorithm, "balances_batches", False):
             raise ValueError(f"algorithm.sampling: {self.name} cannot draw balanced batches")
+        if self.refuses_noise and not isinstance(self.noise, IndependentSettings):
+            raise ValueError(
+                f"algorithm.noise {self.noise.mechanism!r} is not for {self.name}: "
+                f"{self.refuses_noise}"
+            )
         return self
 
     @abstractmethod
@@ -166,6 +178,7 @@ class DPSGDSettings(BaseModel, ABC):
             "dpsgd": dpsgd,
             "expected_batch_size": self.expected_batch_size,
             "balanced": self.sampling == "balanced",
+            "noise": self.noise.build(parts.rounds),
         }
 
 

@@ -1,0 +1,24 @@
+"""Independent Gaussian noise: DP-SGD's own, N(0, σ²C²) on each step's clipped sum,
+drawn afresh at every step. It adds nothing to the sampler, whose event is the run's
+(the default mechanism: a run that names none is exactly DP-SGD)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Literal
+
+from dpfl.local.mechanisms.base import NoiseMechanism, NoiseSettings
+
+
+@dataclass(frozen=True)
+class Independent(NoiseMechanism):
+    name: ClassVar[str] = "independent"
+    correlated: ClassVar[bool] = False
+    described: ClassVar[str] = "independent Gaussian noise σC on each step's sum (DP-SGD)"
+
+
+class IndependentSettings(NoiseSettings):
+    mechanism: Literal["independent"] = "independent"
+
+    def build(self, trainings: int) -> Independent:
+        return Independent(trainings)
