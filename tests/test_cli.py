@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import re
@@ -75,6 +76,34 @@ def test_calibrate_json_meets_the_target() -> None:
     event = events.poisson_gaussian(0.02, sigma, steps=500)
     assert epsilon(event, 1e-5, "rdp").epsilon <= 2.0
     assert data["epsilon"] == epsilon(event, 1e-5, "rdp").epsilon
+
+
+@pytest.mark.parametrize(
+    ("options", "event_of"),
+    [
+        (["-m", "bandmf", "--band", "8"], lambda s: events.poisson_gaussian(0.08, s, steps=63)),
+        (["-m", "blt", "--buffers", "2"], None),
+    ],
+)
+def test_epsilon_and_calibrate_take_the_noise_mechanism(
+    options: list[str], event_of: Callable[[float], events.PrivacyEvent] | None
+) -> None:
+    """bandmf's T = 500 steps at q = 0.01 and b = 8 are ⌈500/8⌉ = 63 Poisson-sampled
+    Gaussians at b·q (written out here); blt's, the mechanism's own event."""
+    from dpfl.local.mechanisms import mechanism
+
+    if event_of is None:
+        event_of = functools.partial(mechanism("blt", buffers=2).event, 0.01, steps=500)
+    base = ["-d", "1e-5", "-q", "0.01", "-T", "500", "--accountant", "rdp", "--json", *options]
+    sigma = _json(["privacy", "calibrate", "-e", "2", *base])["noise_multiplier"]
+    assert epsilon(event_of(sigma), 1e-5, "rdp").epsilon <= 2.0
+    assert epsilon(event_of(sigma * 0.999), 1e-5, "rdp").epsilon > 2.0
+    shown = _json(["privacy", "epsilon", "-s", "3", *base])["epsilon"]
+    assert shown == epsilon(event_of(3.0), 1e-5, "rdp").epsilon
+    independent = _json(["privacy", "epsilon", "-s", "3", *base[: -len(options)]])["epsilon"]
+    assert independent != shown
+    wrong = runner.invoke(app, ["privacy", "epsilon", "-s", "1", *base, "-m", "tree"])
+    assert wrong.exit_code == 2 and "unknown noise mechanism 'tree'" in wrong.output
 
 
 def test_max_steps_json() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.markup import escape
@@ -32,6 +32,28 @@ SizeOpt = Annotated[
     int | None, typer.Option("--dataset-size", "-n", help="Records at the silo: warns if δ > 1/n.")
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+MechanismOpt = Annotated[
+    str,
+    typer.Option(
+        "--mechanism",
+        "-m",
+        help="The noise mechanism: independent (DP-SGD), bandmf or blt (correlated; "
+        "the T steps as one run).",
+    ),
+]
+BandOpt = Annotated[
+    int | None, typer.Option("--band", help="bandmf's bands b (default 4): needs b·q ≤ 1.")
+]
+BuffersOpt = Annotated[int | None, typer.Option("--buffers", help="blt's buffers (default 4).")]
+
+
+def _event_of(mechanism: str, band: int | None, buffers: int | None) -> Any:
+    """σ ↦ the privacy event of T steps at rate q under the named mechanism."""
+    from dpfl.local.mechanisms import mechanism as named
+
+    settings = {k: v for k, v in (("band", band), ("buffers", buffers)) if v is not None}
+    chosen = named(mechanism, **settings)
+    return chosen.event
 
 
 @app.command("epsilon")
@@ -43,14 +65,18 @@ def epsilon_command(
     accountant: AccountantOpt = None,
     dataset_size: SizeOpt = None,
     json: JsonOpt = False,
+    mechanism: MechanismOpt = "independent",
+    band: BandOpt = None,
+    buffers: BuffersOpt = None,
 ) -> None:
-    """ε after T Poisson-sampled DP-SGD steps (add/remove-one neighbouring)."""
-    from dpfl.privacy import Accountant, epsilon, events
+    """ε after T DP-SGD steps at rate q (add/remove-one neighbouring): Poisson-sampled with
+    independent noise, or with a correlated mechanism's batches and noise."""
+    from dpfl.privacy import Accountant, epsilon
     from dpfl.privacy.accounting import check_delta
 
     with reported_errors():
         check_delta(delta, dataset_size=dataset_size)
-        event = events.poisson_gaussian(sample_rate, noise_multiplier, steps=steps)
+        event = _event_of(mechanism, band, buffers)(sample_rate, noise_multiplier, steps)
         chosen = epsilon(event, delta, accountant)
         if json:
             print_json(_report_json(chosen))
@@ -153,23 +179,28 @@ def calibrate_command(
     ] = 1e-4,  # calibration.NOISE_TOLERANCE (tests/test_startup.py): not imported for --help
     dataset_size: SizeOpt = None,
     json: JsonOpt = False,
+    mechanism: MechanismOpt = "independent",
+    band: BandOpt = None,
+    buffers: BuffersOpt = None,
 ) -> None:
-    """The smallest noise multiplier σ that keeps T DP-SGD steps within (ε, δ)."""
-    from dpfl.privacy import calibration, epsilon, events
+    """The smallest noise multiplier σ that keeps T DP-SGD steps within (ε, δ), under the
+    noise mechanism chosen (independent noise by default)."""
+    from dpfl.privacy import calibration, epsilon
     from dpfl.privacy.accounting import check_delta, parse_accountant
 
     with reported_errors():
         check_delta(delta, dataset_size=dataset_size)
         chosen = None if accountant is None else parse_accountant(accountant)
-        sigma = calibration.calibrate_dpsgd_noise(
+        event_of = _event_of(mechanism, band, buffers)
+        event_of(sample_rate, 1.0, steps)  # validate q, T and the mechanism up front
+        sigma = calibration.calibrate_noise(
             target_epsilon,
             delta,
-            sample_rate=sample_rate,
-            steps=steps,
+            lambda s: event_of(sample_rate, s, steps),
             accountant=chosen,
             tolerance=tolerance,
         )
-        report = epsilon(events.poisson_gaussian(sample_rate, sigma, steps=steps), delta, chosen)
+        report = epsilon(event_of(sample_rate, sigma, steps), delta, chosen)
         # Shown rounded up: σ rounded to nearest could fall below the least σ that meets ε.
         shown = math.ceil(sigma * 10**4) / 10**4
         text = f"noise multiplier σ = {shown:.4f}"

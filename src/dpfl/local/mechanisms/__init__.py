@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 from typing import TYPE_CHECKING, Annotated, Any, Union, get_args
 
-from pydantic import BeforeValidator, Field
+from pydantic import BeforeValidator, Field, ValidationError
 
 from dpfl.local.mechanisms.base import (
     STREAMS,
@@ -38,6 +38,20 @@ SETTINGS: dict[str, type[NoiseSettings]] = _declared()
 """Every mechanism's settings by the name a study gives it (`algorithm.noise`)."""
 
 
+def mechanism(name: str, trainings: int = 1, **settings: Any) -> NoiseMechanism:
+    """The mechanism `name` with `settings`, for `trainings` trainings (one: a run of one
+    training, as `dpfl privacy` accounts it); bad input is one ValueError line."""
+    if name not in SETTINGS:
+        raise ValueError(f"unknown noise mechanism {name!r} (one of: {', '.join(SETTINGS)})")
+    try:
+        chosen = SETTINGS[name].model_validate({"mechanism": name, **settings})
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise ValueError(f"noise mechanism {name!r}: {where}: {first['msg']}") from None
+    return chosen.build(trainings)
+
+
 def _named(raw: Any) -> Any:
     """`noise = "bandmf"` is `[algorithm.noise] mechanism = "bandmf"` with its defaults."""
     return {"mechanism": raw} if isinstance(raw, str) else raw
@@ -66,4 +80,5 @@ __all__ = [
     "NoiseSettings",
     "Stream",
     "forget_streams",
+    "mechanism",
 ]

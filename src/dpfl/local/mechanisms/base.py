@@ -70,6 +70,13 @@ class NoiseMechanism(ABC):
         ):
             raise ValueError(f"a run plans at least one training, got {self.trainings!r}")
 
+    @abstractmethod
+    def event(
+        self, rate: float, noise_multiplier: float, steps: int, who: str = "the silo"
+    ) -> events.PrivacyEvent:
+        """What one training of `steps` steps costs a record of a silo `who` whose records
+        are sampled at q = `rate` (one record per person, each in one record)."""
+
 
 class NoiseSettings(BaseModel, ABC):
     """A study's `algorithm.noise`: the mechanism by name (`mechanism`) and its settings,
@@ -98,12 +105,6 @@ class CorrelatedNoise(NoiseMechanism):
     @abstractmethod
     def partition_rate(self, rate: float, who: str) -> float:
         """p: the probability that a record of the step's partition is in its batch."""
-
-    @abstractmethod
-    def event(
-        self, rate: float, noise_multiplier: float, steps: int, who: str = "the silo"
-    ) -> events.PrivacyEvent:
-        """What one training of `steps` steps costs a record of a silo `who` at rate q."""
 
     @abstractmethod
     def noise_filter(self, rate: float, steps: int) -> tuple[np.ndarray, np.ndarray]:

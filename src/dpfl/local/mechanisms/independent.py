@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import ClassVar, Literal
 
 from dpfl.local.mechanisms.base import NoiseMechanism, NoiseSettings
+from dpfl.privacy import events
 
 
 @dataclass(frozen=True)
@@ -15,6 +16,13 @@ class Independent(NoiseMechanism):
     name: ClassVar[str] = "independent"
     correlated: ClassVar[bool] = False
     described: ClassVar[str] = "independent Gaussian noise σC on each step's sum (DP-SGD)"
+
+    def event(
+        self, rate: float, noise_multiplier: float, steps: int, who: str = "the silo"
+    ) -> events.PrivacyEvent:
+        """Poisson DP-SGD's (the algorithm's own sampler declares its variants: balanced
+        batches, patients, records in several rows)."""
+        return events.poisson_gaussian(rate, noise_multiplier, steps=steps)
 
 
 class IndependentSettings(NoiseSettings):
