@@ -145,7 +145,7 @@ def test_what_the_analysis_does_not_cover_is_refused() -> None:
     patients = _silos(units=True)
     with pytest.raises(ValueError, match="protects a person with several records"):
         simulate(_fedavg(BandedMF(2)), patients, RunPlan(rounds=2, progress=False))
-    with pytest.raises(ValueError, match="b·q = .* > 1"):
+    with pytest.raises(ValueError, match=r"b·q = .* > 1"):
         simulate(_fedavg(BandedMF(2, band=40)), _silos(), RunPlan(rounds=2, progress=False))
     with pytest.raises(ValueError, match="fedsgd_secure's noise must be independent"):
         FedSGDSecure(model=logistic_regression(30), loss=bce, dpsgd=CONFIG, noise=BLT(2))

@@ -14,6 +14,7 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
+from scipy.signal import lfilter
 
 from dpfl.data.sampling import CyclicPoissonSampler
 from dpfl.federation.algorithms import SETTINGS
@@ -145,8 +146,6 @@ def test_the_correlated_noise_is_the_inverse_strategy_of_the_draws_across_traini
         n = 2 * steps
         impulse = np.zeros(n)
         impulse[0] = 1
-        from scipy.signal import lfilter
-
         column = lfilter(numerator, denominator, impulse)
         inverse = _dense_toeplitz(column, n)
         if isinstance(noise, BandedMF):
@@ -175,7 +174,7 @@ def test_a_study_names_a_mechanism_with_one_key_and_its_settings_are_checked() -
     with pytest.raises(ValueError, match="band"):
         fedavg.model_validate({"name": "fedavg", "noise": {"mechanism": "bandmf", "band": 0}})
     for refuses in ("fedsgd_secure", "aop"):
-        with pytest.raises(ValueError, match="algorithm.noise 'bandmf' is not for"):
+        with pytest.raises(ValueError, match=r"algorithm\.noise 'bandmf' is not for"):
             SETTINGS[refuses].model_validate({"name": refuses, "noise": "bandmf"})
     assert set(MECHANISMS) == {"independent", "bandmf", "blt"}
     assert mechanism("independent") == Independent()
