@@ -33,12 +33,12 @@ SizeOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 MechanismOpt = Annotated[
-    str,
+    str | None,
     typer.Option(
         "--mechanism",
         "-m",
-        help="The noise mechanism: independent (DP-SGD), bandmf or blt (correlated; "
-        "the T steps as one run).",
+        help="The noise mechanism: independent (DP-SGD, the default), bandmf or blt "
+        "(correlated; the T steps as one run).",
     ),
 ]
 BandOpt = Annotated[
@@ -47,13 +47,17 @@ BandOpt = Annotated[
 BuffersOpt = Annotated[int | None, typer.Option("--buffers", help="blt's buffers (default 4).")]
 
 
-def _event_of(mechanism: str, band: int | None, buffers: int | None) -> Any:
-    """σ ↦ the privacy event of T steps at rate q under the named mechanism."""
+def _event_of(mechanism: str | None, band: int | None, buffers: int | None) -> Any:
+    """(q, σ, T) ↦ the privacy event of T steps at rate q under the named mechanism (by
+    default DP-SGD's, without loading the training code the others live beside)."""
+    settings = {k: v for k, v in (("band", band), ("buffers", buffers)) if v is not None}
+    if mechanism is None and not settings:
+        from dpfl.privacy import events
+
+        return lambda q, sigma, steps: events.poisson_gaussian(q, sigma, steps=steps)
     from dpfl.local.mechanisms import mechanism as named
 
-    settings = {k: v for k, v in (("band", band), ("buffers", buffers)) if v is not None}
-    chosen = named(mechanism, **settings)
-    return chosen.event
+    return named(mechanism or "independent", **settings).event
 
 
 @app.command("epsilon")
@@ -65,7 +69,7 @@ def epsilon_command(
     accountant: AccountantOpt = None,
     dataset_size: SizeOpt = None,
     json: JsonOpt = False,
-    mechanism: MechanismOpt = "independent",
+    mechanism: MechanismOpt = None,
     band: BandOpt = None,
     buffers: BuffersOpt = None,
 ) -> None:
@@ -179,7 +183,7 @@ def calibrate_command(
     ] = 1e-4,  # calibration.NOISE_TOLERANCE (tests/test_startup.py): not imported for --help
     dataset_size: SizeOpt = None,
     json: JsonOpt = False,
-    mechanism: MechanismOpt = "independent",
+    mechanism: MechanismOpt = None,
     band: BandOpt = None,
     buffers: BuffersOpt = None,
 ) -> None:
