@@ -4,6 +4,7 @@ at a time; charges come before replies; the secure-sum seam is honoured."""
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -28,6 +29,8 @@ from dpfl.federation.algorithms import (
 from dpfl.federation.algorithms.centralized import POOL, pool
 from dpfl.federation.messages import Summed
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.local.mechanisms.bandmf import BandedMF
+from dpfl.local.mechanisms.blt import BLT
 from dpfl.local.noise import SeededNoise
 from dpfl.privacy import Ledger, events
 from dpfl.secure import IdealSecureSum, InTheClear, plain_sum
@@ -77,11 +80,36 @@ def _same(a: Any, b: Any) -> bool:
     return bool(a == b)
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+CORRELATED = {
+    f"{name}+{noise.name}": (name, noise)
+    for name, noise in [
+        ("fedavg", BandedMF(3, band=2)),
+        ("cyclic", BLT(3, buffers=2)),
+        ("mrmtl", BandedMF(3, band=3)),
+        ("ditto", BLT(3, buffers=2)),
+        ("finetune", BandedMF(3, band=2)),
+        ("local", BLT(3, buffers=1)),
+        ("centralized", BandedMF(3, band=4)),
+    ]
+}
+"""Every algorithm that takes correlated noise, with one of the mechanisms."""
+
+
+def _algorithm(name: str) -> Algorithm:
+    """A registered algorithm by its golden settings, or one of them with `CORRELATED`
+    noise."""
+    if name in CORRELATED:
+        base, noise = CORRELATED[name]
+        return dataclasses.replace(ALGORITHMS[base](), noise=noise)  # type: ignore[type-var]
+    return ALGORITHMS[name]()
+
+
+@pytest.mark.parametrize("name", sorted(ALGORITHMS) + sorted(CORRELATED))
 def test_the_hospital_half_batched_equals_one_hospital_at_a_time(
     name: str, breast_cancer_silos: Callable[[int], list[Silo]]
 ) -> None:
-    algorithm, silos = ALGORITHMS[name](), breast_cancer_silos(3)
+    """With correlated noise, its secret stream (kept in the local state) too."""
+    algorithm, silos = _algorithm(name), breast_cancer_silos(3)
     together: Charges = []
     batched = algorithm.client_updates(_members(algorithm, silos, 2, together))
     alone: Charges = []
@@ -100,13 +128,13 @@ def test_the_hospital_half_batched_equals_one_hospital_at_a_time(
     assert together or not algorithm.private
 
 
-@pytest.mark.parametrize("name", sorted(ALGORITHMS))
+@pytest.mark.parametrize("name", sorted(ALGORITHMS) + sorted(CORRELATED))
 def test_one_more_record_changes_no_declared_event(
     name: str, breast_cancer_silos: Callable[[int], list[Silo]]
 ) -> None:
     """The record count is private: with the public sizes fixed, a hospital holding one
     more record declares and charges exactly the same events."""
-    algorithm, silos = ALGORITHMS[name](), breast_cancer_silos(3)
+    algorithm, silos = _algorithm(name), breast_cancer_silos(3)
     first = silos[0]
     grown = Silo(
         first.name,
