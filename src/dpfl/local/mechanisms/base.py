@@ -193,31 +193,33 @@ class Correlation:
             )
         self.memory = torch.stack(memory)
         self._head = 0
+        self._slots = self.memory.unbind(1)
         coefficients = self._coefficients.to(device, dtype)
-        self._gain = coefficients[0, :, :1]  # [members, 1]: n₀
-        # per head h, each slot k's coefficient: slot k holds s_i, i = (k − h) mod order + 1
-        taps = coefficients[:, :, 1:]
-        self._ring = [taps.roll(h, dims=2).unsqueeze(-1) for h in range(self.order)]
-        # the draws, kept for the numerator's pass where it has more than n₀
-        self._draws = torch.empty_like(self.memory[:, 0]) if bool(taps[0].any()) else None
+        self._gain = coefficients[0, :, :1]  # n₀, [members, 1]
+        taps = coefficients[:, :, 1:].unsqueeze(-1)  # [2, members, order, 1]
+        # per head h, slot k's taps: slot k holds s_i, i = (k − h) mod order + 1
+        self._ring = [taps.roll(h, dims=2).unbind(0) for h in range(self.order)]
+        # the draws [members, 1, width], kept for the numerator's pass where it has more
+        # than n₀
+        self._draws = torch.empty_like(self.memory[:, :1]) if bool(taps[0].any()) else None
 
     def apply(self, rows: Tensor) -> None:
         """Replace the draws `rows` [members, width] by the correlated noise, in place."""
         if self.memory is None:
             raise InternalError("Correlation.apply before start")
-        if self._draws is not None:
-            self._draws.copy_(rows)
-        rows.mul_(self._gain)
         if not self.order:
+            rows.mul_(self._gain)
             return
-        state, head = self.memory, self._head
-        rows.add_(state[:, head])  # w = n₀z + s₁
-        state[:, head].zero_()  # s₁'s slot becomes s_order's, which has no sᵢ₊₁
-        self._head = head = (head + 1) % self.order
-        numerator, denominator = self._ring[head]
         if self._draws is not None:
-            state.addcmul_(numerator, self._draws.unsqueeze(1))
-        state.addcmul_(denominator, rows.unsqueeze(1), value=-1)
+            self._draws[:, 0].copy_(rows)
+        first = self._slots[self._head]
+        torch.addcmul(first, self._gain, rows, out=rows)  # w = n₀z + s₁
+        first.zero_()  # s₁'s slot becomes s_order's, which has no sᵢ₊₁
+        self._head = (self._head + 1) % self.order
+        numerator, denominator = self._ring[self._head]
+        if self._draws is not None:
+            self.memory.addcmul_(numerator, self._draws)
+        self.memory.addcmul_(denominator, rows.unsqueeze(1), value=-1)
 
     def memories(self) -> list[Tensor | None]:
         """Each member's memory, on the CPU, for its stream (s₁ first)."""
