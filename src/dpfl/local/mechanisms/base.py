@@ -148,7 +148,7 @@ class Correlation:
     state (sᵢ₊₁ already lies where sᵢ must go) and updates every slot in one fused pass
     per term, skipping the numerator's where it is n₀ alone (banded MF). Those passes over
     order × width values per member are what a correlated step costs more
-    (benchmarks/README.md, "bench_noise")."""
+    (benchmarks/README.md, "dpfl.local.mechanisms")."""
 
     def __init__(
         self,
