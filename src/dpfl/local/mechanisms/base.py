@@ -143,7 +143,13 @@ class Correlation:
     """The noise of one training of stacked members: `apply` turns each step's independent
     draws (one row per member) into the correlated noise, each member through its own
     filter and memory, and `events` is what the training costs each. Transposed direct
-    form II, as `scipy.signal.lfilter`: w = n₀z + s₁, sᵢ ← nᵢz − dᵢw + sᵢ₊₁."""
+    form II, as `scipy.signal.lfilter`: w = n₀z + s₁, sᵢ ← nᵢz − dᵢw + sᵢ₊₁.
+
+    `memory` is a ring: sᵢ lies in slot (head + i − 1) mod order, so that a step moves no
+    state (sᵢ₊₁ already lies where sᵢ must go) and updates every slot in one fused pass
+    per term, skipping the numerator's where it is n₀ alone (banded MF). Those passes over
+    order × width values per member are what a correlated step costs more
+    (benchmarks/README.md, "dpfl.local.mechanisms")."""
 
     def __init__(
         self,
@@ -166,6 +172,7 @@ class Correlation:
         self._coefficients = torch.from_numpy(coefficients)
         self._memories = list(memories)
         self.memory: Tensor | None = None
+        """[members, order, width] from `start` on, a ring (`memories` puts s₁ first)."""
 
     def events(self, noise_multiplier: float) -> list[events.PrivacyEvent]:
         """Each member's event for this training, declared before its first step."""
@@ -186,26 +193,38 @@ class Correlation:
                 "it belongs to another mechanism or model"
             )
         self.memory = torch.stack(memory)
+        self._head = 0
+        self._slots = self.memory.unbind(1)
         coefficients = self._coefficients.to(device, dtype)
-        self._num = coefficients[0].unsqueeze(-1)  # [members, order + 1, 1]
-        self._den = coefficients[1].unsqueeze(-1)
+        self._gain = coefficients[0, :, :1]  # n₀, [members, 1]
+        taps = coefficients[:, :, 1:].unsqueeze(-1)  # [2, members, order, 1]
+        # per head h, slot k's taps: slot k holds s_i, i = (k − h) mod order + 1
+        self._ring = [taps.roll(h, dims=2).unbind(0) for h in range(self.order)]
+        # the draws [members, 1, width], kept for the numerator's pass where it has more
+        # than n₀
+        self._draws = torch.empty_like(self.memory[:, :1]) if bool(taps[0].any()) else None
 
     def apply(self, rows: Tensor) -> None:
         """Replace the draws `rows` [members, width] by the correlated noise, in place."""
         if self.memory is None:
             raise InternalError("Correlation.apply before start")
-        num, den, state = self._num, self._den, self.memory
-        z = rows.clone()
-        rows.mul_(num[:, 0])
         if not self.order:
+            rows.mul_(self._gain)
             return
-        rows.add_(state[:, 0])
-        for i in range(self.order - 1):
-            state[:, i] = state[:, i + 1] + num[:, i + 1] * z - den[:, i + 1] * rows
-        state[:, -1] = num[:, -1] * z - den[:, -1] * rows
+        if self._draws is not None:
+            self._draws[:, 0].copy_(rows)
+        first = self._slots[self._head]
+        torch.addcmul(first, self._gain, rows, out=rows)  # w = n₀z + s₁
+        first.zero_()  # s₁'s slot becomes s_order's, which has no sᵢ₊₁
+        self._head = (self._head + 1) % self.order
+        numerator, denominator = self._ring[self._head]
+        if self._draws is not None:
+            self.memory.addcmul_(numerator, self._draws)
+        self.memory.addcmul_(denominator, rows.unsqueeze(1), value=-1)
 
     def memories(self) -> list[Tensor | None]:
-        """Each member's memory, on the CPU, for its stream."""
+        """Each member's memory, on the CPU, for its stream (s₁ first)."""
         if self.memory is None:
             return list(self._memories)
-        return [m.cpu().clone() for m in self.memory.unbind(0)]
+        ordered = self.memory.roll(-self._head, dims=1) if self.order else self.memory
+        return [m.cpu().clone() for m in ordered.unbind(0)]
