@@ -14,7 +14,6 @@ from dp_accounting import dp_event as dpe
 from dp_accounting.pld import pld_privacy_accountant
 from dp_accounting.rdp import rdp_privacy_accountant
 from scipy import stats
-from scipy.signal import lfilter
 
 from dpfl.data.sampling import CyclicPoissonSampler
 from dpfl.federation.algorithms import SETTINGS
@@ -142,17 +141,14 @@ def test_the_correlated_noise_is_the_inverse_strategy_of_the_draws_across_traini
         memories = correlation.memories()
     noise_of = torch.stack(out).numpy()  # [steps, members, width]
     for member, rate in enumerate(rates):
-        numerator, denominator = noise.noise_filter(rate, steps)
         n = 2 * steps
-        impulse = np.zeros(n)
-        impulse[0] = 1
-        column = lfilter(numerator, denominator, impulse)
-        inverse = _dense_toeplitz(column, n)
-        if isinstance(noise, BandedMF):
-            strategy = BandedToeplitz.optimal(noise.horizon(steps), 3)
-            np.testing.assert_allclose(
-                inverse @ _dense_toeplitz(strategy.coefficients, n), np.eye(n), atol=1e-10
-            )
+        inverse = _dense_toeplitz(noise.noise_filter(rate, steps).impulse_response(n), n)
+        strategy = (
+            BandedToeplitz.optimal(noise.horizon(steps), 3).coefficients
+            if isinstance(noise, BandedMF)
+            else noise.strategy(rate, steps).coefficients(n)
+        )
+        np.testing.assert_allclose(inverse @ _dense_toeplitz(strategy, n), np.eye(n), atol=1e-10)
         expected = inverse @ draws[:, member].numpy()
         np.testing.assert_allclose(noise_of[:, member], expected, rtol=1e-10, atol=1e-12)
 

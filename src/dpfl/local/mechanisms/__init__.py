@@ -11,10 +11,13 @@ from pydantic import BeforeValidator, Field, ValidationError
 
 from dpfl.local.mechanisms.base import (
     STREAMS,
+    Buffered,
     CorrelatedNoise,
     Correlation,
+    NoiseFilter,
     NoiseMechanism,
     NoiseSettings,
+    Recursive,
     Stream,
     forget_streams,
 )
@@ -71,13 +74,16 @@ else:
 __all__ = [
     "SETTINGS",
     "STREAMS",
+    "Buffered",
     "CorrelatedNoise",
     "Correlation",
     "Independent",
     "IndependentSettings",
     "MechanismSettings",
+    "NoiseFilter",
     "NoiseMechanism",
     "NoiseSettings",
+    "Recursive",
     "Stream",
     "forget_streams",
     "mechanism",

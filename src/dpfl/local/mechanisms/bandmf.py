@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import Field
 
 from dpfl.data.sampling import CyclicPoissonSampler
-from dpfl.local.mechanisms.base import CorrelatedNoise, NoiseSettings
+from dpfl.local.mechanisms.base import CorrelatedNoise, NoiseSettings, Recursive
 from dpfl.privacy import events
 from dpfl.privacy.factorization import BandedToeplitz
 
@@ -61,11 +61,11 @@ class BandedMF(CorrelatedNoise):
             self.partition_rate(rate, who), self.band, noise_multiplier, steps
         )
 
-    def noise_filter(self, rate: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
+    def noise_filter(self, rate: float, steps: int) -> Recursive:
         """w_t = (z_t − Σ_{j≥1} c_j w_{t−j}) / c_0; with fewer steps than bands, all of them."""
         horizon = self.horizon(steps)
         strategy = BandedToeplitz.optimal(horizon, min(self.band, horizon))
-        return np.ones(1), strategy.coefficients
+        return Recursive(np.ones(1), strategy.coefficients)
 
 
 class BandedMFSettings(NoiseSettings):

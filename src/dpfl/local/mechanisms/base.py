@@ -29,6 +29,7 @@ from typing import Any, ClassVar
 import numpy as np
 import torch
 from pydantic import BaseModel, ConfigDict
+from scipy import signal
 from torch import Tensor
 
 from dpfl.data.sampling import CyclicPoissonSampler
@@ -92,6 +93,51 @@ class NoiseSettings(BaseModel, ABC):
 
 
 @dataclass(frozen=True)
+class Recursive:
+    """C⁻¹ as `scipy.signal.lfilter(numerator, denominator)` runs it: banded MF's 1/c(x),
+    whose b − 1 past outputs are its state."""
+
+    numerator: np.ndarray
+    denominator: np.ndarray
+
+    @property
+    def order(self) -> int:
+        return max(len(self.numerator), len(self.denominator)) - 1
+
+    def impulse_response(self, n: int) -> np.ndarray:
+        """The first n coefficients of C⁻¹ (float64)."""
+        impulse = np.zeros(n)
+        impulse[0] = 1.0
+        return np.asarray(signal.lfilter(self.numerator, self.denominator, impulse))
+
+
+@dataclass(frozen=True)
+class Buffered:
+    """C⁻¹(x) = 1 + Σ_j ω̂_j x / (1 − λ_j x) (`weights` ω̂, `rates` λ): d first-order
+    recursions, s_j ← λ_j s_j + z and w = z + Σ_j ω̂_j s_j, exact to rounding in float32
+    (BLT: the inverse of a BLT is one; as one product polynomial its rates near 1 cancel,
+    `BufferedToeplitz.inverse_buffers`)."""
+
+    weights: np.ndarray
+    rates: np.ndarray
+
+    @property
+    def order(self) -> int:
+        return len(self.weights)
+
+    def impulse_response(self, n: int) -> np.ndarray:
+        """The first n coefficients of C⁻¹ (float64)."""
+        powers = np.arange(n - 1)
+        out = np.ones(n)
+        out[1:] = np.sum(self.weights[:, None] * self.rates[:, None] ** powers, axis=0)
+        return out
+
+
+NoiseFilter = Recursive | Buffered
+"""How a correlated mechanism's C⁻¹ is run step by step."""
+
+
+@dataclass(frozen=True)
 class CorrelatedNoise(NoiseMechanism):
     """A mechanism that filters each step's draws through C⁻¹ over the run's steps."""
 
@@ -107,9 +153,8 @@ class CorrelatedNoise(NoiseMechanism):
         """p: the probability that a record of the step's partition is in its batch."""
 
     @abstractmethod
-    def noise_filter(self, rate: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        """(numerator, denominator) of C⁻¹ as a recursive filter over the steps, as
-        `scipy.signal.lfilter` reads them, for trainings of `steps` steps at rate q."""
+    def noise_filter(self, rate: float, steps: int) -> NoiseFilter:
+        """C⁻¹ as a filter over the run's steps, for trainings of `steps` steps at rate q."""
 
     def check_stream(self, step: int, steps: int) -> None:
         """Refuse to go on from the run's `step` for `steps` more, if the mechanism's
@@ -142,14 +187,8 @@ class CorrelatedNoise(NoiseMechanism):
 class Correlation:
     """The noise of one training of stacked members: `apply` turns each step's independent
     draws (one row per member) into the correlated noise, each member through its own
-    filter and memory, and `events` is what the training costs each. Transposed direct
-    form II, as `scipy.signal.lfilter`: w = n₀z + s₁, sᵢ ← nᵢz − dᵢw + sᵢ₊₁.
-
-    `memory` is a ring: sᵢ lies in slot (head + i − 1) mod order, so that a step moves no
-    state (sᵢ₊₁ already lies where sᵢ must go) and updates every slot in one fused pass
-    per term, skipping the numerator's where it is n₀ alone (banded MF). Those passes over
-    order × width values per member are what a correlated step costs more
-    (benchmarks/README.md, "dpfl.local.mechanisms")."""
+    filter and memory, and `events` is what the training costs each. Every operation is
+    elementwise: a member's bits are the same alone as in any stack."""
 
     def __init__(
         self,
@@ -159,20 +198,16 @@ class Correlation:
         steps: int,
         memories: Sequence[Tensor | None],
     ) -> None:
-        filters = [mechanism.noise_filter(rate, steps) for rate in rates]
-        self.order = max(max(len(n), len(d)) for n, d in filters) - 1
-        coefficients = np.zeros((2, len(rates), self.order + 1))
-        for i, (numerator, denominator) in enumerate(filters):
-            if not denominator[0]:
-                raise InternalError("a noise filter's leading denominator is zero")
-            coefficients[0, i, : len(numerator)] = np.asarray(numerator) / denominator[0]
-            coefficients[1, i, : len(denominator)] = np.asarray(denominator) / denominator[0]
+        self.filters = [mechanism.noise_filter(rate, steps) for rate in rates]
+        if len({type(f) for f in self.filters}) != 1:
+            raise InternalError("a mechanism's members must share one form of noise filter")
+        self.order = max(f.order for f in self.filters)
         self.mechanism, self.steps = mechanism, steps
         self.members = list(zip(rates, names, strict=True))
-        self._coefficients = torch.from_numpy(coefficients)
         self._memories = list(memories)
+        self._kernel: _Ring | _Buffers | None = None
         self.memory: Tensor | None = None
-        """[members, order, width] from `start` on, a ring (`memories` puts s₁ first)."""
+        """[members, order, width] from `start` on (`memories` hands it back in order)."""
 
     def events(self, noise_multiplier: float) -> list[events.PrivacyEvent]:
         """Each member's event for this training, declared before its first step."""
@@ -193,38 +228,97 @@ class Correlation:
                 "it belongs to another mechanism or model"
             )
         self.memory = torch.stack(memory)
-        self._head = 0
-        self._slots = self.memory.unbind(1)
-        coefficients = self._coefficients.to(device, dtype)
-        self._gain = coefficients[0, :, :1]  # n₀, [members, 1]
-        taps = coefficients[:, :, 1:].unsqueeze(-1)  # [2, members, order, 1]
-        # per head h, slot k's taps: slot k holds s_i, i = (k − h) mod order + 1
-        self._ring = [taps.roll(h, dims=2).unbind(0) for h in range(self.order)]
-        # the draws [members, 1, width], kept for the numerator's pass where it has more
-        # than n₀
-        self._draws = torch.empty_like(self.memory[:, :1]) if bool(taps[0].any()) else None
+        kernel = _Buffers if isinstance(self.filters[0], Buffered) else _Ring
+        self._kernel = kernel(self.filters, self.memory)  # type: ignore[arg-type]
 
     def apply(self, rows: Tensor) -> None:
         """Replace the draws `rows` [members, width] by the correlated noise, in place."""
-        if self.memory is None:
+        if self._kernel is None:
             raise InternalError("Correlation.apply before start")
-        if not self.order:
-            rows.mul_(self._gain)
-            return
-        if self._draws is not None:
-            self._draws[:, 0].copy_(rows)
-        first = self._slots[self._head]
-        torch.addcmul(first, self._gain, rows, out=rows)  # w = n₀z + s₁
-        first.zero_()  # s₁'s slot becomes s_order's, which has no sᵢ₊₁
-        self._head = (self._head + 1) % self.order
-        numerator, denominator = self._ring[self._head]
-        if self._draws is not None:
-            self.memory.addcmul_(numerator, self._draws)
-        self.memory.addcmul_(denominator, rows.unsqueeze(1), value=-1)
+        self._kernel.apply(rows)
 
     def memories(self) -> list[Tensor | None]:
-        """Each member's memory, on the CPU, for its stream (s₁ first)."""
-        if self.memory is None:
+        """Each member's memory, on the CPU, for its stream."""
+        if self._kernel is None:
             return list(self._memories)
-        ordered = self.memory.roll(-self._head, dims=1) if self.order else self.memory
-        return [m.cpu().clone() for m in ordered.unbind(0)]
+        return [m.cpu().clone() for m in self._kernel.ordered().unbind(0)]
+
+
+def _padded(rows: Sequence[np.ndarray], width: int) -> np.ndarray:
+    out = np.zeros((len(rows), width))
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = row
+    return out
+
+
+class _Ring:
+    """`Recursive` filters, transposed direct form II as `scipy.signal.lfilter` runs
+    them: w = n₀z + s₁, sᵢ ← nᵢz − dᵢw + sᵢ₊₁ (the denominator's d₀ scaled to 1).
+
+    The memory is a ring: sᵢ lies in slot (head + i − 1) mod order, so that a step moves
+    no state (sᵢ₊₁ already lies where sᵢ must go) and updates every slot in one fused
+    pass per term, skipping the numerator's where it is n₀ alone (banded MF). Those
+    passes over order × width values per member are what a correlated step costs more
+    (benchmarks/README.md, "dpfl.local.mechanisms")."""
+
+    def __init__(self, filters: Sequence[Recursive], memory: Tensor) -> None:
+        order = memory.shape[1]
+        if any(not f.denominator[0] for f in filters):
+            raise InternalError("a noise filter's leading denominator is zero")
+        leading = np.array([f.denominator[0] for f in filters])[:, None]
+        numerator = _padded([f.numerator for f in filters], order + 1) / leading
+        denominator = _padded([f.denominator for f in filters], order + 1) / leading
+        coefficients = torch.from_numpy(np.stack([numerator, denominator]))
+        coefficients = coefficients.to(memory.device, memory.dtype)
+        self.memory, self.order, self.head = memory, order, 0
+        self.slots = memory.unbind(1)
+        self.gain = coefficients[0, :, :1]  # n₀, [members, 1]
+        taps = coefficients[:, :, 1:].unsqueeze(-1)  # [2, members, order, 1]
+        # per head h, slot k's taps: slot k holds s_i, i = (k − h) mod order + 1
+        self.ring = [taps.roll(h, dims=2).unbind(0) for h in range(order)]
+        # the draws [members, 1, width], kept for the numerator's pass where it has more
+        # than n₀
+        self.draws = torch.empty_like(memory[:, :1]) if bool(taps[0].any()) else None
+
+    def apply(self, rows: Tensor) -> None:
+        if not self.order:
+            rows.mul_(self.gain)
+            return
+        if self.draws is not None:
+            self.draws[:, 0].copy_(rows)
+        first = self.slots[self.head]
+        torch.addcmul(first, self.gain, rows, out=rows)  # w = n₀z + s₁
+        first.zero_()  # s₁'s slot becomes s_order's, which has no sᵢ₊₁
+        self.head = (self.head + 1) % self.order
+        numerator, denominator = self.ring[self.head]
+        if self.draws is not None:
+            self.memory.addcmul_(numerator, self.draws)
+        self.memory.addcmul_(denominator, rows.unsqueeze(1), value=-1)
+
+    def ordered(self) -> Tensor:
+        """The memory with s₁ first (lfilter's state)."""
+        return self.memory.roll(-self.head, dims=1) if self.order else self.memory
+
+
+class _Buffers:
+    """`Buffered` filters: w = z + Σ_j ω̂_j s_j, then s_j ← λ_j s_j + z (a member with
+    fewer buffers than the order has zero weights in the rest)."""
+
+    def __init__(self, filters: Sequence[Buffered], memory: Tensor) -> None:
+        order = memory.shape[1]
+        weights = torch.from_numpy(_padded([f.weights for f in filters], order))
+        rates = torch.from_numpy(_padded([f.rates for f in filters], order))
+        self.memory = memory
+        self.slots = memory.unbind(1)
+        self.weights = weights.to(memory.device, memory.dtype).unsqueeze(-1).unbind(1)
+        self.rates = rates.to(memory.device, memory.dtype).unsqueeze(-1)  # [members, d, 1]
+        self.draws = torch.empty_like(memory[:, :1])
+
+    def apply(self, rows: Tensor) -> None:
+        self.draws[:, 0].copy_(rows)
+        for weight, slot in zip(self.weights, self.slots, strict=True):
+            rows.addcmul_(weight, slot)
+        self.memory.mul_(self.rates).add_(self.draws)
+
+    def ordered(self) -> Tensor:
+        return self.memory

@@ -24,7 +24,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from dpfl.local.mechanisms.base import CorrelatedNoise, NoiseSettings
+from dpfl.local.mechanisms.base import Buffered, CorrelatedNoise, NoiseSettings
 from dpfl.privacy import events
 from dpfl.privacy.factorization import BufferedToeplitz
 
@@ -66,8 +66,8 @@ class BLT(CorrelatedNoise):
         rho = math.sqrt(float(np.max(squared[trainings * steps - 1] / trainings)))
         return events.gaussian(noise_multiplier / rho)
 
-    def noise_filter(self, rate: float, steps: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.strategy(rate, steps).noise_filter()
+    def noise_filter(self, rate: float, steps: int) -> Buffered:
+        return Buffered(*self.strategy(rate, steps).inverse_buffers())
 
     def check_stream(self, step: int, steps: int) -> None:
         if step + steps > self.horizon(steps):
