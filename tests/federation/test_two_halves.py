@@ -29,6 +29,7 @@ from dpfl.federation.algorithms import (
 from dpfl.federation.algorithms.centralized import POOL, pool
 from dpfl.federation.messages import Summed
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.local.mechanisms import STREAMS
 from dpfl.local.mechanisms.bandmf import BandedMF
 from dpfl.local.mechanisms.blt import BLT
 from dpfl.local.noise import SeededNoise
@@ -257,3 +258,20 @@ def test_a_non_finite_model_is_refused_where_it_reaches_the_hospital_half(
         )
     with Ledger(ledger, create=False) as book:
         assert [book.entries(a.silo) for a in book.accounts()] == [[]] * len(book.accounts())
+
+
+def test_a_correlated_training_leaves_the_stream_it_was_given(
+    breast_cancer_silos: Callable[[int], list[Silo]],
+) -> None:
+    """A hospital keeps its state before an exchange (to train it again from there): a
+    training moves on a copy of its stream, never the one it was given."""
+    algorithm, silos = _algorithm("fedavg+bandmf"), breast_cancer_silos(3)
+    members = _members(algorithm, silos, 1, [])
+    (_, before), *_ = algorithm.client_updates(members)
+    given = before[STREAMS]["model"]
+    step, memory = given["step"], given["memory"].clone()
+    again = dataclasses.replace(members[0], state=dict(before))
+    ((_, after),) = algorithm.client_updates([again])
+    assert before[STREAMS]["model"] is given
+    assert given["step"] == step and torch.equal(given["memory"], memory)
+    assert after[STREAMS]["model"]["step"] == 2 * step

@@ -460,8 +460,8 @@ class Hospital:
             ctx = HospitalContext(round_, partial(rng, *me), partial(noise, *me), charge)
             try:
                 with torch_threads(1):  # as the simulator trains: the same float sums
-                    reply, local = algorithm.client_update(
-                        Instruction(params, cohort), self.silo, before, ctx
+                    reply, local = algorithm.client_update(  # `before` kept as it is
+                        Instruction(params, cohort), self.silo, dict(before), ctx
                     )
             except BudgetExceededError as exc:
                 return self.refused(round_, f"{self.account}: {exc}")

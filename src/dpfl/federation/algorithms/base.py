@@ -524,7 +524,8 @@ class DPSGDAlgorithm(Algorithm):
 
     def _correlated(self, jobs: Sequence[Job], steps: int) -> _Correlated | None:
         """The correlated noise of the jobs' training (None for independent noise): each
-        member's stream from its hospital's state, begun on its first training."""
+        member's stream from its hospital's state, begun on its first training; the
+        member's state then holds the stream that `_Correlated.advance` moves on."""
         noise = self.noise
         if not isinstance(noise, CorrelatedNoise):
             return None
@@ -533,10 +534,15 @@ class DPSGDAlgorithm(Algorithm):
             silo, ctx = job.member.silo, job.member.ctx
             self._check_correlated(silo.info)
             rate, rng = self.sample_rate(silo), ctx.rng()
-            kept: dict[str, Stream] = job.member.state.setdefault(STREAMS, {})
-            if job.stream not in kept:
-                kept[job.stream] = noise.new_stream(silo.size, rate, silo.name, rng)
-            stream = kept[job.stream]
+            # copied on write: the streams the member was given stay as they were (a
+            # hospital keeps them as its state before the exchange)
+            kept: dict[str, Stream] = dict(job.member.state.get(STREAMS, {}))
+            begun = kept.get(job.stream)
+            stream = (
+                noise.new_stream(silo.size, rate, silo.name, rng) if begun is None else dict(begun)
+            )
+            kept[job.stream] = stream
+            job.member.state[STREAMS] = kept
             if len(stream["partitions"]) != silo.size:
                 raise ValueError(
                     f"silo {silo.name!r} holds {silo.size} records, but its noise stream was "
