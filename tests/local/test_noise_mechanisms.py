@@ -178,3 +178,27 @@ def test_a_study_names_a_mechanism_with_one_key_and_its_settings_are_checked() -
         BandedMF(2, band=0)
     with pytest.raises(ValueError, match=r"b·q = 2 > 1"):
         BandedMF(1, band=20).event(0.1, 1.0, 20)
+
+
+def test_the_datasheet_names_the_noise_where_it_is_not_independent() -> None:
+    from dpfl.experiments.results.datasheet import mechanism as datasheet_mechanism
+    from dpfl.experiments.study.config import Study
+    from dpfl.federation.algorithms import FedAvg
+
+    def sheet(noise: object) -> str:
+        algorithm = {"name": "fedavg"} if noise is None else {"name": "fedavg", "noise": noise}
+        study = Study(
+            {
+                "name": "sheet",
+                "rounds": 2,
+                "data": {"dataset": "breast_cancer", "partition": {"kind": "iid", "silos": 2}},
+                "algorithm": algorithm,
+                "privacy": {"epsilon": 1.0, "delta": 1e-5},
+            }
+        )
+        return datasheet_mechanism(study.points[0][1], FedAvg)
+
+    assert sheet(None) == sheet("independent") == FedAvg.mechanism
+    banded = sheet({"mechanism": "bandmf", "band": 8})
+    assert banded.startswith(FedAvg.mechanism) and "(bandmf: band = 8)" in banded
+    assert BLT.described in sheet("blt")

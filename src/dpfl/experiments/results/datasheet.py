@@ -94,6 +94,17 @@ def group_privacy(epsilon: float, delta: float, records: int) -> tuple[float, fl
     return k * epsilon, group_delta
 
 
+def mechanism(config: StudyConfig, kind: type[Algorithm]) -> str:
+    """The algorithm's mechanism, with its noise where that is not DP-SGD's own
+    independent noise (`algorithm.noise`)."""
+    noise = getattr(config.algorithm, "noise", None)
+    if noise is None or not noise.build(1).correlated:
+        return kind.mechanism
+    built = noise.build(1)
+    settings = ", ".join(f"{k} = {v}" for k, v in noise.model_dump(exclude={"mechanism"}).items())
+    return f"{kind.mechanism}; the noise: {built.described} ({built.name}: {settings})"
+
+
 def datasheet(
     config: StudyConfig, kind: type[Algorithm], result: SimulationResult, book: Ledger
 ) -> dict[str, Any]:
@@ -109,7 +120,9 @@ def datasheet(
         "threat_model": kind.threat_model,
         "secure_aggregation": secure.mode(config.summing).described,
         "assumptions": ASSUMPTIONS,
-        "mechanism": kind.mechanism if private else "none: the non-private reference (ε = ∞)",
+        "mechanism": mechanism(config, kind)
+        if private
+        else "none: the non-private reference (ε = ∞)",
         "accountant": config.privacy.accountant,
         "noise_multiplier": result.noise_multiplier if private else None,
         "clip_norm": algorithm.clip_norm if private and not kind.sets_own_noise else None,

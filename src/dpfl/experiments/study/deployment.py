@@ -23,7 +23,7 @@ from dpfl.engines import flower
 from dpfl.engines.flower import analytics as deployed_analytics
 from dpfl.engines.flower.protocol import LOG
 from dpfl.engines.flower.roster import Roster
-from dpfl.experiments.results.datasheet import ASSUMPTIONS
+from dpfl.experiments.results.datasheet import ASSUMPTIONS, mechanism
 from dpfl.experiments.results.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
 from dpfl.experiments.study import analytics
 from dpfl.experiments.study.build import build_algorithm
@@ -331,7 +331,7 @@ def record(
         ledger=None,
         datasheet={
             "accountant": config.privacy.accountant,
-            "mechanism": kind.mechanism,
+            "mechanism": mechanism(config, kind),
             "threat_model": kind.threat_model,
             "secure_aggregation": secure.mode(config.summing).described,
             "assumptions": ASSUMPTIONS,
