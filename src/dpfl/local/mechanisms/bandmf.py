@@ -20,7 +20,7 @@ import numpy as np
 from pydantic import Field
 
 from dpfl.data.sampling import CyclicPoissonSampler
-from dpfl.local.mechanisms.base import CorrelatedNoise, NoiseSettings, Recursive
+from dpfl.local.mechanisms.base import CorrelatedNoise, NoiseSettings, Recursive, at_least_one
 from dpfl.privacy import events
 from dpfl.privacy.factorization import BandedToeplitz
 
@@ -38,8 +38,7 @@ class BandedMF(CorrelatedNoise):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.band, bool) or not (isinstance(self.band, int) and self.band >= 1):
-            raise ValueError(f"bandmf's band must be an integer ≥ 1, got {self.band!r}")
+        at_least_one(self.band, "bandmf's band")
 
     def separation(self, rate: float, who: str) -> int:
         return self.band

@@ -53,6 +53,12 @@ def forget_streams(local: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in local.items() if k != STREAMS}
 
 
+def at_least_one(value: object, what: str) -> None:
+    """Refuse (ValueError) anything but an integer ≥ 1 for a mechanism's count `what`."""
+    if isinstance(value, bool) or not (isinstance(value, int) and value >= 1):
+        raise ValueError(f"{what} must be an integer ≥ 1, got {value!r}")
+
+
 @dataclass(frozen=True)
 class NoiseMechanism(ABC):
     """How a DP-SGD run's noise is drawn: frozen and public. `trainings` is the most
@@ -66,10 +72,7 @@ class NoiseMechanism(ABC):
     trainings: int = 1
 
     def __post_init__(self) -> None:
-        if isinstance(self.trainings, bool) or not (
-            isinstance(self.trainings, int) and self.trainings >= 1
-        ):
-            raise ValueError(f"a run plans at least one training, got {self.trainings!r}")
+        at_least_one(self.trainings, "a run's trainings")
 
     @abstractmethod
     def event(

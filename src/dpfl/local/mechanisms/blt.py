@@ -24,7 +24,7 @@ from typing import ClassVar, Literal
 import numpy as np
 from pydantic import Field
 
-from dpfl.local.mechanisms.base import Buffered, CorrelatedNoise, NoiseSettings
+from dpfl.local.mechanisms.base import Buffered, CorrelatedNoise, NoiseSettings, at_least_one
 from dpfl.privacy import events
 from dpfl.privacy.factorization import BufferedToeplitz
 
@@ -42,10 +42,7 @@ class BLT(CorrelatedNoise):
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if isinstance(self.buffers, bool) or not (
-            isinstance(self.buffers, int) and self.buffers >= 1
-        ):
-            raise ValueError(f"blt's buffers must be an integer ≥ 1, got {self.buffers!r}")
+        at_least_one(self.buffers, "blt's buffers")
 
     def separation(self, rate: float, who: str = "the silo") -> int:
         """⌊1/q⌋ (to a relative 1e-9: q = B/n with n a multiple of B gives n/B)."""
