@@ -254,6 +254,8 @@ def test_in_process_the_deployment_ends_with_the_simulators_model(
         'name = "sign"',
         'name = "cyclic"\nsteps_per_visit = 3',
         'name = "fedavg"\nclients_per_round = 2',
+        'name = "fedavg"\nnoise = "bandmf"',
+        'name = "ditto"\nstrength = 0.5\nnoise = { mechanism = "bandmf", band = 2 }',
     ],
 )
 def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
@@ -261,7 +263,8 @@ def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
 ) -> None:
     """Personal models and momentum stay at the hospitals between rounds (a file beside
     each ledger), hand-offs and sampled cohorts go through the same messages; each
-    hospital's DP evaluation of the model it uses is charged once, beside the rounds."""
+    hospital's DP evaluation of the model it uses is charged once, beside the rounds.
+    Correlated noise's secret streams stay there too, and continue round after round."""
     study.write_text(STUDY.replace('name = "fedavg"', algorithm), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     result = serve(InProcessGrid(nodes.values()), deployment_of(study))
