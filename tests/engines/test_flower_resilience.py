@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
@@ -19,6 +20,7 @@ from dpfl.engines.flower import DeploymentError, serve
 from dpfl.experiments.study import deployment
 from dpfl.experiments.study.deployment import deployment_of, study_point
 from dpfl.federation.silo import SiloInfo
+from dpfl.local.mechanisms import STREAMS
 
 from .test_flower import (
     STUDY,
@@ -163,3 +165,31 @@ def test_a_checkpoint_of_another_study_is_refused(study: Path, tmp_path: Path) -
             deployment_of(study),
             checkpoint=checkpoint,
         )
+
+
+def test_a_masked_round_trained_again_starts_a_new_noise_stream(
+    study: Path, tmp_path: Path
+) -> None:
+    """Correlated noise: the exchange lost with the server is trained again from the
+    hospital's state before it, on a new stream (continuing the one whose noise went
+    out in the lost masked reply would let its memory take that noise back out): after
+    rounds 1 (again) and 2 the stream has taken two rounds' steps, not three."""
+    masked = STUDY.replace("seed = 3\n", 'seed = 3\nsecure_aggregation = "masking"\n')
+    banded = masked.replace('name = "fedavg"', 'name = "fedavg"\nnoise = "bandmf"')
+    study.write_text(banded.replace("noise_multiplier = 1.0", "noise_multiplier = 2.0"))
+
+    def steps_taken(nodes: dict[str, Any]) -> list[int]:
+        files = [next(Path(n["ledger"]).parent.glob("*.state.pt")) for n in nodes.values()]
+        kept = [torch.load(f, weights_only=True)["local"] for f in files]
+        return [local[STREAMS]["model"]["step"] for local in kept]
+
+    whole = hospitals(study, tmp_path / "whole")
+    serve(InProcessGrid(whole.values()), deployment_of(study))
+    nodes = hospitals(study, tmp_path / "hospitals")
+    checkpoint = tmp_path / "checkpoint.pt"
+    with pytest.raises(KeyboardInterrupt):
+        serve(ServerKilled(nodes.values(), 1), deployment_of(study), checkpoint=checkpoint)
+    result = serve(InProcessGrid(nodes.values()), deployment_of(study), checkpoint=checkpoint)
+    assert result.rounds_completed == 3 and not result.stopped
+    assert [rounds_charged(node) for node in nodes.values()] == [4, 4, 4]
+    assert [3 * s for s in steps_taken(nodes)] == [2 * s for s in steps_taken(whole)]
