@@ -98,9 +98,9 @@ def mechanism(config: StudyConfig, kind: type[Algorithm]) -> str:
     """The algorithm's mechanism, with its noise where that is not DP-SGD's own
     independent noise (`algorithm.noise`)."""
     noise = getattr(config.algorithm, "noise", None)
-    if noise is None or not noise.build(1).correlated:
+    built = None if noise is None else noise.build(1)
+    if noise is None or built is None or not built.correlated:
         return kind.mechanism
-    built = noise.build(1)
     settings = ", ".join(f"{k} = {v}" for k, v in noise.model_dump(exclude={"mechanism"}).items())
     return f"{kind.mechanism}; the noise: {built.described} ({built.name}: {settings})"
 
