@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar, Literal
 
+from dpfl.data.sampling import PoissonSampler
 from dpfl.local.mechanisms.base import NoiseMechanism, NoiseSettings
 from dpfl.privacy import events
 
@@ -22,7 +23,7 @@ class Independent(NoiseMechanism):
     ) -> events.PrivacyEvent:
         """Poisson DP-SGD's (the algorithm's own sampler declares its variants: balanced
         batches, patients, records in several rows)."""
-        return events.poisson_gaussian(rate, noise_multiplier, steps=steps)
+        return PoissonSampler.event(rate, noise_multiplier, steps)
 
 
 class IndependentSettings(NoiseSettings):
