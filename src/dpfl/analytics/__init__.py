@@ -11,10 +11,11 @@ figure with the standard deviation of its noise beside it.
 """
 
 from dpfl.analytics.mechanisms import (
+    COHORT,
+    POPULATION,
     Count,
     Figure,
     Histogram,
-    KaplanMeier,
     Mean,
     Quantiles,
     Query,
@@ -31,8 +32,11 @@ from dpfl.analytics.mechanisms import (
     released,
     vectors,
 )
+from dpfl.analytics.survival import KaplanMeier, curve, survival_counts
 
 __all__ = [
+    "COHORT",
+    "POPULATION",
     "Count",
     "Figure",
     "Histogram",
@@ -43,6 +47,7 @@ __all__ = [
     "Records",
     "Released",
     "bounded",
+    "curve",
     "describe",
     "figures_of",
     "group",
@@ -51,5 +56,6 @@ __all__ = [
     "pooled",
     "release",
     "released",
+    "survival_counts",
     "vectors",
 ]

@@ -50,9 +50,18 @@ class Records:
         return 0
 
     def column(self, name: str) -> np.ndarray:
+        """A numeric column, as floats."""
+        values = self.values(name)
+        if values.dtype.kind not in "biuf":
+            raise ValueError(f"column {name!r} holds text: count its categories instead")
+        return np.asarray(values, dtype=np.float64)
+
+    def values(self, name: str) -> np.ndarray:
+        """A column as stored: numbers, or a text column's category names (a category
+        the study does not list is "other", a missing value "")."""
         if name not in self.columns:
             raise ValueError(f"no column {name!r}: the records have {sorted(self.columns)}")
-        return np.asarray(self.columns[name], dtype=np.float64)
+        return np.asarray(self.columns[name])
 
     def take(self, keep: np.ndarray) -> Records:
         """The records at the indices `keep`."""
@@ -79,10 +88,21 @@ def bounded(records: Records, max_records: int | None) -> Records:
     return records.take(first_records(records.units, max_records))
 
 
+COHORT = "cohort"
+"""An interval that covers the exact figure of the records released (what a non-private
+run on the same records prints) 95% of the time over the DP noise."""
+POPULATION = "population"
+"""An interval that covers the figure of the population the records are a sample of 95%
+of the time over the sampling and the DP noise together (asymptotically)."""
+
+
 @dataclass(frozen=True)
 class Figure:
-    """One released figure and the std of its DP noise (`interval`: a 95% interval where
-    the noise is not additive, e.g. a quantile or a survival probability)."""
+    """One released figure, the std of its DP noise and its 95% interval: where the
+    interval is None the figure is a raw noisy value, its noise additive and unbiased,
+    and value ± Z95 std covers the records' exact value 95% of the time. `covers` says
+    what an interval covers (`COHORT` or `POPULATION`); `raw` is False where the value
+    was post-processed (clamped, made consistent with its total) and so may be biased."""
 
     statistic: str
     name: str
@@ -91,6 +111,8 @@ class Figure:
     interval: tuple[float, float] | None = None
     at: float | None = None
     """Where a curve's point lies (a Kaplan–Meier figure: its bin's end time)."""
+    covers: str = COHORT
+    raw: bool = True
 
 
 class Query(Protocol):
@@ -193,7 +215,7 @@ class Count:
         ]
 
 
-def _check_edges(edges: Sequence[float], what: str) -> np.ndarray:
+def check_edges(edges: Sequence[float], what: str) -> np.ndarray:
     e = np.asarray(edges, dtype=np.float64)
     if e.ndim != 1 or len(e) < 2 or not np.all(np.isfinite(e)) or np.any(np.diff(e) <= 0):
         raise ValueError(f"{what}: bins must be at least two increasing finite edges")
@@ -214,7 +236,7 @@ class Histogram:
     edges: tuple[float, ...]
 
     def __post_init__(self) -> None:
-        _check_edges(self.edges, f"histogram of {self.column}")
+        check_edges(self.edges, f"histogram of {self.column}")
 
     @property
     def title(self) -> str:
@@ -305,7 +327,7 @@ class Quantiles(Histogram):
     probabilities: tuple[float, ...] = (0.01, 0.25, 0.5, 0.75, 0.99)
 
     def __post_init__(self) -> None:
-        _check_edges(self.edges, f"quantiles of {self.column}")
+        check_edges(self.edges, f"quantiles of {self.column}")
         if not all(0 < p < 1 for p in self.probabilities):
             raise ValueError(f"quantiles of {self.column}: probabilities must be in (0, 1)")
 
@@ -333,75 +355,6 @@ class Quantiles(Histogram):
             name = f"quantile {p:g}"
             figures.append(Figure(self.title, name, value, spread, (low, high)))
         return figures
-
-
-@dataclass(frozen=True)
-class KaplanMeier:
-    """A Kaplan–Meier curve on public time bins: the vector is each bin's events and
-    censorings (a time past the last edge counted in the last bin), so one record moves
-    one coordinate by 1. The at-risk count at a bin's start is the pooled total less the
-    earlier bins' events and censorings (post-processing), S(t_b) = Π_{j≤b}(1 − d_j/n_j).
-    Its 95% band: ±Z95 × the square root of Greenwood's variance plus the DP noise's
-    (the variance of S over `draws` redraws of the declared noise on the released
-    counts, post-processing too)."""
-
-    edges: tuple[float, ...]
-    draws: int = 400
-
-    def __post_init__(self) -> None:
-        _check_edges(self.edges, "Kaplan–Meier")
-
-    @property
-    def title(self) -> str:
-        return "Kaplan–Meier"
-
-    @property
-    def sensitivity(self) -> float:
-        return 1.0
-
-    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
-        if records.time is None or records.event is None:
-            raise ValueError("Kaplan–Meier: the records have no time and event")
-        edges = np.asarray(self.edges)
-        died = records.event.astype(bool)
-        return np.concatenate(
-            [_histogram(records.time[died], edges), _histogram(records.time[~died], edges)]
-        )
-
-    def length(self, hospitals: int) -> int:
-        return 2 * (len(self.edges) - 1)
-
-    @staticmethod
-    def curve(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """S at each bin's end and Greenwood's variance of it, from (events, censorings)
-        per bin (rows of `counts` may stack several draws)."""
-        counts = np.maximum(np.atleast_2d(counts), 0.0)
-        bins = counts.shape[1] // 2
-        d, c = counts[:, :bins], counts[:, bins:]
-        leaving = np.cumsum(d + c, axis=1)
-        at_risk = np.maximum(leaving[:, -1:] - np.c_[np.zeros(len(counts)), leaving[:, :-1]], 1.0)
-        d = np.minimum(d, at_risk)
-        s = np.cumprod(1 - d / at_risk, axis=1)
-        greenwood = s**2 * np.cumsum(d / (at_risk * np.maximum(at_risk - d, 1.0)), axis=1)
-        return s, greenwood
-
-    def figures(
-        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
-    ) -> list[Figure]:
-        (s,), (greenwood,) = self.curve(pooled)
-        redrawn, _ = self.curve(pooled + rng.normal(0.0, std, (self.draws, len(pooled))))
-        spread = np.sqrt(greenwood + redrawn.var(axis=0))
-        return [
-            Figure(
-                self.title,
-                f"S({self.edges[b + 1]:g})",
-                float(s[b]),
-                float(spread[b]),
-                (float(max(s[b] - Z95 * spread[b], 0)), float(min(s[b] + Z95 * spread[b], 1))),
-                self.edges[b + 1],
-            )
-            for b in range(len(s))
-        ]
 
 
 @dataclass(frozen=True)
