@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from dpfl.analytics import Count, KaplanMeier, Mean, Quantiles, Query, Records, describe
+from dpfl.analytics import Count, KaplanMeier, Mean, Quantiles, Query, Records, curve, describe
 from dpfl.experiments.study.analytics import cohort
 from dpfl.experiments.study.config import StudyConfig
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
@@ -68,8 +68,7 @@ def _exact(records: dict[str, Records], column: str, km: KaplanMeier | None) -> 
     exact = {"count": len(values), "mean": float(np.clip(values, 0, 1).mean())}
     exact["median"] = float(np.median(values))
     if km is not None:
-        curve, _ = km.curve(sum(km.vector(r, 0, 1) for r in records.values()))
-        exact["km"] = curve[0]
+        exact["km"] = curve(sum(km.vector(r, 0, 1) for r in records.values()))[0][0]
     return exact
 
 

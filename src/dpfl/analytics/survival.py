@@ -2,12 +2,13 @@
 events and censorings per bin.
 
 A bin is (e_{j−1}, e_j]: an event at a bin's end time is inside it, as Kaplan–Meier's
-S(t) = P(T > t) counts a death at t. A record followed past the last edge is censored at
-the last edge (it was alive there), whatever happened to it later; a time at or before
-the first edge counts in the first bin. The at-risk count at a bin's start is the total
-less the earlier bins' events and censorings: the curve equals Kaplan–Meier's on the
-times rounded up to their bin's end (deaths before censorings at a tie, as Kaplan–Meier
-orders them).
+S(t) = P(T > t) counts a death at t; a time at or before the first edge counts in the
+first bin. A record followed past the last edge is counted as such, whatever happened to
+it later (it was alive there, and at risk in every bin). The curve is the actuarial
+life table's (Cutler & Ederer 1958): in a bin, n_j − c_j/2 are at risk of its d_j
+events, n_j the records not gone before it, as a censored record was followed for half
+the bin on average. On FLCHAIN's yearly bins it is within 0.0005 of Kaplan–Meier's curve
+at every edge (tests/analytics/test_honest_figures.py).
 """
 
 from __future__ import annotations
@@ -21,39 +22,42 @@ from dpfl.analytics.mechanisms import POPULATION, Z95, Figure, Records, check_ed
 
 
 def survival_counts(time: np.ndarray, event: np.ndarray, edges: np.ndarray) -> np.ndarray:
-    """(events per bin, censorings per bin), end to end: one record moves one
-    coordinate by 1. A time past the last edge is a censoring in the last bin."""
+    """(events per bin, censorings per bin, followed past the last edge), end to end:
+    one record moves one coordinate by 1."""
     bins = len(edges) - 1
     index = np.maximum(np.searchsorted(edges, time, side="left") - 1, 0)
-    died = event.astype(bool) & (index < bins)
-    where = np.minimum(index, bins - 1)
+    inside = index < bins
+    died = event.astype(bool)
     return np.concatenate(
         [
-            np.bincount(where[died], minlength=bins),
-            np.bincount(where[~died], minlength=bins),
+            np.bincount(index[inside & died], minlength=bins),
+            np.bincount(index[inside & ~died], minlength=bins),
+            [np.sum(~inside)],
         ]
     ).astype(np.float64)
 
 
 def curve(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """From (events, censorings) per bin (rows of `counts` may stack several draws, each
-    clamped at 0): S at each bin's end, Greenwood's variance of it, and the events and
-    at-risk counts per bin the product used."""
+    """From `survival_counts` (rows of `counts` may stack several draws, each clamped at
+    0): S at each bin's end and Greenwood's variance of it, and per bin the events and
+    the records at its start the product used."""
     counts = np.maximum(np.atleast_2d(counts), 0.0)
     bins = counts.shape[1] // 2
-    d, c = counts[:, :bins], counts[:, bins:]
-    leaving = np.cumsum(d + c, axis=1)
-    at_risk = np.maximum(leaving[:, -1:] - np.c_[np.zeros(len(counts)), leaving[:, :-1]], 1.0)
-    d = np.minimum(d, at_risk)
-    s = np.cumprod(1 - d / at_risk, axis=1)
-    greenwood = s**2 * np.cumsum(d / (at_risk * np.maximum(at_risk - d, 1.0)), axis=1)
-    return s, greenwood, d, at_risk
+    d, c = counts[:, :bins], counts[:, bins : 2 * bins]
+    total = counts.sum(axis=1, keepdims=True)
+    gone = np.c_[np.zeros(len(counts)), np.cumsum(d + c, axis=1)[:, :-1]]
+    at_start = np.maximum(total - gone, 1.0)
+    exposed = np.maximum(at_start - c / 2, 1.0)
+    d = np.minimum(d, exposed)
+    s = np.cumprod(1 - d / exposed, axis=1)
+    greenwood = s**2 * np.cumsum(d / (exposed * np.maximum(exposed - d, 1.0)), axis=1)
+    return s, greenwood, d, at_start
 
 
 @dataclass(frozen=True)
 class KaplanMeier:
     """A Kaplan–Meier curve on public time bins (`survival_counts`): S(t_b) =
-    Π_{j≤b}(1 − d_j/n_j) from the pooled noisy counts. Its 95% band covers the
+    Π_{j≤b}(1 − d_j/(n_j − c_j/2)) from the pooled noisy counts (`curve`). Its 95% band covers the
     population's curve (`POPULATION`): ±Z95 × the square root of Greenwood's variance
     plus the DP noise's (the variance of S over `draws` redraws of the declared noise on
     the released counts: post-processing)."""
@@ -78,7 +82,7 @@ class KaplanMeier:
         return survival_counts(records.time, records.event, np.asarray(self.edges))
 
     def length(self, hospitals: int) -> int:
-        return 2 * (len(self.edges) - 1)
+        return 2 * (len(self.edges) - 1) + 1
 
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
