@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from dpfl.analytics import KaplanMeier, curve
 from dpfl.cli import app
-from dpfl.experiments.study.analytics import cohort, stats
+from dpfl.experiments.study.analytics import cohort, queries, stats, text_columns
 from dpfl.experiments.study.config import StudyConfig, load
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
@@ -190,3 +190,79 @@ def test_a_ledger_given_beside_a_study_that_names_another_is_refused(tmp_path: P
         stats(config, tmp_path / "out", tmp_path / "other.sqlite")
     assert not (tmp_path / "other.sqlite").exists()
     assert not (tmp_path / "hospitals.sqlite").exists()
+
+
+def _text_study(tmp_path: Path, **analytics: object) -> StudyConfig:
+    """A 2-site table with a text column: no one is 'Asian', some are 'Martian' (not
+    declared) and some have no race at all."""
+    rng = np.random.default_rng(9)
+    races = rng.choice(
+        ["Caucasian", "AfricanAmerican", "Martian", ""], 400, p=[0.6, 0.3, 0.05, 0.05]
+    )
+    rows = ["hospital,age,race,readmitted"]
+    rows += [
+        f"{['north', 'south'][i % 2]},{30 + i % 60},{r},{i % 3 == 0:d}" for i, r in enumerate(races)
+    ]
+    (tmp_path / "cohort.csv").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return StudyConfig.model_validate(
+        {
+            "rounds": 1,
+            "data": {
+                "dataset": "table",
+                "path": str(tmp_path / "cohort.csv"),
+                "label": "readmitted",
+                "site": "hospital",
+                "features": ["age", "race"],
+                "columns": {
+                    "age": {"range": [0, 100]},
+                    "race": {"categories": ["Caucasian", "AfricanAmerican", "Asian"]},
+                },
+                "sites": {"north": 200, "south": 200},
+            },
+            "algorithm": {"name": "fedavg"},
+            "privacy": {"epsilon": 3.0},
+            "analytics": {"categories": [{"column": "race"}]} | analytics,
+        }
+    ), races
+
+
+def test_a_text_column_is_counted_by_its_name_and_declared_categories(tmp_path: Path) -> None:
+    config, races = _text_study(tmp_path, noise_multiplier=3.0)
+    records, classes = cohort(config)
+    (count,) = queries(config.analytics, classes, text_columns(config))
+    exact = sum(count.vector(r, k, 2) for k, r in enumerate(records.values()))
+    figures = count.figures(exact, 0.0, list(records), np.random.default_rng(0))
+    counted = {f.name: f.value for f in figures if f.name.startswith("race = ")}
+    declared = ("Caucasian", "AfricanAmerican", "Asian", "other")
+    assert list(counted) == [f"race = {r}" for r in declared]
+    assert counted["race = Caucasian"] == np.sum(races == "Caucasian")
+    assert counted["race = Asian"] == 0
+    assert counted["race = other"] == np.sum((races == "Martian") | (races == ""))
+    assert stats(config, tmp_path / "out").figures[-1].name == "race = other"
+
+
+def test_a_number_column_counted_without_values_is_one_line(tmp_path: Path) -> None:
+    config, _ = _text_study(tmp_path, noise_multiplier=1.0, categories=[{"column": "age"}])
+    with pytest.raises(ValueError, match="list its `values`"):
+        stats(config, tmp_path / "out")
+
+
+@pytest.mark.parametrize("consistent", [False, True])
+def test_consistent_counts_are_non_negative_integers_that_add_up(
+    tmp_path: Path, consistent: bool
+) -> None:
+    config, races = _text_study(tmp_path, noise_multiplier=20.0, consistent=consistent)
+    figures = stats(config, tmp_path / "out").figures
+    value = {f.name: f.value for f in figures}
+    parts = [value[f"race = {r}"] for r in ("Caucasian", "AfricanAmerican", "Asian", "other")]
+    hospitals = [value["hospital north"], value["hospital south"]]
+    labels = [value["label 0"], value["label 1"]]
+    if not consistent:  # the raw noisy counts: fractional, one negative, not adding up
+        assert min(parts) < 0 and abs(sum(parts) - value["pooled"]) > 1
+        assert all(f.raw for f in figures)
+        return
+    assert all(not f.raw for f in figures)
+    for group in (parts, hospitals, labels):
+        assert sum(group) == value["pooled"]
+        assert all(v >= 0 and v == int(v) for v in group)
+    assert value["pooled"] == pytest.approx(len(races), abs=60)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol
 import numpy as np
 import torch
 
+from dpfl.analytics.consistency import consistent, projected
 from dpfl.data.dataset import first_records
 from dpfl.privacy import events
 from dpfl.privacy.errors import BudgetExceededError
@@ -172,16 +173,34 @@ def pooled(noisy: Mapping[str, np.ndarray], summing: SecureSum) -> np.ndarray:
     return np.asarray(total.total.numpy(), dtype=np.float64)
 
 
+def matches(values: np.ndarray, value: str | float) -> np.ndarray:
+    """Where a column holds `value`: a text column's category compared as written, a
+    number's as a number."""
+    if values.dtype.kind in "biuf":
+        return np.asarray(values == float(value))
+    return np.asarray(values == str(value))
+
+
+def shown(value: str | float) -> str:
+    """A declared value as a figure's name shows it."""
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
 @dataclass(frozen=True)
 class Count:
     """Record counts: each hospital's (one-hot at its index), the pooled count, one per
-    declared class label, and one per declared category of each declared column (values
-    compared as numbers, a value not listed counted as "other"). One record moves its
-    hospital's, the pooled, its label's and one category per column's count by 1."""
+    declared class label, and one per declared category of each declared column (a text
+    column's categories, or a number's values; any other value, or none, counted as
+    "other"). One record moves its hospital's, the pooled, its label's and one category
+    per column's count by 1. `consistent`: the figures are post-processed into
+    non-negative integers, the hospitals', the labels' and each column's categories
+    summing to the pooled count (`dpfl.analytics.consistency`), else the raw noisy
+    counts."""
 
     classes: tuple[int, ...] = ()
-    categories: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    categories: Mapping[str, tuple[str | float, ...]] = field(default_factory=dict)
     title: str = "counts"
+    consistent: bool = False
 
     @property
     def sensitivity(self) -> float:
@@ -194,13 +213,22 @@ class Count:
                 raise ValueError("counts per label: the records have no class labels")
             parts.append([np.sum(records.labels == c) for c in self.classes])
         for name, values in self.categories.items():
-            x = records.column(name)
-            listed = [np.sum(x == v) for v in values]
+            x = records.values(name)
+            listed = [np.sum(matches(x, v)) for v in values]
             parts.append([*listed, len(x) - sum(listed)])
         return np.concatenate([np.asarray(p, dtype=np.float64) for p in parts])
 
     def length(self, hospitals: int) -> int:
         return hospitals + 1 + len(self.classes) + sum(len(v) + 1 for v in self.categories.values())
+
+    def _groups(self, hospitals: int) -> list[range]:
+        """The index ranges of the parts that sum to the pooled count (at `hospitals`)."""
+        sizes = [len(self.classes)] if self.classes else []
+        sizes += [len(v) + 1 for v in self.categories.values()]
+        starts = np.cumsum([hospitals + 1, *sizes])
+        return [range(hospitals)] + [
+            range(a - n, a) for a, n in zip(starts[1:], sizes, strict=True)
+        ]
 
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
@@ -208,10 +236,15 @@ class Count:
         labels = [f"hospital {n}" for n in names] + ["pooled"]
         labels += [f"label {c}" for c in self.classes]
         for name, values in self.categories.items():
-            labels += [f"{name} = {v:g}" for v in values] + [f"{name} = other"]
+            labels += [f"{name} = {shown(v)}" for v in values] + [f"{name} = other"]
+        stds = np.full(len(pooled), std)
+        if self.consistent:
+            groups = self._groups(len(names))
+            _, diagonal = projected(pooled, len(names), groups)
+            pooled, stds = consistent(pooled, len(names), groups), std * np.sqrt(diagonal)
         return [
-            Figure(self.title, label, float(v), std)
-            for label, v in zip(labels, pooled, strict=True)
+            Figure(self.title, label, float(v), float(s), raw=not self.consistent)
+            for label, v, s in zip(labels, pooled, stds, strict=True)
         ]
 
 

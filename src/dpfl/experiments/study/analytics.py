@@ -29,10 +29,11 @@ from dpfl.analytics import (
     describe,
 )
 from dpfl.data.dataset import Dataset
+from dpfl.data.table import OTHER
 from dpfl.engines.flower.protocol import Analytics
 from dpfl.engines.streams import stats_noise
 from dpfl.experiments.study import spending
-from dpfl.experiments.study.config import AnalyticsConfig, StudyConfig
+from dpfl.experiments.study.config import AnalyticsConfig, ColumnCategories, StudyConfig
 from dpfl.experiments.study.datasets import TableData
 from dpfl.experiments.study.datasets.base import partition_of, site_names
 from dpfl.files import replacing
@@ -72,12 +73,16 @@ class StatsRun:
         return StatsRun(**saved, figures=figures)
 
 
-def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
-    """The statistics the section declares, in a fixed order."""
+def queries(
+    analytics: AnalyticsConfig, classes: Sequence[int], text: Mapping[str, Sequence[str]]
+) -> list[Query]:
+    """The statistics the section declares, in a fixed order; `text`: the study's text
+    columns and their declared categories."""
     found: list[Query] = []
     if analytics.counts or analytics.categories:
-        categories = {c.column: tuple(c.values) for c in analytics.categories}
-        found.append(Count(tuple(classes) if analytics.counts else (), categories))
+        categories = {c.column: tuple(_values(c, text)) for c in analytics.categories}
+        counted = tuple(classes) if analytics.counts else ()
+        found.append(Count(counted, categories, consistent=analytics.consistent))
     found += [Histogram(h.column, tuple(h.bins)) for h in analytics.histograms]
     found += [Mean(m.column, m.range) for m in analytics.means]
     found += [
@@ -86,6 +91,29 @@ def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
     if analytics.kaplan_meier:
         found.append(KaplanMeier(tuple(analytics.kaplan_meier)))
     return found
+
+
+def _values(counted: ColumnCategories, text: Mapping[str, Sequence[str]]) -> list[str | float]:
+    """The values a category count lists: as declared, else a text column's categories."""
+    if counted.values is not None:
+        return counted.values
+    if counted.column not in text:
+        raise ValueError(
+            f"[analytics] categories of {counted.column!r}: list its `values` (only a text "
+            f"column of [data.columns] has declared categories: {sorted(text) or 'none'})"
+        )
+    return list(text[counted.column])
+
+
+def text_columns(config: StudyConfig) -> dict[str, list[str]]:
+    """A table study's text columns and their declared categories, as written."""
+    if not isinstance(config.data, TableData):
+        return {}
+    return {
+        name: [str(c) for c in column.categories]
+        for name, column in config.data.columns.items()
+        if column.categories is not None
+    }
 
 
 def cohort(config: StudyConfig) -> tuple[dict[str, Records], tuple[int, ...]]:
@@ -117,13 +145,18 @@ def _records(config: StudyConfig, data: Dataset) -> Records:
     back in its own units (the declared affine scaling undone; a log column stays on
     [0, 1])."""
     declared = config.data.columns if isinstance(config.data, TableData) else {}
-    columns = {}
+    columns: dict[str, np.ndarray] = {}
     for j, name in enumerate(data.feature_names):
         x = np.asarray(data.features[:, j], dtype=np.float64)
         spec = declared.get(name)
         if spec is not None and spec.range is not None and not spec.log:
             x = spec.range[0] + x * (spec.range[1] - spec.range[0])
         columns[name] = x
+    for name, categories in text_columns(config).items():  # one-hot read back as text
+        names = [*(f"{name}={c}" for c in categories), f"{name}={OTHER}"]
+        block = np.column_stack([columns[n] for n in names]) > 0.5
+        words = np.asarray([*categories, OTHER, ""], dtype=object)
+        columns[name] = words[np.where(block.any(axis=1), block.argmax(axis=1), len(names))]
     survival = data.labels.ndim == 2
     return Records(
         columns,
@@ -162,8 +195,8 @@ def deployed(config: StudyConfig) -> Analytics | None:
     declared = config.data.declared_input()
     if "analytics" not in config.model_fields_set or declared is None:
         return None
-    classes = declared[1]
-    chosen = queries(config.analytics, () if classes is None else range(max(classes, 2)))
+    classes = () if declared[1] is None else range(max(declared[1], 2))
+    chosen = queries(config.analytics, classes, text_columns(config))
     if not chosen:
         return None
     return Analytics(
@@ -183,7 +216,7 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
     config = spending.sharing(config, ledger)
     analytics = config.analytics
     records, classes = cohort(config)
-    chosen = queries(analytics, classes)
+    chosen = queries(analytics, classes, text_columns(config))
     if not chosen:
         raise ValueError("[analytics] declares no statistic")
     patients = config.data.declared_unit() is not None

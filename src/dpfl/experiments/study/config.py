@@ -247,10 +247,12 @@ class ColumnQuantiles(ColumnBins):
 
 
 class ColumnCategories(_Strict):
-    """Counts of a column's declared values (and of every other value, together)."""
+    """Counts of a column's declared values (and of every other value, or none,
+    together): a text column by its name (`column = "sex"`, its `values` by default the
+    categories its `[data.columns]` declares), a number's by the values listed."""
 
     column: str
-    values: list[float] = Field(min_length=1)
+    values: list[str | float] | None = Field(None, min_length=1)
 
 
 class AnalyticsConfig(_Strict):
@@ -264,6 +266,10 @@ class AnalyticsConfig(_Strict):
     noise_multiplier: float | None = Field(None, gt=0)
     counts: bool = True
     """Counts per hospital, pooled and per declared class label."""
+    consistent: bool = False
+    """Counts post-processed into non-negative integers, each breakdown summing to the
+    pooled count (free under DP; `raw = false` on each such figure). False: the raw noisy
+    counts, unbiased, fractional, possibly negative."""
     categories: list[ColumnCategories] = Field(default_factory=list)
     histograms: list[ColumnBins] = Field(default_factory=list)
     means: list[ColumnRange] = Field(default_factory=list)
