@@ -44,6 +44,9 @@ noise_multiplier = 6.0
 histograms = [{ column = "age", bins = [0, 40, 60, 80, 100] }]
 means = [{ column = "medications", range = [0, 80] }]
 quantiles = [{ column = "age", bins = [0, 20, 40, 50, 60, 70, 80, 100] }]
+[analytics.table_one]
+by = "race"
+continuous = [{ column = "age", range = [0, 100], bins = [0, 20, 40, 60, 80, 100] }]
 """
 
 
@@ -74,7 +77,7 @@ def test_deployed_stats_are_the_simulators_and_charge_each_ledger_once(
     book = _charged(tmp_path / "simulated" / "ledger.sqlite")
     for name, node in nodes.items():
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
-        assert len(mine) == 4 and mine == book[f"{name}/trial-0"]
+        assert len(mine) == 5 and mine == book[f"{name}/trial-0"]
         assert 0 < served.epsilon[name] <= 10.0
     replies = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "query.stats"]
     assert len(replies) == 3
@@ -92,7 +95,7 @@ def test_a_hospital_over_its_budget_refuses_before_anything_is_charged(
     study = _stats_study(table_study)
     nodes = table_hospitals(study, tmp_path / "hospitals")
     nodes["north"]["epsilon"] = 0.2
-    why = r"silo 'north/trial-0': 4 × Gaussian\(σ=6\) .* > budget 0\.2"
+    why = r"silo 'north/trial-0': 5 × Gaussian\(σ=6\) .* > budget 0\.2"
     with pytest.raises(DeploymentError, match=f"^north refused: {why}"):
         serve_stats(InProcessGrid(nodes.values()), deployment_of(study))
     assert any(  # said in its own log

@@ -266,3 +266,26 @@ def test_consistent_counts_are_non_negative_integers_that_add_up(
         assert sum(group) == value["pooled"]
         assert all(v >= 0 and v == int(v) for v in group)
     assert value["pooled"] == pytest.approx(len(races), abs=60)
+
+
+def test_table_one_is_written_as_html_and_csv_with_each_cells_noise(tmp_path: Path) -> None:
+    table = {
+        "by": "race",
+        "categorical": [],
+        "continuous": [{"column": "age", "range": [0, 100], "bins": [0, 25, 50, 75, 100]}],
+    }
+    config, races = _text_study(tmp_path, noise_multiplier=8.0, table_one=table)
+    run = stats(config, tmp_path / "out")
+    cells = [f for f in run.figures if f.cell is not None]
+    sites = {f.cell[0] for f in cells}
+    groups = {f.cell[1] for f in cells}
+    assert sites == {"north", "south", "pooled"}
+    assert groups == {"Caucasian", "AfricanAmerican", "Asian", "other", "all"}
+    rows = (tmp_path / "out" / "table_one.csv").read_text(encoding="utf-8").splitlines()
+    assert rows[0].startswith("site,group,figure,value,noise_std,low,high,covers,raw")
+    assert len(rows) == 1 + len(cells)
+    page = (tmp_path / "out" / "stats.html").read_text(encoding="utf-8")
+    assert "age, median [IQR]" in page and "noise std" in page
+    assert f"The whole table costs each hospital ε {run.epsilon['Table 1']:.3g}" in page
+    n = next(f for f in cells if f.name == "n" and f.cell == ("pooled", "all"))
+    assert abs(n.value - len(races)) < 5 * n.std

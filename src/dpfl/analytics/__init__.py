@@ -13,6 +13,7 @@ figure with the standard deviation of its noise beside it.
 from dpfl.analytics.mechanisms import (
     COHORT,
     POPULATION,
+    Z95,
     Count,
     Figure,
     Histogram,
@@ -33,10 +34,13 @@ from dpfl.analytics.mechanisms import (
     vectors,
 )
 from dpfl.analytics.survival import KaplanMeier, curve, survival_counts
+from dpfl.analytics.table_one import Continuous, TableOne
 
 __all__ = [
     "COHORT",
     "POPULATION",
+    "Z95",
+    "Continuous",
     "Count",
     "Figure",
     "Histogram",
@@ -46,6 +50,7 @@ __all__ = [
     "Query",
     "Records",
     "Released",
+    "TableOne",
     "bounded",
     "curve",
     "describe",

@@ -10,6 +10,7 @@ record moves it (the triangle inequality on the L2 norm).
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -114,6 +115,8 @@ class Figure:
     """Where a curve's point lies (a Kaplan–Meier figure: its bin's end time)."""
     covers: str = COHORT
     raw: bool = True
+    cell: tuple[str, str] | None = None
+    """Where a cross-tabulated figure lies: its (site, group) column of Table 1."""
 
 
 class Query(Protocol):
@@ -347,6 +350,24 @@ class Mean:
         ]
 
 
+def _bridge_stds(p: float, bins: int) -> np.ndarray:
+    """The std of C_j − p·N at each edge j, per unit of a bin's noise std."""
+    j = np.arange(bins + 1)
+    stds: np.ndarray = np.sqrt(j * (1 - p) ** 2 + (bins - j) * p**2)
+    return stds
+
+
+@functools.cache
+def _simultaneous_z(p: float, bins: int, draws: int = 4000) -> float:
+    """The 97.5% quantile of max_j (C_j − p·N)'s noise / its std over the edges: a
+    property of Gaussian noise on `bins` bins alone (public), drawn once from a fixed
+    seed."""
+    steps = np.random.default_rng(0).normal(0.0, 1.0, (draws, bins))
+    walks = np.c_[np.zeros(draws), np.cumsum(steps, axis=1)]
+    deviation = (walks - p * walks[:, -1:]) / _bridge_stds(p, bins)
+    return float(np.quantile(deviation.max(axis=1), 0.975))
+
+
 @dataclass(frozen=True)
 class Quantiles(Histogram):
     """Quantiles of a column over its declared domain by a noisy-histogram search: the
@@ -363,12 +384,11 @@ class Quantiles(Histogram):
     when T_j = C_j − p·N < 0 (C_j the records below e_j, N all of them); T's noise is a
     bridge of the bins' noise, of std s_j, and the bounds are the edges where T̂_j ± z·s_j
     settles the sign, z the 97.5% quantile of the largest standardised deviation over
-    every edge (`draws` redraws of the declared noise: a band simultaneous in j, so
-    that each side errs at most 2.5% of the time). It is conservative where the noise
+    every edge (`_simultaneous_z`: a band simultaneous in j, so that each side errs at
+    most 2.5% of the time). It is conservative where the noise
     is small next to a bin's count: then the interval is the bin holding the quantile."""
 
     probabilities: tuple[float, ...] = (0.01, 0.25, 0.5, 0.75, 0.99)
-    draws: int = 2000
 
     def __post_init__(self) -> None:
         check_edges(self.edges, f"quantiles of {self.column}")
@@ -386,14 +406,11 @@ class Quantiles(Histogram):
         cdf = np.r_[0.0, np.cumsum(np.maximum(pooled, 0.0))]
         total = max(cdf[-1], 1.0)
         noisy = np.r_[0.0, np.cumsum(pooled)]  # unbiased: T̂_j = noisy_j − p·noisy_B
-        bridges = np.cumsum(rng.normal(0.0, 1.0, (self.draws, len(pooled))), axis=1)
-        bridges = np.c_[np.zeros(self.draws), bridges]
         figures = []
         for p in self.probabilities:
             t = noisy - p * noisy[-1]
-            deviation = bridges - p * bridges[:, -1:]
-            s = np.sqrt(np.arange(len(edges)) * (1 - p) ** 2 + np.arange(len(edges))[::-1] * p**2)
-            z = float(np.quantile(np.max(deviation / s, axis=1), 0.975)) if std > 0 else 0.0
+            s = _bridge_stds(p, len(pooled))
+            z = _simultaneous_z(p, len(pooled)) if std > 0 else 0.0
             below = np.flatnonzero(t[:-1] + z * std * s[:-1] < 0)  # surely at or above e_j
             above = np.flatnonzero(t[1:] - z * std * s[1:] >= 0) + 1  # surely below e_j
             low, high = sorted(

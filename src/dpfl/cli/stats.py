@@ -49,19 +49,30 @@ def stats(
 
 
 def show(run: StatsRun, out: Path) -> None:
-    """The figures as a table, each with its noise, then the HTML page's path."""
-    from dpfl.experiments.study.analytics import STATS_HTML
+    """The figures as a table, each with its noise, its 95% interval and what that
+    covers (Table 1's cells: in its CSV and the HTML page), then the HTML page's path."""
+    from dpfl.experiments.study.analytics import STATS_HTML, TABLE_ONE_CSV
+    from dpfl.experiments.study.stats_page import interval
 
     table = Table(
         title=f"{escape(run.study)}: DP statistics (σ = {run.noise_multiplier:.4g}, "
         f"summed by {run.summing})"
     )
-    for column in ("statistic", "figure", "value", "noise std", "95% interval"):
+    for column in ("statistic", "figure", "value", "noise std", "95% interval", "covers"):
         table.add_column(column)
     for f in run.figures:
-        interval = "—" if f.interval is None else f"[{f.interval[0]:.4g}, {f.interval[1]:.4g}]"
-        table.add_row(
-            escape(f.statistic), escape(f.name), f"{f.value:.4g}", f"{f.std:.3g}", interval
-        )
+        if f.cell is None:
+            low, high = interval(f)
+            covers = f.covers + ("" if f.raw else ", post-processed")
+            table.add_row(
+                escape(f.statistic),
+                escape(f.name),
+                f"{f.value:.4g}",
+                f"{f.std:.3g}",
+                f"[{low:.4g}, {high:.4g}]",
+                covers,
+            )
     console.print(table)
+    if any(f.cell is not None for f in run.figures):
+        typer.echo(out / TABLE_ONE_CSV)
     typer.echo(out / STATS_HTML)

@@ -9,9 +9,8 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from functools import partial
-from html import escape
 from pathlib import Path
 from typing import Any
 
@@ -28,22 +27,29 @@ from dpfl.analytics import (
     Records,
     describe,
 )
+from dpfl.analytics.table_one import Continuous, TableOne
 from dpfl.data.dataset import Dataset
 from dpfl.data.table import OTHER
 from dpfl.engines.flower.protocol import Analytics
 from dpfl.engines.streams import stats_noise
 from dpfl.experiments.study import spending
-from dpfl.experiments.study.config import AnalyticsConfig, ColumnCategories, StudyConfig
+from dpfl.experiments.study.config import (
+    AnalyticsConfig,
+    ColumnCategories,
+    StudyConfig,
+    TableOneConfig,
+)
 from dpfl.experiments.study.datasets import TableData
 from dpfl.experiments.study.datasets.base import partition_of, site_names
 from dpfl.files import replacing
-from dpfl.privacy import Budget, Ledger, calibrate_noise, events
+from dpfl.privacy import Budget, Ledger, calibrate_noise, epsilon, events
 from dpfl.privacy.accounts import account
 from dpfl.secure import mode
 
 LEDGER = "ledger.sqlite"
 STATS_JSON = "stats.json"
 STATS_HTML = "stats.html"
+TABLE_ONE_CSV = "table_one.csv"
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,9 @@ class StatsRun:
     summing: str
     ledger: str
     figures: list[Figure]
+    epsilon: dict[str, float] = field(default_factory=dict)
+    """Each statistic's release alone, per hospital: its ε at `[privacy] delta` by the
+    study's accountant (the ledger holds what each hospital spent in all)."""
 
     def to_json(self) -> dict[str, Any]:
         return {**asdict(self), "figures": [asdict(f) for f in self.figures]}
@@ -67,7 +76,13 @@ class StatsRun:
         """A run's stats.json, as `to_json` wrote it."""
         saved = json.loads(path.read_text(encoding="utf-8"))
         figures = [
-            Figure(**{**f, "interval": None if f["interval"] is None else tuple(f["interval"])})
+            Figure(
+                **{
+                    **f,
+                    "interval": None if f["interval"] is None else tuple(f["interval"]),
+                    "cell": None if f.get("cell") is None else tuple(f["cell"]),
+                }
+            )
             for f in saved.pop("figures")
         ]
         return StatsRun(**saved, figures=figures)
@@ -90,6 +105,8 @@ def queries(
     ]
     if analytics.kaplan_meier:
         found.append(KaplanMeier(tuple(analytics.kaplan_meier)))
+    if analytics.table_one is not None:
+        found.append(_table_one(analytics.table_one, text))
     return found
 
 
@@ -103,6 +120,30 @@ def _values(counted: ColumnCategories, text: Mapping[str, Sequence[str]]) -> lis
             f"column of [data.columns] has declared categories: {sorted(text) or 'none'})"
         )
     return list(text[counted.column])
+
+
+def _table_one(table: TableOneConfig, text: Mapping[str, Sequence[str]]) -> TableOne:
+    """The section's Table 1, each group and category list as declared."""
+    groups: tuple[str | float, ...] = ()
+    if table.by is not None:
+        groups = tuple(_values(ColumnCategories(column=table.by, values=table.groups), text))
+    categorical = [
+        c if isinstance(c, ColumnCategories) else ColumnCategories(column=c)
+        for c in table.categorical
+    ]
+    return TableOne(
+        table.by,
+        groups,
+        tuple((c.column, tuple(_values(c, text))) for c in categorical),
+        tuple(
+            Continuous(
+                v.column,
+                v.range,
+                tuple(v.bins if v.bins is not None else np.linspace(*v.range, 51).tolist()),
+            )
+            for v in table.continuous
+        ),
+    )
 
 
 def text_columns(config: StudyConfig) -> dict[str, list[str]]:
@@ -188,6 +229,26 @@ def noise_multiplier(config: StudyConfig, count: int) -> float:
     )
 
 
+def release_epsilons(
+    config: StudyConfig, chosen: Sequence[Query], sigma: float
+) -> dict[str, float]:
+    """Each statistic's ε alone (one Gaussian release at σ), and the whole run's, per
+    hospital at `[privacy] delta` by the study's accountant."""
+    neighbouring = (
+        events.Neighbouring.ADD_REMOVE_PATIENT
+        if config.data.declared_unit() is not None
+        else events.Neighbouring.ADD_REMOVE
+    )
+    one = epsilon(
+        events.gaussian(sigma, neighbouring=neighbouring),
+        config.privacy.delta,
+        config.privacy.accountant,
+    ).epsilon
+    run = events.gaussian(sigma, count=len(chosen), neighbouring=neighbouring)
+    whole = epsilon(run, config.privacy.delta, config.privacy.accountant).epsilon
+    return {**{q.title: one for q in chosen}, "the whole run": whole}
+
+
 def deployed(config: StudyConfig) -> Analytics | None:
     """The study's `[analytics]` as a deployment releases it (`dpfl deploy server
     --stats`): a table study's, whose hospitals each read their own file; None where the
@@ -255,18 +316,24 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
         config.summing,
         str(path),
         released.figures,
+        release_epsilons(config, chosen, sigma),
     )
     write(run, out)
     return run
 
 
 def write(run: StatsRun, out: Path) -> None:
-    """`out/stats.json` and `out/stats.html`, each written whole (two runs at once: each
-    file the later run's)."""
-    for name, text in (
+    """`out/stats.json`, `out/stats.html` and, with a Table 1, `out/table_one.csv`, each
+    written whole (two runs at once: each file the later run's)."""
+    from dpfl.experiments.study import stats_page  # matplotlib only when writing
+
+    files = [
         (STATS_JSON, json.dumps(run.to_json(), indent=1)),
-        (STATS_HTML, render(run)),
-    ):
+        (STATS_HTML, stats_page.render(run)),
+    ]
+    if any(f.cell is not None for f in run.figures):
+        files.append((TABLE_ONE_CSV, stats_page.table_one_csv(run)))
+    for name, text in files:
         target = out / name
         with replacing(target, target.with_name(f"{name}.{os.getpid()}.partial")) as part:
             part.write_text(text, encoding="utf-8")
@@ -291,55 +358,3 @@ def _budgets(
         budget = Budget(math.inf if eps is None else eps, delta, neighbouring, None, dataset)
         budgets.update(dict.fromkeys(names, budget))
     return budgets
-
-
-def render(run: StatsRun) -> str:
-    """The HTML page in the report's style: a table per statistic (each figure with its
-    noise std and interval), the histograms as bars with ±1 std whiskers, and the
-    Kaplan–Meier curve with its band."""
-    from matplotlib.figure import Figure as Plot  # matplotlib only when writing
-
-    from dpfl.experiments.results.report.page import figure_html, html_page, html_table
-
-    body = [
-        f"<p>Hospitals: {escape(', '.join(run.hospitals))}; noise multiplier σ = "
-        f"{run.noise_multiplier:.4g}; summed by {escape(run.summing)}; charged to "
-        f"{escape(run.ledger)}. Each figure's noise std is beside it.</p>"
-    ]
-    for title in dict.fromkeys(f.statistic for f in run.figures):
-        shown = [f for f in run.figures if f.statistic == title]
-        body.append(f"<h2>{escape(title)}</h2>")
-        body.append(
-            html_table(
-                ["figure", "value", "noise std", "95% interval"],
-                [[f.name, f"{f.value:.4g}", f"{f.std:.3g}", _interval(f)] for f in shown],
-            )
-        )
-        if title.startswith("histogram") or title == "Kaplan–Meier":
-            plot = Plot(figsize=(8, 3.6), layout="constrained")
-            ax = plot.add_subplot()
-            ax.set_title(title, fontsize="medium")
-            ax.grid(alpha=0.3)
-            x = np.arange(len(shown))
-            values = np.array([f.value for f in shown])
-            if title == "Kaplan–Meier":
-                times = [0.0] + [f.at or 0.0 for f in shown]
-                low, high = zip(*(f.interval or (f.value, f.value) for f in shown), strict=True)
-                ax.step(times, [1.0, *values], where="post", label="DP Kaplan–Meier")
-                ax.fill_between(
-                    times, [1.0, *low], [1.0, *high], step="post", alpha=0.3, label="95% band"
-                )
-                ax.set_ylim(0, 1.02)
-                ax.set_xlabel("time")
-                ax.legend()
-            else:
-                ax.bar(x, values, yerr=[f.std for f in shown], capsize=3)
-                ax.set_xticks(x, [f.name for f in shown], rotation=45, fontsize="small")
-            body.append(figure_html(plot, f"{title}: DP figures with their noise"))
-    return html_page(f"{run.study}: DP statistics", "\n".join(body))
-
-
-def _interval(figure: Figure) -> str:
-    if figure.interval is None:
-        return "—"
-    return f"[{figure.interval[0]:.4g}, {figure.interval[1]:.4g}]"

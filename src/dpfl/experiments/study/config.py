@@ -255,6 +255,25 @@ class ColumnCategories(_Strict):
     values: list[str | float] | None = Field(None, min_length=1)
 
 
+class ContinuousVariable(ColumnRange):
+    """A Table 1 continuous variable: mean ± sd over its public range, and median [IQR]
+    searched over `bins` (default: 50 equal bins of the range)."""
+
+    bins: list[float] | None = Field(None, min_length=2)
+
+
+class TableOneConfig(_Strict):
+    """Table 1 (`dpfl.analytics.table_one`): per hospital and pooled, by the column `by`
+    (its `groups`: by default a text column's declared categories; none: one group),
+    each `categorical` column's counts and percentages (a text column by name, or
+    `{ column, values }`), each `continuous` variable's mean ± sd and median [IQR]."""
+
+    by: str | None = None
+    groups: list[str | float] | None = Field(None, min_length=1)
+    categorical: list[str | ColumnCategories] = Field(default_factory=list)
+    continuous: list[ContinuousVariable] = Field(default_factory=list)
+
+
 class AnalyticsConfig(_Strict):
     """`dpfl stats`: DP statistics of the hospitals' records (`dpfl.analytics`), each a
     Gaussian release charged to every hospital's ledger (the study's budget, `[privacy]`)
@@ -276,6 +295,7 @@ class AnalyticsConfig(_Strict):
     quantiles: list[ColumnQuantiles] = Field(default_factory=list)
     kaplan_meier: list[float] = Field(default_factory=list)
     """A Kaplan–Meier curve on these public time bin edges (the `time` column's units)."""
+    table_one: TableOneConfig | None = None
 
     @model_validator(mode="after")
     def _one_noise(self) -> AnalyticsConfig:
@@ -666,6 +686,7 @@ def _sections(annotation: Any) -> tuple[tuple[type[BaseModel], ...], bool]:
     if get_origin(annotation) is dict:
         return _sections(get_args(annotation)[1])[0], True
     options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    options = tuple(o for o in options if o is not type(None))  # an optional section
     if options and all(isinstance(o, type) and issubclass(o, BaseModel) for o in options):
         return options, False
     return (), False

@@ -261,6 +261,7 @@ def serve_stats_study(grid: Grid, run: Mapping[str, Any]) -> analytics.StatsRun:
         (out / STATS_ERROR).write_text(f"the statistics were not released: {exc}\n")
         raise
     released = served.released
+    assert deployed.analytics is not None  # serve_stats released them
     result = analytics.StatsRun(
         config.name,
         served.hospitals,
@@ -270,6 +271,7 @@ def serve_stats_study(grid: Grid, run: Mapping[str, Any]) -> analytics.StatsRun:
         "each hospital's own ledger: ε "
         + ", ".join(f"{n} {e:.4g}" for n, e in sorted(served.epsilon.items())),
         released.figures,
+        analytics.release_epsilons(config, deployed.analytics.queries, served.noise_multiplier),
     )
     analytics.write(result, out)
     return result

@@ -57,7 +57,7 @@ NOT_REPORTED = "none reported (charged nothing in this run)"
 _DPI = 110
 
 
-class _Html(str):
+class Html(str):
     """Markup built here from escaped parts: table cells of this type are not escaped again."""
 
 
@@ -234,7 +234,7 @@ def _scores_table(columns: tuple[str, ...], rows: list[_ScoredRow], metric: str)
     ]
     cells = [
         [
-            _Html(", ".join(f'<a href="#run-{_e(r.id)}">{_e(r.id[:8])}</a>' for r in row.runs)),
+            Html(", ".join(f'<a href="#run-{_e(r.id)}">{_e(r.id[:8])}</a>' for r in row.runs)),
             row.runs[0].algorithm,
             row.point or "—",
             *row.facts,
@@ -560,7 +560,7 @@ def _failed_runs(runs: list[RunRow], reported: dict[str, SiloEpsilons]) -> str:
             r.id[:8],
             r.algorithm,
             point(r) or "—",
-            _Html(f"<pre>{_e(r.error or '')}</pre>"),
+            Html(f"<pre>{_e(r.error or '')}</pre>"),
             *([_stopped_epsilon(reported.get(r.id))] if reported else []),
         ]
         for r in runs
@@ -580,7 +580,7 @@ def _stopped_epsilon(spent: SiloEpsilons | None) -> str:
 
 
 def html_table(header: list[str], rows: list[list[Any]]) -> str:
-    """An HTML table; cells are escaped unless they are `_Html`."""
+    """An HTML table; cells are escaped unless they are `Html`."""
     head = "".join(f"<th>{_e(h)}</th>" for h in header)
     body = "".join("<tr>" + "".join(f"<td>{_cell(v)}</td>" for v in row) + "</tr>" for row in rows)
     return (
@@ -597,10 +597,10 @@ def _public_size(silo: dict[str, Any]) -> str:
     return "—" if size is None else f"{size} ({source})" if source else str(size)
 
 
-def _bullets(items: Iterable[Any]) -> _Html:
+def _bullets(items: Iterable[Any]) -> Html:
     """A list, or a dash for none."""
     listed = "".join(f"<li>{_e(item)}</li>" for item in items)
-    return _Html(f"<ul>{listed}</ul>" if listed else "—")
+    return Html(f"<ul>{listed}</ul>" if listed else "—")
 
 
 def html_page(title: str, body: str) -> str:
@@ -646,8 +646,8 @@ dd { margin: 0; }
 
 
 def _cell(value: Any) -> str:
-    """A value escaped, unless it is markup built here from escaped parts (`_Html`)."""
-    return value if isinstance(value, _Html) else _e(value)
+    """A value escaped, unless it is markup built here from escaped parts (`Html`)."""
+    return value if isinstance(value, Html) else _e(value)
 
 
 def _e(value: object) -> str:
@@ -660,4 +660,4 @@ def _number(value: Any, spec: str = ".3g", absent: str = "—") -> str:
         return absent
     if isinstance(value, float):
         return format(value, spec)
-    return value if isinstance(value, _Html) else str(value)
+    return value if isinstance(value, Html) else str(value)
