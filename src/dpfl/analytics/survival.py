@@ -35,15 +35,24 @@ def survival_counts(time: np.ndarray, event: np.ndarray, edges: np.ndarray) -> n
     ).astype(np.float64)
 
 
+def risk_sets(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """From (events, censorings) per bin along the last axis, each clamped at 0: the
+    events per bin and the count at risk at each bin's start (the total less the earlier
+    bins' events and censorings; never below the bin's events)."""
+    counts = np.maximum(counts, 0.0)
+    bins = counts.shape[-1] // 2
+    d, c = counts[..., :bins], counts[..., bins:]
+    leaving = np.cumsum(d + c, axis=-1)
+    before = np.concatenate([np.zeros_like(leaving[..., :1]), leaving[..., :-1]], axis=-1)
+    return d, leaving[..., -1:] - before
+
+
 def curve(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """From (events, censorings) per bin (rows of `counts` may stack several draws, each
     clamped at 0): S at each bin's end, Greenwood's variance of it, and the events and
     at-risk counts per bin the product used."""
-    counts = np.maximum(np.atleast_2d(counts), 0.0)
-    bins = counts.shape[1] // 2
-    d, c = counts[:, :bins], counts[:, bins:]
-    leaving = np.cumsum(d + c, axis=1)
-    at_risk = np.maximum(leaving[:, -1:] - np.c_[np.zeros(len(counts)), leaving[:, :-1]], 1.0)
+    d, at_risk = risk_sets(np.atleast_2d(counts))
+    at_risk = np.maximum(at_risk, 1.0)
     d = np.minimum(d, at_risk)
     s = np.cumprod(1 - d / at_risk, axis=1)
     greenwood = s**2 * np.cumsum(d / (at_risk * np.maximum(at_risk - d, 1.0)), axis=1)
@@ -83,19 +92,29 @@ class KaplanMeier:
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]:
-        (s,), (greenwood,), _, _ = curve(pooled)
-        redrawn = curve(pooled + rng.normal(0.0, std, (self.draws, len(pooled))))[0]
-        spread = np.sqrt(greenwood + redrawn.var(axis=0))
-        return [
-            Figure(
-                self.title,
-                f"S({self.edges[b + 1]:g})",
-                float(s[b]),
-                float(spread[b]),
-                (float(max(s[b] - Z95 * spread[b], 0)), float(min(s[b] + Z95 * spread[b], 1))),
-                self.edges[b + 1],
-                covers=POPULATION,
-                raw=False,
-            )
-            for b in range(len(s))
-        ]
+        redrawn = pooled + rng.normal(0.0, std, (self.draws, len(pooled)))
+        return curve_figures(self.title, self.edges, pooled, redrawn)
+
+
+def curve_figures(
+    title: str, edges: Sequence[float], counts: np.ndarray, redrawn: np.ndarray, of: str = ""
+) -> list[Figure]:
+    """S at each bin's end from noisy (events, censorings) per bin, each with its 95%
+    band (`POPULATION`): ±Z95 × √(Greenwood's variance + the variance of S over the
+    `redrawn` counts, the released ones with the declared noise drawn again). `of` names
+    the group after each figure's name."""
+    (s,), (greenwood,), _, _ = curve(counts)
+    spread = np.sqrt(greenwood + curve(redrawn)[0].var(axis=0))
+    return [
+        Figure(
+            title,
+            f"S({edges[b + 1]:g}){of}",
+            float(s[b]),
+            float(spread[b]),
+            (float(max(s[b] - Z95 * spread[b], 0)), float(min(s[b] + Z95 * spread[b], 1))),
+            edges[b + 1],
+            covers=POPULATION,
+            raw=False,
+        )
+        for b in range(len(s))
+    ]
