@@ -32,7 +32,7 @@ from dpfl.analytics.mechanisms import (
     released,
     vectors,
 )
-from dpfl.analytics.survival import KaplanMeier, curve, survival_counts
+from dpfl.analytics.survival import KaplanMeier, SurvivalComparison, curve, survival_counts
 
 __all__ = [
     "COHORT",
@@ -46,6 +46,7 @@ __all__ = [
     "Query",
     "Records",
     "Released",
+    "SurvivalComparison",
     "bounded",
     "curve",
     "describe",
