@@ -26,6 +26,7 @@ from dpfl.analytics import (
     Quantiles,
     Query,
     Records,
+    SurvivalComparison,
     describe,
 )
 from dpfl.data.dataset import Dataset
@@ -85,6 +86,9 @@ def queries(analytics: AnalyticsConfig, classes: Sequence[int]) -> list[Query]:
     ]
     if analytics.kaplan_meier:
         found.append(KaplanMeier(tuple(analytics.kaplan_meier)))
+    found += [
+        SurvivalComparison(s.column, tuple(s.values), tuple(s.bins)) for s in analytics.survival
+    ]
     return found
 
 

@@ -253,6 +253,15 @@ class ColumnCategories(_Strict):
     values: list[float] = Field(min_length=1)
 
 
+class ColumnGroups(_Strict):
+    """Survival compared between a column's declared values (log-rank, Cox hazard ratios
+    against the first) on declared public time bin edges, in the `time` column's units."""
+
+    column: str
+    values: list[str | float] = Field(min_length=2)
+    bins: list[float] = Field(min_length=2)
+
+
 class AnalyticsConfig(_Strict):
     """`dpfl stats`: DP statistics of the hospitals' records (`dpfl.analytics`), each a
     Gaussian release charged to every hospital's ledger (the study's budget, `[privacy]`)
@@ -270,6 +279,9 @@ class AnalyticsConfig(_Strict):
     quantiles: list[ColumnQuantiles] = Field(default_factory=list)
     kaplan_meier: list[float] = Field(default_factory=list)
     """A Kaplan–Meier curve on these public time bin edges (the `time` column's units)."""
+    survival: list[ColumnGroups] = Field(default_factory=list)
+    """Survival between groups: each group's Kaplan–Meier curve, the log-rank test and the
+    hazard ratios (`dpfl.analytics.SurvivalComparison`)."""
 
     @model_validator(mode="after")
     def _one_noise(self) -> AnalyticsConfig:
