@@ -254,15 +254,12 @@ class SurvivalComparison:
     ) -> list[Figure]:
         groups = len(self.values)
         redrawn = pooled + rng.normal(0.0, std, (self.draws, len(pooled)))
-        figures = [
-            f
-            for g, (counts, again) in enumerate(
-                zip(np.split(pooled, groups), np.split(redrawn, groups, axis=1), strict=True)
-            )
-            for f in curve_figures(
-                self.title, self.edges, counts, again, f" {self.column} = {_label(self.values[g])}"
-            )
-        ]
+        figures = []
+        for value, counts, again in zip(
+            self.values, np.split(pooled, groups), np.split(redrawn, groups, axis=1), strict=True
+        ):
+            of = f" {self.column} = {_label(value)}"
+            figures += curve_figures(self.title, self.edges, counts, again, of)
         return figures + self._log_rank(pooled, redrawn) + self._hazards(pooled, redrawn)
 
     def _grouped(self, counts: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
