@@ -17,7 +17,7 @@ from sksurv.linear_model import CoxPHSurvivalAnalysis
 from sksurv.nonparametric import kaplan_meier_estimator
 from sksurv.util import Surv
 
-from dpfl.analytics import Records, SurvivalComparison, describe
+from dpfl.analytics import Records, SurvivalComparison, bounded, describe
 from dpfl.analytics.survival import log_rank, risk_sets
 from dpfl.experiments.study.analytics import queries
 from dpfl.experiments.study.config import AnalyticsConfig
@@ -167,6 +167,22 @@ def test_removing_one_record_moves_the_vector_by_at_most_the_sensitivity(
             moved = query.vector(data, 0, 1) - query.vector(neighbour, 0, 1)
             worst = max(worst, float(np.linalg.norm(moved)))
     assert worst == pytest.approx(query.sensitivity)
+
+
+def test_removing_one_patient_moves_the_bounded_vector_by_at_most_max_records_times() -> None:
+    rng = np.random.default_rng(4)
+    query = SurvivalComparison("arm", ("a", "b", "c"), (0.0, 1.0, 2.0, 5.0))
+    for _ in range(20):
+        data = _records(rng)
+        data = Records(
+            data.columns, time=data.time, event=data.event, units=rng.integers(0, 20, 60)
+        )
+        assert data.units is not None
+        kept = bounded(data, 2)
+        for patient in np.unique(data.units):
+            without = bounded(data.take(np.flatnonzero(data.units != patient)), 2)
+            moved = query.vector(kept, 0, 1) - query.vector(without, 0, 1)
+            assert np.linalg.norm(moved) <= 2 * query.sensitivity + 1e-9
 
 
 def test_a_group_without_events_has_nan_hazard_ratios_not_a_crash() -> None:
