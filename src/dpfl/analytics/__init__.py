@@ -33,7 +33,7 @@ from dpfl.analytics.mechanisms import (
     released,
     vectors,
 )
-from dpfl.analytics.survival import KaplanMeier, curve, survival_counts
+from dpfl.analytics.survival import KaplanMeier, SurvivalComparison, curve, survival_counts
 from dpfl.analytics.table_one import Continuous, TableOne
 
 __all__ = [
@@ -50,6 +50,7 @@ __all__ = [
     "Query",
     "Records",
     "Released",
+    "SurvivalComparison",
     "TableOne",
     "bounded",
     "curve",

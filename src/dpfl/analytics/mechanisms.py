@@ -180,6 +180,8 @@ def matches(values: np.ndarray, value: str | float) -> np.ndarray:
     """Where a column holds `value`: a text column's category compared as written, a
     number's as a number."""
     if values.dtype.kind in "biuf":
+        if isinstance(value, str):
+            raise ValueError(f"the column holds numbers, not {value!r}")
         return np.asarray(values == float(value))
     return np.asarray(values == str(value))
 

@@ -25,6 +25,7 @@ from dpfl.analytics import (
     Quantiles,
     Query,
     Records,
+    SurvivalComparison,
     describe,
 )
 from dpfl.analytics.table_one import Continuous, TableOne
@@ -107,6 +108,14 @@ def queries(
         found.append(KaplanMeier(tuple(analytics.kaplan_meier)))
     if analytics.table_one is not None:
         found.append(_table_one(analytics.table_one, text))
+    found += [
+        SurvivalComparison(
+            s.column,
+            tuple(_values(ColumnCategories(column=s.column, values=s.values), text)),
+            tuple(s.bins),
+        )
+        for s in analytics.survival
+    ]
     return found
 
 

@@ -274,6 +274,16 @@ class TableOneConfig(_Strict):
     continuous: list[ContinuousVariable] = Field(default_factory=list)
 
 
+class ColumnGroups(_Strict):
+    """Survival compared between a column's declared values (log-rank, Cox hazard ratios
+    against the first) on declared public time bin edges, in the `time` column's units;
+    `values` by default a text column's declared categories."""
+
+    column: str
+    values: list[str | float] | None = Field(None, min_length=2)
+    bins: list[float] = Field(min_length=2)
+
+
 class AnalyticsConfig(_Strict):
     """`dpfl stats`: DP statistics of the hospitals' records (`dpfl.analytics`), each a
     Gaussian release charged to every hospital's ledger (the study's budget, `[privacy]`)
@@ -296,6 +306,9 @@ class AnalyticsConfig(_Strict):
     kaplan_meier: list[float] = Field(default_factory=list)
     """A Kaplan–Meier curve on these public time bin edges (the `time` column's units)."""
     table_one: TableOneConfig | None = None
+    survival: list[ColumnGroups] = Field(default_factory=list)
+    """Survival between groups: each group's Kaplan–Meier curve, the log-rank test and the
+    hazard ratios (`dpfl.analytics.SurvivalComparison`)."""
 
     @model_validator(mode="after")
     def _one_noise(self) -> AnalyticsConfig:
