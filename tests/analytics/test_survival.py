@@ -233,7 +233,9 @@ def test_the_study_file_declares_it() -> None:
     analytics = AnalyticsConfig(
         counts=False, survival=[{"column": "sex", "values": ["F", "M"], "bins": [0, 365, 730]}]
     )
-    assert queries(analytics, (), {}) == [SurvivalComparison("sex", ("F", "M"), (0.0, 365.0, 730.0))]
+    assert queries(analytics, (), {}) == [
+        SurvivalComparison("sex", ("F", "M"), (0.0, 365.0, 730.0))
+    ]
 
 
 @pytest.mark.parametrize(

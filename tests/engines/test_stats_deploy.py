@@ -17,6 +17,7 @@ import typer
 from flwr.app import Context, RecordDict
 from typer.testing import CliRunner
 
+from dpfl.analytics import Histogram
 from dpfl.cli import app
 from dpfl.cli.deploy import _released
 from dpfl.engines.flower import DeploymentError, masking
@@ -117,6 +118,23 @@ def test_a_plan_other_than_the_hospitals_study_is_refused(
     with pytest.raises(
         DeploymentError, match=r"east refused: the server asks for .*noise multiplier 0\.5"
     ):
+        serve_stats(InProcessGrid(nodes.values()), dataclasses.replace(run, analytics=other))
+    for name, node in nodes.items():
+        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+
+
+def test_a_plan_with_other_bins_of_the_same_length_is_refused(
+    table_study: Path, tmp_path: Path
+) -> None:
+    study = _stats_study(table_study)
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    run = deployment_of(study)
+    assert run.analytics is not None
+    counts, histogram, *rest = run.analytics.queries
+    assert isinstance(histogram, Histogram)
+    moved = Histogram(histogram.column, (0.0, 30.0, 60.0, 80.0, 100.0))  # 4 bins, as before
+    other = dataclasses.replace(run.analytics, queries=(counts, moved, *rest))
+    with pytest.raises(DeploymentError, match=r"east refused: the server asks for .*30\.0"):
         serve_stats(InProcessGrid(nodes.values()), dataclasses.replace(run, analytics=other))
     for name, node in nodes.items():
         assert entries(Path(node["ledger"]), f"{name}/trial-0") == []

@@ -5,15 +5,24 @@ TCGA-BRCA within its stated band of the exact pooled curve."""
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dpfl.analytics import KaplanMeier, curve
+from dpfl.analytics import Figure, KaplanMeier, curve
 from dpfl.cli import app
-from dpfl.experiments.study.analytics import cohort, queries, stats, text_columns
+from dpfl.experiments.study.analytics import (
+    STATS_JSON,
+    StatsRun,
+    cohort,
+    queries,
+    stats,
+    text_columns,
+    write,
+)
 from dpfl.experiments.study.config import StudyConfig, load
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
@@ -289,3 +298,31 @@ def test_table_one_is_written_as_html_and_csv_with_each_cells_noise(tmp_path: Pa
     assert f"The whole table costs each hospital ε {run.epsilon['Table 1']:.3g}" in page
     n = next(f for f in cells if f.name == "n" and f.cell == ("pooled", "all"))
     assert abs(n.value - len(races)) < 5 * n.std
+
+
+def test_a_value_not_among_a_text_columns_categories_is_one_line(tmp_path: Path) -> None:
+    config, _ = _text_study(
+        tmp_path, noise_multiplier=3.0, categories=[{"column": "race", "values": ["Asain"]}]
+    )
+    with pytest.raises(ValueError, match=r"\['Asain'\] are not among its declared categories"):
+        stats(config, tmp_path / "out")
+
+
+def test_stats_json_is_strict_json_and_reads_back(tmp_path: Path) -> None:
+    figures = [
+        Figure("survival by sex", "log-rank p", 0.03, math.nan, covers="population", raw=False),
+        Figure("survival by sex", "hazard ratio M vs F", 2.0, 1.5, (0.0, math.inf)),
+        Figure("Table 1", "n", 120.4, 9.1, cell=("east", "F")),
+    ]
+    run = StatsRun("s", ["east"], 3.0, {"Table 1": 9.1}, "none", "ledger", figures, {"x": 1.0})
+    write(run, tmp_path)
+    text = (tmp_path / STATS_JSON).read_text(encoding="utf-8")
+
+    def refuse(constant: str) -> None:
+        raise ValueError(f"not strict JSON: {constant}")
+
+    json.loads(text, parse_constant=refuse)
+    back = StatsRun.read(tmp_path / STATS_JSON)
+    assert math.isnan(back.figures[0].std) and back.figures[0].value == 0.03
+    assert back.figures[1].interval is not None and math.isnan(back.figures[1].interval[1])
+    assert back.figures[2] == figures[2] and back.epsilon == {"x": 1.0}

@@ -126,10 +126,12 @@ class Analytics:
         return sum(q.length(hospitals) for q in self.queries)
 
     def plan(self, hospitals: int) -> list[str]:
-        """The plan in words, as the server states it and each hospital checks it."""
+        """The plan in words, as the server states it and each hospital checks it: every
+        query whole (its declared values, bins and their order), its sensitivity and
+        length."""
         return [
             *(
-                f"{q.title}: sensitivity {q.sensitivity!r}, {q.length(hospitals)} values"
+                f"{q!r}: sensitivity {q.sensitivity!r}, {q.length(hospitals)} values"
                 for q in self.queries
             ),
             f"noise multiplier {self.noise_multiplier!r}, "

@@ -70,23 +70,44 @@ class StatsRun:
     study's accountant (the ledger holds what each hospital spent in all)."""
 
     def to_json(self) -> dict[str, Any]:
-        return {**asdict(self), "figures": [asdict(f) for f in self.figures]}
+        """Strict JSON: a figure's number that is not finite (a test's nan std, an
+        interval unbounded above) is null."""
+        return {**asdict(self), "figures": [_finite(asdict(f)) for f in self.figures]}
 
     @staticmethod
     def read(path: Path) -> StatsRun:
-        """A run's stats.json, as `to_json` wrote it."""
+        """A run's stats.json, as `to_json` wrote it (null read back as nan)."""
         saved = json.loads(path.read_text(encoding="utf-8"))
+
+        def number(x: float | None) -> float:
+            return math.nan if x is None else x
+
         figures = [
             Figure(
                 **{
                     **f,
-                    "interval": None if f["interval"] is None else tuple(f["interval"]),
+                    "value": number(f["value"]),
+                    "std": number(f["std"]),
+                    "interval": None
+                    if f["interval"] is None
+                    else (number(f["interval"][0]), number(f["interval"][1])),
                     "cell": None if f.get("cell") is None else tuple(f["cell"]),
                 }
             )
             for f in saved.pop("figures")
         ]
         return StatsRun(**saved, figures=figures)
+
+
+def _finite(figure: dict[str, Any]) -> dict[str, Any]:
+    def number(x: Any) -> Any:
+        return x if not isinstance(x, float) or math.isfinite(x) else None
+
+    interval = figure["interval"]
+    return {
+        **{k: number(v) for k, v in figure.items()},
+        "interval": None if interval is None else [number(x) for x in interval],
+    }
 
 
 def queries(
@@ -120,15 +141,23 @@ def queries(
 
 
 def _values(counted: ColumnCategories, text: Mapping[str, Sequence[str]]) -> list[str | float]:
-    """The values a category count lists: as declared, else a text column's categories."""
+    """The values a category count lists: as declared (a text column's among its
+    declared categories), else a text column's categories."""
+    declared = text.get(counted.column)
     if counted.values is not None:
+        unknown = [v for v in counted.values if declared is not None and str(v) not in declared]
+        if unknown:
+            raise ValueError(
+                f"[analytics] {counted.column!r}: {unknown} are not among its declared "
+                f"categories {declared} ([data.columns.{counted.column}])"
+            )
         return counted.values
-    if counted.column not in text:
+    if declared is None:
         raise ValueError(
             f"[analytics] categories of {counted.column!r}: list its `values` (only a text "
             f"column of [data.columns] has declared categories: {sorted(text) or 'none'})"
         )
-    return list(text[counted.column])
+    return list(declared)
 
 
 def _table_one(table: TableOneConfig, text: Mapping[str, Sequence[str]]) -> TableOne:
@@ -337,7 +366,7 @@ def write(run: StatsRun, out: Path) -> None:
     from dpfl.experiments.study import stats_page  # matplotlib only when writing
 
     files = [
-        (STATS_JSON, json.dumps(run.to_json(), indent=1)),
+        (STATS_JSON, json.dumps(run.to_json(), indent=1, allow_nan=False)),
         (STATS_HTML, stats_page.render(run)),
     ]
     if any(f.cell is not None for f in run.figures):
