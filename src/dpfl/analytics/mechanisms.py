@@ -14,7 +14,7 @@ import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -138,6 +138,49 @@ class Query(Protocol):
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]: ...
+
+
+@runtime_checkable
+class LocalQuery(Query, Protocol):
+    """A statistic each hospital releases on its own records by its own ε-DP mechanism
+    (the exponential mechanism's quantiles), not a Gaussian sum: `vector` is what the
+    mechanism reads (never released), `sample` draws the hospital's released block of
+    the pooled vector (its own place of K, zeros elsewhere) after `event` is charged."""
+
+    @property
+    def epsilon(self) -> float: ...
+
+    def sample(
+        self,
+        own: np.ndarray,
+        hospital: int,
+        hospitals: int,
+        units: int,
+        rng: np.random.Generator | NoiseSource,
+    ) -> np.ndarray: ...
+
+
+def event_of(
+    query: Query, noise_multiplier: float, neighbouring: events.Neighbouring
+) -> events.PrivacyEvent:
+    """What releasing `query` costs: a local mechanism's pure ε, else the Gaussian's."""
+    if isinstance(query, LocalQuery):
+        return events.approximate_dp(query.epsilon, 0.0, neighbouring=neighbouring)
+    return events.gaussian(noise_multiplier, neighbouring=neighbouring)
+
+
+def plan_event(
+    queries: Sequence[Query], noise_multiplier: float, neighbouring: events.Neighbouring
+) -> events.PrivacyEvent:
+    """Every query's release, composed: the Gaussian ones at σ, the local ones at their
+    own ε (basic composition on top)."""
+    local = [q for q in queries if isinstance(q, LocalQuery)]
+    gaussian = events.gaussian(
+        noise_multiplier, count=max(len(queries) - len(local), 1), neighbouring=neighbouring
+    )
+    if not local:
+        return gaussian
+    return events.compose([gaussian, *(event_of(q, noise_multiplier, neighbouring) for q in local)])
 
 
 def release(
@@ -460,7 +503,7 @@ def plan_refusal(
 ) -> str | None:
     """Why releasing every query would pass a budget of one of `accounts` (None: it
     fits): the whole plan checked before anything is released."""
-    plan = events.gaussian(noise_multiplier, count=len(queries), neighbouring=neighbouring)
+    plan = plan_event(queries, noise_multiplier, neighbouring)
     return ledger.refusal([(a, plan) for a in accounts])
 
 
@@ -492,22 +535,33 @@ def released(
     accounts: Sequence[str],
     rng: np.random.Generator | NoiseSource,
     neighbouring: events.Neighbouring,
+    hospital: int = 0,
+    hospitals: int = 1,
 ) -> list[np.ndarray]:
-    """A hospital's half of every query: each vector `release`d at sensitivity × `units`
-    (the records a unit may hold), its event charged to `accounts` first."""
-    return [
-        release(
-            vector,
-            query.sensitivity * units,
-            noise_multiplier,
-            ledger=ledger,
-            accounts=accounts,
-            label=f"stats: {query.title}",
-            rng=rng,
-            neighbouring=neighbouring,
+    """A hospital's half of every query, its event charged to `accounts` first: each
+    vector `release`d at sensitivity × `units` (the records a unit may hold), or a
+    `LocalQuery`'s block sampled by its own mechanism."""
+    out = []
+    for query, vector in zip(queries, own, strict=True):
+        label = f"stats: {query.title}"
+        if isinstance(query, LocalQuery):
+            event = event_of(query, noise_multiplier, neighbouring)
+            ledger.record_many([(account, event) for account in accounts], label=label)
+            out.append(query.sample(vector, hospital, hospitals, units, rng))
+            continue
+        out.append(
+            release(
+                vector,
+                query.sensitivity * units,
+                noise_multiplier,
+                ledger=ledger,
+                accounts=accounts,
+                label=label,
+                rng=rng,
+                neighbouring=neighbouring,
+            )
         )
-        for query, vector in zip(queries, own, strict=True)
-    ]
+    return out
 
 
 def figures_of(
@@ -523,8 +577,10 @@ def figures_of(
     figures: list[Figure] = []
     noise: dict[str, float] = {}
     for query, total in zip(queries, summed, strict=True):
-        std = noise_multiplier * query.sensitivity * units * math.sqrt(len(names))
-        noise[query.title] = std
+        std = 0.0  # a local mechanism's block holds no Gaussian noise
+        if not isinstance(query, LocalQuery):
+            std = noise_multiplier * query.sensitivity * units * math.sqrt(len(names))
+            noise[query.title] = std
         figures += query.figures(total, std, names, rng)
     return Released(figures, noise)
 
@@ -575,8 +631,10 @@ def describe(
             accounts=accounts[name],
             rng=rng if noise is None else noise[name],
             neighbouring=neighbouring,
+            hospital=k,
+            hospitals=len(names),
         )
-        for name in names
+        for k, name in enumerate(names)
     }
     summed = [pooled({n: noisy[n][q] for n in names}, summing) for q in range(len(queries))]
     return figures_of(queries, summed, noise_multiplier, units, names, rng)

@@ -123,6 +123,8 @@ def _release(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
             accounts=[hospital.account],
             rng=stats_noise(me.research_noise, run.seed, k),
             neighbouring=neighbouring_of(records),
+            hospital=k,
+            hospitals=len(names),
         )
         spent = book.spent(hospital.account)
     LOG.info(

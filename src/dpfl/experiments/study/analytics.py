@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from dpfl.analytics import (
+    Continuous,
     Count,
     Figure,
     Histogram,
@@ -26,9 +27,11 @@ from dpfl.analytics import (
     Query,
     Records,
     SurvivalComparison,
+    TableOne,
     describe,
+    event_of,
+    plan_event,
 )
-from dpfl.analytics.table_one import Continuous, TableOne
 from dpfl.data.dataset import Dataset
 from dpfl.data.table import OTHER
 from dpfl.engines.flower.protocol import Analytics
@@ -246,23 +249,27 @@ def _records(config: StudyConfig, data: Dataset) -> Records:
     )
 
 
-def noise_multiplier(config: StudyConfig, count: int) -> float:
-    """σ of every statistic: the section's, or calibrated so that its `count` releases
-    cost each hospital at most its `epsilon` at `[privacy] delta`."""
+def neighbouring_in(config: StudyConfig) -> events.Neighbouring:
+    """The study's unit: a patient where `[data]` declares one, else a record."""
+    if config.data.declared_unit() is not None:
+        return events.Neighbouring.ADD_REMOVE_PATIENT
+    return events.Neighbouring.ADD_REMOVE
+
+
+def noise_multiplier(config: StudyConfig, chosen: Sequence[Query]) -> float:
+    """σ of every Gaussian statistic: the section's, or calibrated so that every release
+    (the local mechanisms' at their own ε) costs each hospital at most its `epsilon` at
+    `[privacy] delta`."""
     analytics, privacy = config.analytics, config.privacy
     if analytics.noise_multiplier is not None:
         return analytics.noise_multiplier
     if analytics.epsilon is None:
         raise ValueError("[analytics]: give `epsilon` or `noise_multiplier`")
-    neighbouring = (
-        events.Neighbouring.ADD_REMOVE_PATIENT
-        if config.data.declared_unit() is not None
-        else events.Neighbouring.ADD_REMOVE
-    )
+    neighbouring = neighbouring_in(config)
     return calibrate_noise(
         analytics.epsilon,
         privacy.delta,
-        lambda s: events.gaussian(s, count=count, neighbouring=neighbouring),
+        lambda s: plan_event(chosen, s, neighbouring),
         accountant=privacy.accountant,
     )
 
@@ -270,21 +277,15 @@ def noise_multiplier(config: StudyConfig, count: int) -> float:
 def release_epsilons(
     config: StudyConfig, chosen: Sequence[Query], sigma: float
 ) -> dict[str, float]:
-    """Each statistic's ε alone (one Gaussian release at σ), and the whole run's, per
-    hospital at `[privacy] delta` by the study's accountant."""
-    neighbouring = (
-        events.Neighbouring.ADD_REMOVE_PATIENT
-        if config.data.declared_unit() is not None
-        else events.Neighbouring.ADD_REMOVE
-    )
-    one = epsilon(
-        events.gaussian(sigma, neighbouring=neighbouring),
-        config.privacy.delta,
-        config.privacy.accountant,
-    ).epsilon
-    run = events.gaussian(sigma, count=len(chosen), neighbouring=neighbouring)
-    whole = epsilon(run, config.privacy.delta, config.privacy.accountant).epsilon
-    return {**{q.title: one for q in chosen}, "the whole run": whole}
+    """Each statistic's ε alone (a Gaussian release at σ, a local mechanism's own), and
+    the whole run's, per hospital at `[privacy] delta` by the study's accountant."""
+    neighbouring, privacy = neighbouring_in(config), config.privacy
+
+    def cost(event: events.PrivacyEvent) -> float:
+        return epsilon(event, privacy.delta, privacy.accountant).epsilon
+
+    alone = {q.title: cost(event_of(q, sigma, neighbouring)) for q in chosen}
+    return {**alone, "the whole run": cost(plan_event(chosen, sigma, neighbouring))}
 
 
 def deployed(config: StudyConfig) -> Analytics | None:
@@ -300,7 +301,7 @@ def deployed(config: StudyConfig) -> Analytics | None:
         return None
     return Analytics(
         tuple(chosen),
-        noise_multiplier(config, len(chosen)),
+        noise_multiplier(config, chosen),
         partial(own_records, config),
         config.data.declared_max_records() if config.data.declared_unit() is not None else None,
     )
@@ -318,12 +319,9 @@ def stats(config: StudyConfig, out: Path, ledger: Path | None = None) -> StatsRu
     chosen = queries(analytics, classes, text_columns(config))
     if not chosen:
         raise ValueError("[analytics] declares no statistic")
-    patients = config.data.declared_unit() is not None
-    neighbouring = (
-        events.Neighbouring.ADD_REMOVE_PATIENT if patients else events.Neighbouring.ADD_REMOVE
-    )
+    neighbouring = neighbouring_in(config)
     privacy = config.privacy
-    sigma = noise_multiplier(config, len(chosen))
+    sigma = noise_multiplier(config, chosen)
     out.mkdir(parents=True, exist_ok=True)
     accounts = {name: [account(name, t) for t in range(config.trials)] for name in records}
     hospitals = dict.fromkeys(records, neighbouring)
