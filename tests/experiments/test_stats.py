@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dpfl.analytics import KaplanMeier, curve
+from dpfl.analytics import KaplanMeier, Records, SurvivalComparison, curve
 from dpfl.cli import app
-from dpfl.experiments.study.analytics import cohort, queries, stats, text_columns
+from dpfl.experiments.study.analytics import StatsRun, cohort, queries, stats, text_columns
 from dpfl.experiments.study.config import StudyConfig, load
+from dpfl.experiments.study.stats_page import render
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.privacy.events import Neighbouring
@@ -289,3 +290,18 @@ def test_table_one_is_written_as_html_and_csv_with_each_cells_noise(tmp_path: Pa
     assert f"The whole table costs each hospital ε {run.epsilon['Table 1']:.3g}" in page
     n = next(f for f in cells if f.name == "n" and f.cell == ("pooled", "all"))
     assert abs(n.value - len(races)) < 5 * n.std
+
+
+def test_the_page_draws_each_groups_curve_of_a_survival_comparison() -> None:
+    """Its figures are the groups' curves (each point `at` a time) and then the log-rank
+    and the hazard ratio, which are no curve's points."""
+    query = SurvivalComparison("sex", ("F", "M"), (0.0, 1.0, 2.0))
+    records = Records(
+        {"sex": np.array(["F", "M", "F", "M", "F"], dtype=object)},
+        time=np.array([0.5, 1.5, 2.5, 0.7, 1.2]),
+        event=np.array([1, 1, 0, 1, 0]),
+    )
+    figures = query.figures(query.vector(records, 0, 1), 1.0, ["a"], np.random.default_rng(0))
+    run = StatsRun("s", ["a"], 1.0, {query.title: 1.0}, "none", "ledger", figures)
+    page = render(run)
+    assert page.count("<img") == 1 and "log-rank p" in page and "hazard ratio M vs F" in page
