@@ -5,6 +5,7 @@ the schema's, and a hospital that announces another is refused."""
 from __future__ import annotations
 
 import csv
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,23 +74,27 @@ def cohort(rows: int = 540, seed: int = 11) -> list[list[Any]]:
     return out
 
 
-def write(path: Path, rows: list[list[Any]]) -> Path:
+def write(path: Path, rows: list[list[Any]], header: Sequence[str] = HEADER) -> Path:
     with path.open("w", newline="", encoding="utf-8") as file:
-        csv.writer(file).writerows([HEADER, *rows])
+        csv.writer(file).writerows([header, *rows])
     return path
 
 
 def table_hospitals(
-    path: Path, root: Path, rows: dict[str, list[list[Any]]] | None = None
+    path: Path,
+    root: Path,
+    rows: dict[str, list[list[Any]]] | None = None,
+    header: Sequence[str] = HEADER,
 ) -> dict[str, Any]:
-    """Each site's hospital with only its own rows (or `rows`'), as its own CSV."""
+    """Each site's hospital with only its own rows (or `rows`', under `header`), as its
+    own CSV."""
     config = study_point(path)
     everyone = cohort()
     root.mkdir(parents=True)
     nodes = {}
     for silo in build_silos(config.data, config.seed):
         mine = (rows or {}).get(silo.name, [r for r in everyone if r[1] == silo.name])
-        own = write(root / f"{silo.name}.csv", mine)
+        own = write(root / f"{silo.name}.csv", mine, header)
         node = loopback.hospital_node(
             silo, path, root / silo.name, epsilon=EPSILON, delta=DELTA, table=own
         )

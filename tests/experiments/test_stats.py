@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from dpfl.analytics import Figure, KaplanMeier, curve
+from dpfl.analytics import Figure, KaplanMeier, Records, SurvivalComparison, curve
 from dpfl.cli import app
 from dpfl.experiments.study.analytics import (
     STATS_JSON,
@@ -24,6 +24,7 @@ from dpfl.experiments.study.analytics import (
     write,
 )
 from dpfl.experiments.study.config import StudyConfig, load
+from dpfl.experiments.study.stats_page import render
 from dpfl.privacy import Ledger
 from dpfl.privacy.errors import BudgetExceededError
 from dpfl.privacy.events import Neighbouring
@@ -326,3 +327,18 @@ def test_stats_json_is_strict_json_and_reads_back(tmp_path: Path) -> None:
     assert math.isnan(back.figures[0].std) and back.figures[0].value == 0.03
     assert back.figures[1].interval is not None and math.isnan(back.figures[1].interval[1])
     assert back.figures[2] == figures[2] and back.epsilon == {"x": 1.0}
+
+
+def test_the_page_draws_each_groups_curve_of_a_survival_comparison() -> None:
+    """Its figures are the groups' curves (each point `at` a time) and then the log-rank
+    and the hazard ratio, which are no curve's points."""
+    query = SurvivalComparison("sex", ("F", "M"), (0.0, 1.0, 2.0))
+    records = Records(
+        {"sex": np.array(["F", "M", "F", "M", "F"], dtype=object)},
+        time=np.array([0.5, 1.5, 2.5, 0.7, 1.2]),
+        event=np.array([1, 1, 0, 1, 0]),
+    )
+    figures = query.figures(query.vector(records, 0, 1), 1.0, ["a"], np.random.default_rng(0))
+    run = StatsRun("s", ["a"], 1.0, {query.title: 1.0}, "none", "ledger", figures)
+    page = render(run)
+    assert page.count("<img") == 1 and "log-rank p" in page and "hazard ratio M vs F" in page

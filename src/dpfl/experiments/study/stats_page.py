@@ -74,9 +74,12 @@ def _plot(title: str, shown: Sequence[Figure]) -> str:
     ax = plot.add_subplot()
     ax.set_title(title, fontsize="medium")
     ax.grid(alpha=0.3)
-    if shown[0].at is not None:  # survival curves, one per group
-        for curve in dict.fromkeys(f.name.split(" ", 1)[1] if " " in f.name else "" for f in shown):
-            points = [f for f in shown if f.at is not None and f.name.endswith(curve)]
+    if shown[0].at is not None:  # survival curves, one per group; a test's figures: none
+        curves: dict[str, list[Figure]] = {}
+        for f in shown:
+            if f.at is not None:  # "S(730) sex = F": the curve of sex = F
+                curves.setdefault(f.name.partition(" ")[2], []).append(f)
+        for curve, points in curves.items():
             times = [0.0] + [f.at or 0.0 for f in points]
             low, high = zip(*(interval(f) for f in points), strict=True)
             values = [1.0] + [f.value for f in points]
