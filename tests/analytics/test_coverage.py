@@ -165,7 +165,7 @@ def test_kaplan_meier_bands_cover_the_cohorts_curve_over_resamples(
     def resampled(rng: np.random.Generator) -> list[np.ndarray]:
         return _vectors(query, [r.take(rng.integers(0, len(r), len(r))) for r in hospitals])
 
-    covered = coverage(query, resampled, truth, sigma, 2000)
+    covered = coverage(query, resampled, truth, sigma, 4000)
     print(f"{query.title}: coverage {np.round(covered, 3)}")
     assert covered.min() >= data["km floor"]  # before: TCGA-BRCA's 0.84 at 1 year
     assert covered.max() <= 0.97
