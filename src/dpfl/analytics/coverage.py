@@ -30,11 +30,10 @@ def coverage(
     """Per figure of `query`, the fraction of `seeds` runs (seed s: its vectors
     `hospitals(rng)`, its noise, its post-processing all from `default_rng(s)`) whose
     interval (`band`) holds `truth`."""
-    hits = np.zeros(len(truth))
+    hits, std = np.zeros(len(truth)), noise_multiplier * query.sensitivity
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
         vectors = hospitals(rng)
-        std = noise_multiplier * query.sensitivity
         summed = sum(v + rng.normal(0.0, std, v.shape) for v in vectors)
         names = [str(k) for k in range(len(vectors))]
         released = figures_of([query], [np.asarray(summed)], noise_multiplier, 1, names, rng)
