@@ -349,8 +349,11 @@ class Mean:
 
     The vector is (n, Σz, Σ(z² − 1/2)) with z the clipped value mapped onto [−1, 1]: one
     record moves it by (1, z, z² − 1/2), of L2 norm at most √(1 + 1 + 1/4) = 1.5. Mean and
-    variance are post-processed from the noisy sums (clamped to their possible ranges);
-    the mean's std is the delta method's on the noisy ratio."""
+    variance are post-processed from the noisy sums (clamped to their possible ranges), so
+    each has a `COHORT` interval by the delta method: the mean's on its noisy ratio, the
+    standard deviation's on the variance's, mapped through the square root (defined where
+    the root's derivative is not, at a variance near 0); the standard deviation's std is
+    its interval's half width over Z95, as a quantile's."""
 
     column: str
     range: tuple[float, float]
@@ -385,13 +388,31 @@ class Mean:
         n = max(float(pooled[0]), 1.0)
         mean_z = float(np.clip(pooled[1] / n, -1, 1))
         square_z = float(np.clip(pooled[2] / n + 0.5, 0, 1))
-        sd = half * math.sqrt(max(square_z - mean_z**2, 0.0))
-        mean_std = half * std * math.sqrt(1 + mean_z**2) / n
-        sd_std = half * std * math.sqrt(1 + (square_z - 0.5 - 2 * mean_z**2) ** 2) / n
+        variance = square_z - mean_z**2
+        mean, mean_std = centre + half * mean_z, half * std * math.sqrt(1 + mean_z**2) / n
+        # ∂variance/∂(n, Σz, Σ(z² − 1/2)) = (2 mean_z² − square_z + 1/2, −2 mean_z, 1) / n
+        spread = Z95 * std * math.sqrt(1 + 4 * mean_z**2 + (square_z - 0.5 - 2 * mean_z**2) ** 2)
+        low_sd, high_sd = (
+            half * math.sqrt(min(max(variance + z * spread / n, 0.0), 1.0)) for z in (-1, 1)
+        )
         return [
             Figure(self.title, "count", float(pooled[0]), std),
-            Figure(self.title, "mean", centre + half * mean_z, mean_std),
-            Figure(self.title, "standard deviation", sd, sd_std),
+            Figure(
+                self.title,
+                "mean",
+                mean,
+                mean_std,
+                (max(mean - Z95 * mean_std, low), min(mean + Z95 * mean_std, high)),
+                raw=False,
+            ),
+            Figure(
+                self.title,
+                "standard deviation",
+                half * math.sqrt(max(variance, 0.0)),
+                (high_sd - low_sd) / (2 * Z95),
+                (low_sd, high_sd),
+                raw=False,
+            ),
         ]
 
 

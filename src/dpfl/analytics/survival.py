@@ -80,7 +80,11 @@ class KaplanMeier:
     Π_{j≤b}(1 − d_j/(n_j − c_j/2)) from the pooled noisy counts (`curve`). Its 95% band covers the
     population's curve (`POPULATION`): ±Z95 × the square root of Greenwood's variance
     plus the DP noise's (the variance of S over `draws` redraws of the declared noise on
-    the released counts: post-processing)."""
+    the released counts clamped at 0, the counts the curve read: post-processing). Redrawn
+    around a count the noise made negative, the clamp hid most of the redraws' spread
+    exactly where the curve was off, and TCGA-BRCA's band at one year covered 84%
+    (tests/analytics/test_coverage.py). The band is asymptotic: where a bin's events are
+    as few as the noise's std, it covers less (TCGA-BRCA at ε = 1: 89% at 20 years)."""
 
     edges: tuple[float, ...]
     draws: int = 400
@@ -107,7 +111,7 @@ class KaplanMeier:
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]:
-        redrawn = pooled + rng.normal(0.0, std, (self.draws, len(pooled)))
+        redrawn = np.maximum(pooled, 0.0) + rng.normal(0.0, std, (self.draws, len(pooled)))
         return curve_figures(self.title, self.edges, pooled, redrawn)
 
 
@@ -257,7 +261,7 @@ class SurvivalComparison:
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]:
         groups = len(self.values)
-        redrawn = pooled + rng.normal(0.0, std, (self.draws, len(pooled)))
+        redrawn = np.maximum(pooled, 0.0) + rng.normal(0.0, std, (self.draws, len(pooled)))
         figures = []
         for value, counts, again in zip(
             self.values, np.split(pooled, groups), np.split(redrawn, groups, axis=1), strict=True
