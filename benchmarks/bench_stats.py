@@ -13,12 +13,12 @@ curve on the same bins. Also prints each figure's declared noise std beside its 
 Then, on two survival cohorts with ties (scikit-survival's FLCHAIN, bundled, in 3
 hospitals by a fixed hash of the row; TCGA-BRCA), through the Query API (no ledger):
 quantiles 0.1–0.9 by dpfl's noisy-histogram search against OpenDP's quantile mechanism at
-the same ε (where `opendp` imports: PYTHONPATH=/work/opendp_pkgs); Kaplan–Meier against
+the same ε (where `opendp` imports: PYTHONPATH=/tmp/opendp); Kaplan–Meier against
 scikit-survival's on the raw times at ε 0.5, 1, 4 (mean errors over `--releases`); and
 every statistic's 95% interval coverage over `--seeds` releases (asserted by
 tests/analytics/test_coverage.py).
 
-    PYTHONPATH=src:/work/opendp_pkgs .venv/bin/python benchmarks/bench_stats.py --repeats 20
+    PYTHONPATH=src:/tmp/opendp .venv/bin/python benchmarks/bench_stats.py --repeats 20
 """
 
 from __future__ import annotations
