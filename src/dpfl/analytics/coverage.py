@@ -10,14 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from dpfl.analytics.mechanisms import Z95, Figure, Query, figures_of
-
-
-def band(figure: Figure) -> tuple[float, float]:
-    """A figure's 95% interval: its own, or value ± Z95·std for a raw noisy value."""
-    if figure.interval is not None:
-        return figure.interval
-    return figure.value - Z95 * figure.std, figure.value + Z95 * figure.std
+from dpfl.analytics.mechanisms import Query, figures_of
 
 
 def coverage(
@@ -29,7 +22,7 @@ def coverage(
 ) -> np.ndarray:
     """Per figure of `query`, the fraction of `seeds` runs (seed s: its vectors
     `hospitals(rng)`, its noise, its post-processing all from `default_rng(s)`) whose
-    interval (`band`) holds `truth`."""
+    interval (`Figure.band`) holds `truth`."""
     hits, std = np.zeros(len(truth)), noise_multiplier * query.sensitivity
     for seed in range(seeds):
         rng = np.random.default_rng(seed)
@@ -37,7 +30,7 @@ def coverage(
         summed = sum(v + rng.normal(0.0, std, v.shape) for v in vectors)
         names = [str(k) for k in range(len(vectors))]
         released = figures_of([query], [np.asarray(summed)], noise_multiplier, 1, names, rng)
-        bands = np.array([band(f) for f in released.figures])
+        bands = np.array([f.band for f in released.figures])
         hits += (bands[:, 0] <= truth) & (truth <= bands[:, 1])
     covered: np.ndarray = hits / seeds
     return covered

@@ -118,6 +118,16 @@ class Figure:
     cell: tuple[str, str] | None = None
     """Where a cross-tabulated figure lies: its (site, group) column of Table 1."""
 
+    @property
+    def band(self) -> tuple[float, float] | None:
+        """Its 95% interval: its own, or value ± Z95·std for a raw noisy value; None for
+        a figure without one (a test's p-value, a figure of no Gaussian noise)."""
+        if self.interval is not None:
+            return self.interval
+        if not math.isfinite(self.std):
+            return None
+        return self.value - Z95 * self.std, self.value + Z95 * self.std
+
 
 class Query(Protocol):
     """A statistic: its title, each hospital's sum vector, the vector's L2 sensitivity

@@ -52,7 +52,7 @@ def show(run: StatsRun, out: Path) -> None:
     """The figures as a table, each with its noise, its 95% interval and what that
     covers (Table 1's cells: in its CSV and the HTML page), then the HTML page's path."""
     from dpfl.experiments.study.analytics import STATS_HTML, TABLE_ONE_CSV
-    from dpfl.experiments.study.stats_page import interval
+    from dpfl.experiments.study.stats_page import interval_text, std_text
 
     table = Table(
         title=f"{escape(run.study)}: DP statistics (σ = {run.noise_multiplier:.4g}, "
@@ -62,14 +62,13 @@ def show(run: StatsRun, out: Path) -> None:
         table.add_column(column)
     for f in run.figures:
         if f.cell is None:
-            low, high = interval(f)
             covers = f.covers + ("" if f.raw else ", post-processed")
             table.add_row(
                 escape(f.statistic),
                 escape(f.name),
                 f"{f.value:.4g}",
-                f"{f.std:.3g}",
-                f"[{low:.4g}, {high:.4g}]",
+                std_text(f),
+                interval_text(f),
                 covers,
             )
     console.print(table)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import csv
 import io
+import math
 from collections.abc import Sequence
 from html import escape
 
 import numpy as np
 
-from dpfl.analytics import COHORT, Z95, Figure
+from dpfl.analytics import COHORT, Figure
 from dpfl.experiments.results.report.page import Html, figure_html, html_page, html_table
 from dpfl.experiments.study.analytics import StatsRun
 
@@ -19,13 +20,6 @@ COVERS = {
     COHORT: "the exact figure of these records, over the DP noise",
     "population": "the population's figure, over sampling and the DP noise",
 }
-
-
-def interval(figure: Figure) -> tuple[float, float]:
-    """A figure's 95% interval: its own, or a raw figure's value ± Z95 noise stds."""
-    if figure.interval is not None:
-        return figure.interval
-    return (figure.value - Z95 * figure.std, figure.value + Z95 * figure.std)
 
 
 def _covers(figure: Figure) -> str:
@@ -54,7 +48,7 @@ def render(run: StatsRun) -> str:
             body.append(table_one_html(shown, run.epsilon.get(title)))
             continue
         rows = [
-            [f.name, f"{f.value:.4g}", f"{f.std:.3g}", _interval_text(f), _covers(f)] for f in shown
+            [f.name, f"{f.value:.4g}", std_text(f), interval_text(f), _covers(f)] for f in shown
         ]
         body.append(html_table(["figure", "value", "noise std", "95% interval", "covers"], rows))
         if title.startswith("histogram") or shown[0].at is not None:
@@ -62,8 +56,16 @@ def render(run: StatsRun) -> str:
     return html_page(f"{run.study}: DP statistics", "\n".join(body))
 
 
-def _interval_text(figure: Figure) -> str:
-    low, high = interval(figure)
+def std_text(figure: Figure) -> str:
+    """A figure's noise std as printed, or a dash where it has none of its own."""
+    return f"{figure.std:.3g}" if math.isfinite(figure.std) else "—"
+
+
+def interval_text(figure: Figure) -> str:
+    """A figure's 95% interval as printed, or a dash where it has none."""
+    if figure.band is None:
+        return "—"
+    low, high = figure.band
     return f"[{low:.4g}, {high:.4g}]"
 
 
@@ -81,7 +83,7 @@ def _plot(title: str, shown: Sequence[Figure]) -> str:
                 curves.setdefault(f.name.partition(" ")[2], []).append(f)
         for curve, points in curves.items():
             times = [0.0] + [f.at or 0.0 for f in points]
-            low, high = zip(*(interval(f) for f in points), strict=True)
+            low, high = zip(*(f.band or (f.value, f.value) for f in points), strict=True)
             values = [1.0] + [f.value for f in points]
             ax.step(times, values, where="post", label=curve or "DP Kaplan–Meier")
             ax.fill_between(times, [1.0, *low], [1.0, *high], step="post", alpha=0.25)
@@ -156,6 +158,6 @@ def table_one_csv(run: StatsRun) -> str:
     )
     for f in run.figures:
         if f.cell is not None:
-            low, high = interval(f)
+            low, high = f.band or (None, None)
             writer.writerow([*f.cell, f.name, f.value, f.std, low, high, f.covers, f.raw])
     return out.getvalue()
