@@ -126,12 +126,14 @@ class _Joint:
 
     def log_gap(self, gap: int, counts: np.ndarray) -> np.ndarray:
         """log φ: the exponent on gap `gap` holding `counts` values."""
-        return -self.scale * np.abs(counts - self.targets[gap])
+        distance: np.ndarray = np.abs(counts - self.targets[gap])
+        return -self.scale * distance
 
     def last_step(self) -> np.ndarray:
         """The log-mass of (interval, repeats) for the last output, high ending the gap."""
         to_high = self.log_gap(len(self.targets) - 1, self.cut.n - self.cut.ranks)
-        return self.log_alpha[-1] + to_high[:, None]
+        last: np.ndarray = self.log_alpha[-1] + np.expand_dims(to_high, 1)
+        return last
 
 
 def _log_step(cut: _Intervals, log_from: np.ndarray, joint_gap: np.ndarray) -> np.ndarray:
