@@ -88,7 +88,14 @@ def test_joint_exp_with_one_quantile_is_exp(p: float) -> None:
 
 @pytest.mark.parametrize(
     ("x", "ps"),
-    [([1.0, 2.5, 4.0], [0.3, 0.7]), ([1.0, 1.0, 4.0], [0.25, 0.5]), ([1.5, 3.0], [0.2, 0.5, 0.9])],
+    [
+        ([1.0, 2.5, 4.0], [0.3, 0.7]),
+        ([1.0, 1.0, 4.0], [0.25, 0.5]),
+        ([1.5, 3.0], [0.2, 0.5, 0.9]),
+        # targets up to 12 values: the forward pass's windows span several blocks
+        (list(np.round(np.random.default_rng(5).uniform(-0.5, 5.5, 30), 1)), [0.4, 0.6]),
+        (list(np.round(np.random.default_rng(6).uniform(0, 5, 12))), [0.3, 0.5, 0.8]),
+    ],
 )
 def test_joint_exp_law_equals_the_enumeration(x: list[float], ps: list[float]) -> None:
     """The forward pass's normaliser exactly, and the backward draws' frequencies."""

@@ -21,9 +21,6 @@ import numpy as np
 from numpy.typing import ArrayLike
 from scipy.special import logsumexp
 
-_BLOCK = 1 << 22
-"""Most entries in one block of the JointExp transition matrix (bounds its memory)."""
-
 
 @dataclass(frozen=True)
 class _Intervals:
@@ -136,16 +133,39 @@ class _Joint:
         return last
 
 
-def _log_step(cut: _Intervals, log_from: np.ndarray, joint_gap: np.ndarray) -> np.ndarray:
-    """log Σ_{i' < i} exp(log_from[i'] + joint_gap[r_i − r_i']) for every interval i,
-    exactly, in row blocks so that the K×K matrix never sits in memory whole."""
-    out = np.full(len(cut.ranks), -np.inf)
-    rows = max(1, _BLOCK // len(cut.ranks))
-    for start in range(0, len(cut.ranks), rows):
-        counts = cut.ranks[start : start + rows, None] - cut.ranks[None, :]
-        terms = np.where(counts > 0, log_from[None, :] + joint_gap[np.maximum(counts, 0)], -np.inf)
-        out[start : start + rows] = logsumexp(terms, axis=1)
+def _window_logsumexp(v: np.ndarray, width: int) -> np.ndarray:
+    """out[r] = log Σ exp(v[r − width], …, v[r − 1]) (fewer near the start), by blocks of
+    `width`: each window is a block's suffix plus the next block's prefix (van Herk)."""
+    if width == 0:
+        return np.full(len(v), -np.inf)
+    padded = np.concatenate((np.full(width, -np.inf), v))
+    blocks = np.full(-(-len(padded) // width) * width, -np.inf)
+    blocks[: len(padded)] = padded
+    grid = blocks.reshape(-1, width)
+    prefix = np.logaddexp.accumulate(grid, axis=1).ravel()
+    suffix = np.logaddexp.accumulate(grid[:, ::-1], axis=1)[:, ::-1].ravel()
+    start = np.arange(len(v))
+    crosses = start % width != 0
+    out = suffix[start]
+    out[crosses] = np.logaddexp(out[crosses], prefix[start[crosses] + width - 1])
     return out
+
+
+def _log_step(cut: _Intervals, log_from: np.ndarray, scale: float, target: float) -> np.ndarray:
+    """log Σ_{i' < i} exp(log_from[i'] − scale·|r_i − r_i' − target|) for every interval i,
+    in O(n) over the ranks: counts c ≥ ⌈target⌉ weigh exp(−scale·(c − target)), a prefix
+    sum; fewer weigh exp(−scale·(target − c)), a sliding window. Both add positive terms
+    only, so that every entry is exact to rounding, however small."""
+    ranks = np.arange(cut.n + 1)
+    dense = np.full(cut.n + 1, -np.inf)
+    dense[cut.ranks] = log_from
+    split = max(1, math.ceil(target))
+    far = np.full(cut.n + 1, -np.inf)
+    prefix = np.logaddexp.accumulate(dense + scale * ranks)
+    far[split:] = prefix[: cut.n + 1 - split] - scale * (ranks[split:] - target)
+    near = _window_logsumexp(dense - scale * ranks, split - 1) + scale * (ranks - target)
+    step: np.ndarray = np.logaddexp(far, near)[cut.ranks]
+    return step
 
 
 def _joint_tables(
@@ -157,10 +177,10 @@ def _joint_tables(
     scale = epsilon / (2 * 2 * (1 - gaps.min()))
     m, log_widths = len(gaps) - 1, np.log(cut.rights - cut.lefts)
     joint = _Joint(cut, scale, gaps * cut.n, np.full((m, len(cut.ranks), m), -np.inf))
-    log_alpha, everything = joint.log_alpha, np.arange(cut.n + 1)
+    log_alpha = joint.log_alpha
     log_alpha[0, :, 0] = log_widths + joint.log_gap(0, cut.ranks)
     for j in range(1, m):
-        entering = _log_step(cut, logsumexp(log_alpha[j - 1], axis=1), joint.log_gap(j, everything))
+        entering = _log_step(cut, logsumexp(log_alpha[j - 1], axis=1), scale, joint.targets[j])
         log_alpha[j, :, 0] = log_widths + entering
         # output j+1 joins the k before it in interval i: gap of 0 values, and the sorted
         # outputs in one interval of width w fill w^(k+1)/(k+1)!
