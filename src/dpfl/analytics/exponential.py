@@ -3,7 +3,8 @@ for one quantile and JointExp (Gillenwater, Joseph & Kulesza, "Differentially Pr
 Quantiles", ICML 2021, Algorithm 2) for several at once, each ε-DP (pure).
 
 Neighbouring datasets differ by one record added or removed, so the record count n is
-private too. The values, clipped to the public [low, high], cut it into the intervals
+private too (a unit of up to k records, a patient, is k such steps: pass ε/k, group
+privacy). The values, clipped to the public [low, high], cut it into the intervals
 between consecutive order statistics (low and high the outer ends); an output inside the
 interval with r values below it has rank r. Intervals of ties have width 0, hence
 probability 0, and are dropped before any logarithm is taken. Weights stay in log space
@@ -220,7 +221,9 @@ def joint_exponential_quantiles(
     o_{m+1} = high) have utility u = −Σ_j |n_j − (q_j − q_{j−1})·n|, n_j the values in
     [o_{j−1}, o_j). One record added moves one n_j by 1 and every target by its gap, so u
     moves by at most Δ = 2·(1 − min_j (q_j − q_{j−1})), the authors' add/remove
-    sensitivity; the density is ∝ exp(ε·u/(2Δ)) on the sorted outputs, their exponent.
+    sensitivity (not their swap one, Δ = 2, which needs n public); the density is
+    ∝ exp(ε·u/(2Δ)) on the sorted outputs, their exponent. The forward pass costs
+    O(m·n), the draw O(m²·n); with one level this is `exponential_quantile`'s law.
     """
     joint = _joint_tables(x, ps, low, high, epsilon)
     chosen = _joint_sample_intervals(joint, rng)
