@@ -187,7 +187,7 @@ def test_joint_exp_quantiles_of_ages_are_within_a_year_and_a_half(ages: np.ndarr
     )
     assert np.all(np.diff(draws, axis=1) >= 0)
     assert np.all((draws >= 0.0) & (draws <= 120.0))
-    assert np.abs(draws - exact).mean(axis=0) == pytest.approx(0.5, abs=1.0)  # measured 0.48-0.54
+    assert np.all(np.abs(draws - exact).mean(axis=0) < 1.5)  # measured 0.48 to 0.54
 
 
 def _tail(
