@@ -64,6 +64,12 @@ consistent = true
 categories = [{{ column = "sex" }}]
 kaplan_meier = {YEARS}
 survival = [{{ column = "sex", bins = {YEARS} }}]
+[[analytics.quantiles]]
+column = "age"
+bins = [50, 100]
+method = "exponential"
+epsilon = 0.5
+probabilities = [0.25, 0.5, 0.75]
 [analytics.table_one]
 by = "sex"
 categorical = ["mgus"]
@@ -126,5 +132,8 @@ def test_deployed_survival_and_table_one_are_the_simulators_and_charge_each_ledg
     book = _charged(tmp_path / "simulated" / "ledger.sqlite")
     for name, node in nodes.items():
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
-        assert len(mine) == 4 and mine == book[f"{name}/trial-0"]
+        assert len(mine) == 5 and mine == book[f"{name}/trial-0"]
+        ages = np.array([float(r[HEADER.index("age")]) for r in own[name]])
+        median = next(f for f in simulated.figures if f.name == f"hospital {name}: quantile 0.5")
+        assert abs(median.value - np.median(ages)) < 3  # its own, by the exponential mechanism
         assert 0 < served.epsilon[name] <= 10.0

@@ -343,3 +343,31 @@ def test_the_page_draws_each_groups_curve_of_a_survival_comparison() -> None:
     page = render(run)
     assert page.count("<img") == 1 and "log-rank p" in page and "hazard ratio M vs F" in page
     assert "nan" not in page  # a test's figure has no noise std or interval of its own: —
+
+
+def test_exponential_quantiles_fit_in_the_runs_epsilon_with_the_gaussian_ones(
+    tmp_path: Path,
+) -> None:
+    exponential = {"column": "age", "bins": [0, 100], "method": "exponential", "epsilon": 0.5}
+    config, _ = _text_study(tmp_path, epsilon=2.0, quantiles=[exponential])
+    run = stats(config, tmp_path / "out")
+    assert run.epsilon["exponential quantiles of age"] == pytest.approx(0.5)
+    assert run.epsilon["the whole run"] == pytest.approx(2.0, abs=0.01)  # σ calibrated to it
+    medians = [f for f in run.figures if f.name.endswith("quantile 0.5")]
+    assert [f.name for f in medians] == [
+        "hospital north: quantile 0.5",
+        "hospital south: quantile 0.5",
+    ]
+    assert all(40 < f.value < 80 for f in medians)  # ages 30–89, uniform
+
+
+@pytest.mark.parametrize(
+    "quantile",
+    [
+        {"column": "age", "bins": [0, 100], "method": "exponential"},
+        {"column": "age", "bins": [0, 100], "epsilon": 0.5},
+    ],
+)
+def test_epsilon_is_the_exponential_methods_own(tmp_path: Path, quantile: dict) -> None:
+    with pytest.raises(ValueError, match="`epsilon` is the exponential method's own"):
+        _text_study(tmp_path, epsilon=2.0, quantiles=[quantile])

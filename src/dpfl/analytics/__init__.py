@@ -10,6 +10,11 @@ sum of the noisy vectors only (`pooled`) and post-processes it (`Query.figures`)
 figure with the standard deviation of its noise beside it.
 """
 
+from dpfl.analytics.exponential import (
+    ExponentialQuantiles,
+    exponential_quantile,
+    joint_exponential_quantiles,
+)
 from dpfl.analytics.mechanisms import (
     COHORT,
     POPULATION,
@@ -45,6 +50,7 @@ __all__ = [
     "Z95",
     "Continuous",
     "Count",
+    "ExponentialQuantiles",
     "Figure",
     "Histogram",
     "KaplanMeier",
@@ -60,8 +66,10 @@ __all__ = [
     "curve",
     "describe",
     "event_of",
+    "exponential_quantile",
     "figures_of",
     "group",
+    "joint_exponential_quantiles",
     "neighbouring_of",
     "plan_event",
     "plan_refusal",

@@ -17,10 +17,17 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
+import torch
 from numpy.typing import ArrayLike
-from scipy.special import logsumexp
+from scipy.special import log_ndtr, logsumexp, ndtr
+
+from dpfl.analytics.mechanisms import Figure, Records
+
+if TYPE_CHECKING:
+    from dpfl.local.noise import NoiseSource
 
 
 @dataclass(frozen=True)
@@ -228,3 +235,92 @@ def joint_exponential_quantiles(
     joint = _joint_tables(x, ps, low, high, epsilon)
     chosen = _joint_sample_intervals(joint, rng)
     return np.sort(rng.uniform(joint.cut.lefts[chosen], joint.cut.rights[chosen]))
+
+
+class _SecureDraws:
+    """Gumbel and uniform draws from a deployed hospital's CSPRNG (`NoiseSource`), which
+    draws normals only: a standard normal Z gives U = Φ(Z) uniform on (0, 1), and the
+    Gumbel −log(−log Φ(Z)) is taken through log Φ so that its upper tail stays exact."""
+
+    def __init__(self, source: NoiseSource) -> None:
+        self.source = source
+
+    def _normals(self, count: int) -> np.ndarray:
+        return self.source.normal((count,), 1.0, torch.float64).numpy()
+
+    def gumbel(self, size: tuple[int, ...]) -> np.ndarray:
+        z = self._normals(math.prod(size)).reshape(size)
+        return np.asarray(-np.log(-log_ndtr(z)))
+
+    def uniform(self, low: ArrayLike, high: ArrayLike) -> np.ndarray | float:
+        low, high = np.asarray(low, dtype=np.float64), np.asarray(high, dtype=np.float64)
+        u = ndtr(self._normals(max(low.size, 1))).reshape(low.shape)
+        drawn = low + (high - low) * u
+        return float(drawn) if drawn.ndim == 0 else drawn
+
+
+def draws(rng: np.random.Generator | NoiseSource) -> np.random.Generator:
+    """A generator's own draws (research noise), or the CSPRNG's (`_SecureDraws`)."""
+    if isinstance(rng, np.random.Generator):
+        return rng
+    return cast(np.random.Generator, _SecureDraws(rng))
+
+
+@dataclass(frozen=True)
+class ExponentialQuantiles:
+    """Each hospital's own quantiles of a column by JointExp on its own records, at its
+    own pure ε (a `LocalQuery`): in a federation the exact pooled ranks the mechanism
+    samples from exist at no party (the server sees noisy sums only), so the exponential
+    mechanism answers per hospital; the pooled quantiles are the noisy-histogram search
+    (`Quantiles`). Under patient-level units (a patient holds at most `units` records,
+    moving every rank by at most `units`) it runs at ε/units, so that one patient costs ε.
+    The values are clipped to the public `domain`. A figure carries no noise std and no
+    interval: the mechanism's rank error is bounded by a statement on the records (the
+    widths between them), which is not released (`rank_error_bound`)."""
+
+    column: str
+    domain: tuple[float, float]
+    probabilities: tuple[float, ...]
+    epsilon: float
+
+    def __post_init__(self) -> None:
+        _intervals([], self.probabilities, *self.domain, self.epsilon)  # one-line errors
+
+    @property
+    def title(self) -> str:
+        return f"exponential quantiles of {self.column}"
+
+    @property
+    def sensitivity(self) -> float:
+        return 1.0  # a rank's; it scales no Gaussian noise
+
+    def vector(self, records: Records, hospital: int, hospitals: int) -> np.ndarray:
+        """What the mechanism reads: the column's values (never released)."""
+        return records.column(self.column)
+
+    def length(self, hospitals: int) -> int:
+        return hospitals * len(self.probabilities)
+
+    def sample(
+        self,
+        own: np.ndarray,
+        hospital: int,
+        hospitals: int,
+        units: int,
+        rng: np.random.Generator | NoiseSource,
+    ) -> np.ndarray:
+        block = np.zeros((hospitals, len(self.probabilities)))
+        block[hospital] = joint_exponential_quantiles(
+            own, self.probabilities, *self.domain, self.epsilon / units, draws(rng)
+        )
+        return block.ravel()
+
+    def figures(
+        self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
+    ) -> list[Figure]:
+        rows = pooled.reshape(len(names), len(self.probabilities))
+        return [
+            Figure(self.title, f"hospital {name}: quantile {p:g}", float(v), math.nan, raw=False)
+            for name, row in zip(names, rows, strict=True)
+            for p, v in zip(self.probabilities, row, strict=True)
+        ]

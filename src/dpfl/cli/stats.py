@@ -62,7 +62,7 @@ def show(run: StatsRun, out: Path) -> None:
         table.add_column(column)
     for f in run.figures:
         if f.cell is None:
-            covers = f.covers + ("" if f.raw else ", post-processed")
+            covers = "—" if f.band is None else f.covers + ("" if f.raw else ", post-processed")
             table.add_row(
                 escape(f.statistic),
                 escape(f.name),

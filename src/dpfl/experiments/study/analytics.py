@@ -19,6 +19,7 @@ import numpy as np
 from dpfl.analytics import (
     Continuous,
     Count,
+    ExponentialQuantiles,
     Figure,
     Histogram,
     KaplanMeier,
@@ -126,7 +127,12 @@ def queries(
     found += [Histogram(h.column, tuple(h.bins)) for h in analytics.histograms]
     found += [Mean(m.column, m.range) for m in analytics.means]
     found += [
-        Quantiles(q.column, tuple(q.bins), tuple(q.probabilities)) for q in analytics.quantiles
+        Quantiles(q.column, tuple(q.bins), tuple(q.probabilities))
+        if q.epsilon is None
+        else ExponentialQuantiles(
+            q.column, (q.bins[0], q.bins[-1]), tuple(q.probabilities), q.epsilon
+        )
+        for q in analytics.quantiles
     ]
     if analytics.kaplan_meier:
         found.append(KaplanMeier(tuple(analytics.kaplan_meier)))

@@ -241,9 +241,24 @@ class ColumnRange(_Strict):
 
 
 class ColumnQuantiles(ColumnBins):
-    """Quantiles of a column, searched over its declared bins (the domain)."""
+    """Quantiles of a column over its declared domain (the bins' first and last edges).
+    `method`: "histogram", pooled, searched over the declared bins in the stats run's
+    Gaussian release; or "exponential", each hospital's own, by the exponential
+    mechanism (JointExp) on its own records at its own pure `epsilon`, charged beside
+    the Gaussian releases (and counted in the run's calibration)."""
 
     probabilities: list[float] = Field(default_factory=lambda: [0.01, 0.25, 0.5, 0.75, 0.99])
+    method: Literal["histogram", "exponential"] = "histogram"
+    epsilon: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _epsilon_for_exponential(self) -> ColumnQuantiles:
+        if (self.method == "exponential") != (self.epsilon is not None):
+            raise ValueError(
+                f"quantiles of {self.column!r}: `epsilon` is the exponential method's own "
+                '(give it with method = "exponential", and only then)'
+            )
+        return self
 
 
 class ColumnCategories(_Strict):

@@ -23,6 +23,8 @@ COVERS = {
 
 
 def _covers(figure: Figure) -> str:
+    if figure.band is None:
+        return "—"
     kind = "raw noisy value" if figure.raw else "post-processed"
     return f"{figure.covers} ({kind})"
 
