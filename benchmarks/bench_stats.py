@@ -27,14 +27,12 @@ import argparse
 import math
 import os
 import tempfile
-import zlib
 from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sksurv.datasets import load_flchain
 from sksurv.nonparametric import kaplan_meier_estimator
 
 from dpfl.analytics import (
@@ -49,8 +47,9 @@ from dpfl.analytics import (
     curve,
     describe,
     figures_of,
+    joint_exponential_quantiles,
 )
-from dpfl.analytics.coverage import coverage
+from dpfl.analytics.coverage import coverage, flchain
 from dpfl.experiments.study.analytics import cohort
 from dpfl.experiments.study.config import StudyConfig
 from dpfl.privacy import Budget, Ledger, calibrate_noise, events
@@ -158,28 +157,15 @@ FLCHAIN_YEARS = tuple(365.0 * y for y in range(13))
 PROBABILITIES = (0.1, 0.25, 0.5, 0.75, 0.9)
 
 
-def _flchain() -> dict[str, Records]:
-    """scikit-survival's FLCHAIN (bundled: no download) in 3 hospitals by a fixed hash of
-    the row, with death as the label and sex (1: male) as a column."""
-    features, outcome = load_flchain()
-    records = Records(
-        {"age": features["age"].to_numpy(), "sex": (features["sex"] == "M").to_numpy() * 1.0},
-        labels=outcome["death"].astype(int),
-        time=outcome["futime"],
-        event=outcome["death"],
-    )
-    hospital = np.array([zlib.crc32(str(i).encode()) % 3 for i in range(len(records))])
-    return {f"hospital-{k}": records.take(np.flatnonzero(hospital == k)) for k in range(3)}
-
-
 def _cases() -> dict[str, dict[str, Any]]:
     """The two survival cohorts, each with a column's declared domain and its bins."""
     return {
         "FLCHAIN": {
-            "hospitals": _flchain(),
+            "hospitals": flchain(),
             "column": "age",
             "range": (40.0, 110.0),
-            "quantile bins": tuple(np.arange(40.0, 111.0)),
+            "quantile bins": tuple(np.arange(39.5, 111.0)),  # whole years: bins centred on them
+            "candidates": tuple(np.arange(40.0, 111.0)),  # OpenDP's: the whole years
             "histogram bins": tuple(np.arange(40.0, 111.0, 10.0)),
             "count": Count((0, 1), {"sex": (1.0,)}),
             "years": FLCHAIN_YEARS,
@@ -189,6 +175,7 @@ def _cases() -> dict[str, dict[str, Any]]:
             "column": "age_at_index",
             "range": (0.0, 1.0),
             "quantile bins": tuple(np.linspace(0.0, 1.0, 51)),
+            "candidates": tuple(np.linspace(0.0, 1.0, 51)),
             "histogram bins": tuple(np.linspace(0.0, 1.0, 11)),
             "count": Count((), {"race_white": (1.0,)}),
             "years": YEARS,
@@ -258,12 +245,15 @@ def quantile_errors(case: dict[str, Any], epsilon: float, repeats: int) -> dict[
     query = Quantiles(column, case["quantile bins"], PROBABILITIES)
     pooled = [sum(_vectors(query, hospitals))]
     sigma, rng = _sigma(epsilon), np.random.default_rng(0)
-    errors: dict[str, list[float]] = {"central": [], "federated": [], "opendp": []}
-    opendp = _opendp(x, case["quantile bins"], epsilon)
+    errors: dict[str, list[float]] = {"central": [], "federated": [], "exp": [], "opendp": []}
+    opendp = _opendp(x, case["candidates"], epsilon)
     for _ in range(repeats if sigma > 0 else 1):
         for key, vectors in (("central", pooled), ("federated", _vectors(query, hospitals))):
             values = [f.value for f in _released(query, vectors, sigma, rng)]
             errors[key].append(float(np.mean(np.abs(np.array(values) - exact))))
+        if math.isfinite(epsilon):  # dpfl's exponential mechanism, one site, pure ε
+            drawn = joint_exponential_quantiles(x, PROBABILITIES, low, high, epsilon, rng)
+            errors["exp"].append(float(np.mean(np.abs(drawn - exact))))
         if opendp is not None:
             errors["opendp"].append(float(np.mean(np.abs(np.array(opendp()) - exact))))
     return {k: float(np.mean(v)) if v else None for k, v in errors.items()} | {"sigma": sigma}
@@ -367,17 +357,20 @@ def _comparisons(cases: dict[str, dict[str, Any]], releases: int, seeds: int) ->
         "\nQuantiles 0.1, 0.25, 0.5, 0.75, 0.9: mean absolute error against the exact "
         "(inverted-CDF) quantile, in the column's units (TCGA-BRCA's age on [0, 1]). dpfl: "
         "one Gaussian histogram at (ε, δ = 1e-5) per hospital, central (the pooled column, "
-        f"one site) and federated (each hospital its noise); {opendp}: make_private_quantile "
-        "at pure ε/5 each (ε over the five, δ = 0), candidates dpfl's bin edges. ε = ∞: no "
-        "noise (the bins' and the definitions' floor).\n"
+        f"one site) and federated (each hospital its noise), bins centred on FLCHAIN's whole "
+        "years; dpfl JointExp: the exponential mechanism on the pooled column (one site), pure "
+        f"ε over the five; {opendp}: make_private_quantile at pure ε/5 each (ε over the five, "
+        "δ = 0), candidates the whole years (TCGA-BRCA: dpfl's bin edges). ε = ∞: no noise "
+        "(the bins' and the definitions' floor).\n"
     )
-    _header("dataset", "ε", "dpfl σ", "dpfl central", "dpfl federated", "OpenDP")
+    _header("dataset", "ε", "dpfl σ", "dpfl central", "dpfl federated", "dpfl JointExp", "OpenDP")
     for name, case in cases.items():
         for epsilon in (math.inf, 0.5, 1.0, 4.0):
             r = quantile_errors(case, epsilon, releases)
             theirs = "OpenDP not installed" if r["opendp"] is None else f"{r['opendp']:.4f}"
             row = (f"{epsilon:g}", f"{r['sigma']:.2f}", f"{r['central']:.4f}")
-            _row(name, *row, f"{r['federated']:.4f}", theirs)
+            joint = "—" if r["exp"] is None else f"{r['exp']:.4f}"
+            _row(name, *row, f"{r['federated']:.4f}", joint, theirs)
     print(
         "\nKaplan–Meier (federated, one release at ε per hospital, δ = 1e-5) against "
         "scikit-survival's Kaplan–Meier on the raw times at each edge (ε = ∞: the bins "

@@ -12,12 +12,10 @@ over resamples of each hospital's records (the bootstrap world) and the noise.""
 from __future__ import annotations
 
 import math
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
-from sksurv.datasets import load_flchain
 
 from dpfl.analytics import (
     Count,
@@ -31,6 +29,7 @@ from dpfl.analytics import (
     figures_of,
 )
 from dpfl.analytics.coverage import coverage
+from dpfl.analytics.coverage import flchain as flchain_hospitals
 from dpfl.experiments.study.analytics import cohort
 from dpfl.experiments.study.config import StudyConfig
 from dpfl.privacy import calibrate_noise, events
@@ -49,16 +48,8 @@ def sigma() -> float:
 
 @pytest.fixture(scope="module")
 def flchain() -> dict:
-    features, outcome = load_flchain()
-    records = Records(
-        {"age": features["age"].to_numpy(), "sex": (features["sex"] == "M").to_numpy() * 1.0},
-        labels=outcome["death"].astype(int),
-        time=outcome["futime"],
-        event=outcome["death"],
-    )
-    hospital = np.array([zlib.crc32(str(i).encode()) % 3 for i in range(len(records))])
     return {
-        "hospitals": [records.take(np.flatnonzero(hospital == k)) for k in range(3)],
+        "hospitals": list(flchain_hospitals().values()),
         "column": "age",
         "range": (40.0, 110.0),
         "quantile bins": tuple(np.arange(40.0, 111.0)),

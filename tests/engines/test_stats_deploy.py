@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,7 @@ from dpfl.engines.flower import DeploymentError, masking
 from dpfl.engines.flower.analytics import serve_stats
 from dpfl.engines.flower.he import EncryptedSum, make_key_files
 from dpfl.engines.flower.hospital import Hospital
+from dpfl.engines.flower.protocol import Analytics
 from dpfl.experiments.study.analytics import STATS_JSON, StatsRun, stats
 from dpfl.experiments.study.deployment import (
     STATS_ERROR,
@@ -107,35 +109,34 @@ def test_a_hospital_over_its_budget_refuses_before_anything_is_charged(
         assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
 
 
-def test_a_plan_other_than_the_hospitals_study_is_refused(
-    table_study: Path, tmp_path: Path
-) -> None:
-    study = _stats_study(table_study)
-    nodes = table_hospitals(study, tmp_path / "hospitals")
-    run = deployment_of(study)
-    assert run.analytics is not None
-    other = dataclasses.replace(run.analytics, noise_multiplier=0.5)
-    with pytest.raises(
-        DeploymentError, match=r"east refused: the server asks for .*noise multiplier 0\.5"
-    ):
-        serve_stats(InProcessGrid(nodes.values()), dataclasses.replace(run, analytics=other))
-    for name, node in nodes.items():
-        assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
+def _other_sigma(analytics: Analytics) -> Analytics:
+    return dataclasses.replace(analytics, noise_multiplier=0.5)
 
 
-def test_a_plan_with_other_bins_of_the_same_length_is_refused(
-    table_study: Path, tmp_path: Path
-) -> None:
-    study = _stats_study(table_study)
-    nodes = table_hospitals(study, tmp_path / "hospitals")
-    run = deployment_of(study)
-    assert run.analytics is not None
-    counts, histogram, *rest = run.analytics.queries
+def _other_bins(analytics: Analytics) -> Analytics:
+    """The histogram's bins moved, their count kept: the same lengths, another plan."""
+    counts, histogram, *rest = analytics.queries
     assert isinstance(histogram, Histogram)
-    moved = Histogram(histogram.column, (0.0, 30.0, 60.0, 80.0, 100.0))  # 4 bins, as before
-    other = dataclasses.replace(run.analytics, queries=(counts, moved, *rest))
-    with pytest.raises(DeploymentError, match=r"east refused: the server asks for .*30\.0"):
-        serve_stats(InProcessGrid(nodes.values()), dataclasses.replace(run, analytics=other))
+    moved = Histogram(histogram.column, (0.0, 30.0, 60.0, 80.0, 100.0))
+    return dataclasses.replace(analytics, queries=(counts, moved, *rest))
+
+
+@pytest.mark.parametrize(
+    ("other", "said"),
+    [(_other_sigma, r"noise multiplier 0\.5"), (_other_bins, r"30\.0, 60\.0")],
+)
+def test_a_plan_other_than_the_hospitals_study_is_refused(
+    table_study: Path, tmp_path: Path, other: Callable[[Analytics], Analytics], said: str
+) -> None:
+    study = _stats_study(table_study)
+    nodes = table_hospitals(study, tmp_path / "hospitals")
+    run = deployment_of(study)
+    assert run.analytics is not None
+    with pytest.raises(DeploymentError, match=f"east refused: the server asks for .*{said}"):
+        serve_stats(
+            InProcessGrid(nodes.values()),
+            dataclasses.replace(run, analytics=other(run.analytics)),
+        )
     for name, node in nodes.items():
         assert entries(Path(node["ledger"]), f"{name}/trial-0") == []
 
