@@ -371,3 +371,19 @@ def test_exponential_quantiles_fit_in_the_runs_epsilon_with_the_gaussian_ones(
 def test_epsilon_is_the_exponential_methods_own(tmp_path: Path, quantile: dict) -> None:
     with pytest.raises(ValueError, match="`epsilon` is the exponential method's own"):
         _text_study(tmp_path, epsilon=2.0, quantiles=[quantile])
+
+
+def test_a_run_of_exponential_quantiles_alone_spends_their_epsilon_only(tmp_path: Path) -> None:
+    exponential = {"column": "age", "bins": [0, 100], "method": "exponential", "epsilon": 0.5}
+    config, _ = _text_study(
+        tmp_path, epsilon=1.0, counts=False, categories=[], quantiles=[exponential] * 2
+    )
+    run = stats(config, tmp_path / "out")
+    assert run.epsilon["the whole run"] == pytest.approx(1.0)  # no Gaussian release charged
+    with Ledger(tmp_path / "out" / "ledger.sqlite", create=False) as book:
+        assert book.spent("north/trial-0").epsilon == pytest.approx(1.0)
+    over, _ = _text_study(
+        tmp_path, epsilon=0.9, counts=False, categories=[], quantiles=[exponential] * 2
+    )
+    with pytest.raises(ValueError, match=r"add up to 1, over the run's epsilon 0\.9"):
+        stats(over, tmp_path / "again")

@@ -184,13 +184,19 @@ def plan_event(
 ) -> events.PrivacyEvent:
     """Every query's release, composed: the Gaussian ones at σ, the local ones at their
     own ε (basic composition on top)."""
-    local = [q for q in queries if isinstance(q, LocalQuery)]
-    gaussian = events.gaussian(
-        noise_multiplier, count=max(len(queries) - len(local), 1), neighbouring=neighbouring
-    )
+    local = [event_of(q, noise_multiplier, neighbouring) for q in queries if is_local(q)]
+    gaussians = len(queries) - len(local)
     if not local:
-        return gaussian
-    return events.compose([gaussian, *(event_of(q, noise_multiplier, neighbouring) for q in local)])
+        return events.gaussian(noise_multiplier, count=gaussians, neighbouring=neighbouring)
+    if not gaussians:
+        return events.compose(local)
+    gaussian = events.gaussian(noise_multiplier, count=gaussians, neighbouring=neighbouring)
+    return events.compose([gaussian, *local])
+
+
+def is_local(query: Query) -> bool:
+    """Whether a hospital releases `query` by its own mechanism (`LocalQuery`)."""
+    return isinstance(query, LocalQuery)
 
 
 def release(

@@ -31,6 +31,7 @@ from dpfl.analytics import (
     TableOne,
     describe,
     event_of,
+    is_local,
     plan_event,
 )
 from dpfl.data.dataset import Dataset
@@ -272,6 +273,14 @@ def noise_multiplier(config: StudyConfig, chosen: Sequence[Query]) -> float:
     if analytics.epsilon is None:
         raise ValueError("[analytics]: give `epsilon` or `noise_multiplier`")
     neighbouring = neighbouring_in(config)
+    if all(is_local(q) for q in chosen):  # no Gaussian release: σ shapes nothing
+        spent = epsilon(plan_event(chosen, 1.0, neighbouring), privacy.delta).epsilon
+        if spent > analytics.epsilon:
+            raise ValueError(
+                f"[analytics]: the exponential quantiles' own ε add up to {spent:g}, over the "
+                f"run's epsilon {analytics.epsilon:g}"
+            )
+        return 1.0
     return calibrate_noise(
         analytics.epsilon,
         privacy.delta,
