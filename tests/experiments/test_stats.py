@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import runpy
 from pathlib import Path
 
 import numpy as np
@@ -387,3 +388,20 @@ def test_a_run_of_exponential_quantiles_alone_spends_their_epsilon_only(tmp_path
     )
     with pytest.raises(ValueError, match=r"add up to 1, over the run's epsilon 0\.9"):
         stats(over, tmp_path / "again")
+
+
+def test_the_worked_example_runs_on_flchain_as_the_docs_show(tmp_path: Path) -> None:
+    """docs/studies/flchain-stats.toml on the CSV docs/studies/flchain_csv.py writes."""
+    studies = Path(__file__).parents[2] / "docs" / "studies"
+    writer = runpy.run_path(str(studies / "flchain_csv.py"))
+    writer["write"](tmp_path / "flchain.csv")
+    (tmp_path / "study.toml").write_text(
+        (studies / "flchain-stats.toml").read_text(encoding="utf-8"), encoding="utf-8"
+    )
+    run = stats(load(tmp_path / "study.toml").points[0][1], tmp_path / "out")
+    value = {f.name: f for f in run.figures if f.cell is None}
+    assert value["S(4380)"].value == pytest.approx(0.7174, abs=0.02)  # Kaplan–Meier's 0.7174
+    ratio = value["hazard ratio M vs F"]
+    assert ratio.band is not None and ratio.band[0] < 1.088 < ratio.band[1]  # Cox's, exact
+    assert run.epsilon["the whole run"] == pytest.approx(1.0, abs=0.01)
+    assert (tmp_path / "out" / "table_one.csv").exists()

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -152,21 +152,16 @@ class TableOne:
             sums = np.r_[n, cell[at : at + 2]]
             histogram = cell[at + 2 : at + variable.width]
             at += variable.width
-            for figure in [
-                *variable.mean.figures(sums, std, [], rng)[1:],
-                *variable.quartiles.figures(histogram, std, [], rng),
-            ]:
-                name = f"{variable.column}: {figure.name}"
-                out.append(
-                    Figure(
-                        self.title,
-                        name,
-                        figure.value,
-                        figure.std,
-                        figure.interval,
-                        covers=figure.covers,
-                        raw=figure.raw,
-                        cell=where,
-                    )
+            out += [
+                replace(
+                    figure,
+                    statistic=self.title,
+                    name=f"{variable.column}: {figure.name}",
+                    cell=where,
                 )
+                for figure in [
+                    *variable.mean.figures(sums, std, [], rng)[1:],
+                    *variable.quartiles.figures(histogram, std, [], rng),
+                ]
+            ]
         return out
