@@ -10,8 +10,9 @@ Within a block, one cell per group (each declared value of the grouping column, 
 declared category (+ other), and each continuous variable's clipped sums (`Mean`'s,
 without its count) and histogram (`Quantiles`'). A record moves one cell of its own
 block and of the pooled block, so Δ = √2 × √(1 + C + Σ(1.25 + 1)) over C categorical
-and the continuous variables. The group "all" of each block is the sum of its cells
-(post-processing).
+and the continuous variables. Post-processing: the pooled cells are the inverse-variance
+mean of the pooled block and the sum of the hospitals' blocks (noise variance K/(K + 1)
+of the block's alone), and the group "all" of each site is the sum of its cells.
 """
 
 from __future__ import annotations
@@ -114,14 +115,19 @@ class TableOne:
     def figures(
         self, pooled: np.ndarray, std: float, names: Sequence[str], rng: np.random.Generator
     ) -> list[Figure]:
-        blocks = pooled.reshape(len(names) + 1, self.cells, self.cell)
+        blocks = pooled.reshape(len(names) + 1, self.cells, self.cell).copy()
+        hospitals = len(names)
+        # the pooled block and the sum of the hospitals' blocks estimate the same sums,
+        # with noise variances std² and K·std²: their inverse-variance mean has K/(K + 1)
+        blocks[-1] = (hospitals * blocks[-1] + blocks[:-1].sum(axis=0)) / (hospitals + 1)
         labels = [*map(shown, self.groups), "other"]
         figures: list[Figure] = []
-        for site, block in zip([*names, "pooled"], blocks, strict=True):
-            cells = [("all", block[0], std)]
+        for k, (site, block) in enumerate(zip([*names, "pooled"], blocks, strict=True)):
+            noise = std * math.sqrt(hospitals / (hospitals + 1) if k == hospitals else 1.0)
+            cells = [("all", block[0], noise)]
             if self.by is not None:  # "all": the sum of the groups' cells
-                cells = [(g, c, std) for g, c in zip(labels, block, strict=True)]
-                cells.append(("all", block.sum(axis=0), std * math.sqrt(len(block))))
+                cells = [(g, c, noise) for g, c in zip(labels, block, strict=True)]
+                cells.append(("all", block.sum(axis=0), noise * math.sqrt(len(block))))
             for group, cell, spread in cells:
                 figures += self._cell_figures(cell, spread, (site, group), rng)
         return figures
