@@ -4,6 +4,8 @@ cells' intervals cover."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 from sksurv.datasets import load_flchain
@@ -102,3 +104,21 @@ def test_the_cells_intervals_cover_the_exact_figures(hospitals) -> None:
             assert rate >= 0.93, (key, rate)  # whole bins: conservative
         else:
             assert 0.93 <= rate <= 0.97, (key, rate)
+
+
+def test_consistent_cells_are_non_negative_integers_that_add_up(hospitals) -> None:
+    table = replace(TABLE, consistent=True)
+    exact = _pooled(hospitals)
+    rng = np.random.default_rng(3)
+    std = 20.0
+    figures = table.figures(exact + rng.normal(0.0, std, exact.shape), std, HOSPITALS, rng)
+    at = {(f.name, f.cell): f for f in figures}
+    for cell in {f.cell for f in figures}:
+        n = at[("n", cell)].value
+        for column, levels in table.categorical:
+            counts = [at[(f"{column} = {level}", cell)].value for level in (*levels, "other")]
+            assert all(c >= 0 and c == int(c) for c in counts) and sum(counts) == n
+        assert not at[("n", cell)].raw
+    for site in (*HOSPITALS, "pooled"):
+        groups = [at[("mgus = yes", (site, g))].value for g in ("F", "other")]
+        assert at[("mgus = yes", (site, "all"))].value == sum(groups)

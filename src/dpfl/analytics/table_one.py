@@ -17,12 +17,14 @@ of the block's alone), and the group "all" of each site is the sum of its cells.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from dpfl.analytics.consistency import consistent
 from dpfl.analytics.mechanisms import (
     Figure,
     Mean,
@@ -67,6 +69,10 @@ class TableOne:
     categorical: tuple[tuple[str, tuple[str | float, ...]], ...]
     continuous: tuple[Continuous, ...]
     title: str = "Table 1"
+    consistent: bool = False
+    """Each cell's counts as non-negative integers, each categorical column's adding up
+    to the cell's n, and "all" the sum of the groups (`dpfl.analytics.consistency`;
+    `raw = false`); the hospitals' cells are not made to add up to the pooled one."""
 
     @property
     def sensitivity(self) -> float:
@@ -124,6 +130,8 @@ class TableOne:
         figures: list[Figure] = []
         for k, (site, block) in enumerate(zip([*names, "pooled"], blocks, strict=True)):
             noise = std * math.sqrt(hospitals / (hospitals + 1) if k == hospitals else 1.0)
+            if self.consistent:
+                block = np.array([self._counted(cell) for cell in block])
             cells = [("all", block[0], noise)]
             if self.by is not None:  # "all": the sum of the groups' cells
                 cells = [(g, c, noise) for g, c in zip(labels, block, strict=True)]
@@ -132,15 +140,23 @@ class TableOne:
                 figures += self._cell_figures(cell, spread, (site, group), rng)
         return figures
 
+    def _counted(self, cell: np.ndarray) -> np.ndarray:
+        """A cell with its counts (n, then each categorical column's) made consistent."""
+        starts = np.cumsum([1, *(len(values) + 1 for _, values in self.categorical)])
+        groups = [range(a, b) for a, b in itertools.pairwise(starts)]
+        counts = consistent(cell[: starts[-1]], 0, groups)
+        return np.concatenate([counts, cell[starts[-1] :]])
+
     def _cell_figures(
         self, cell: np.ndarray, std: float, where: tuple[str, str], rng: np.random.Generator
     ) -> list[Figure]:
-        n = float(cell[0])
-        out = [Figure(self.title, "n", n, std, cell=where)]
+        n, raw = float(cell[0]), not self.consistent
+        out = [Figure(self.title, "n", n, std, raw=raw, cell=where)]
         at = 1
         for column, values in self.categorical:
             for level, count in zip([*map(shown, values), "other"], cell[at:], strict=False):
-                out.append(Figure(self.title, f"{column} = {level}", float(count), std, cell=where))
+                name = f"{column} = {level}"
+                out.append(Figure(self.title, name, float(count), std, raw=raw, cell=where))
                 share = 100 * float(count) / max(n, 1.0)
                 share_std = 100 * std * math.sqrt(1 + (share / 100) ** 2) / max(n, 1.0)
                 out.append(

@@ -138,7 +138,7 @@ def queries(
     if analytics.kaplan_meier:
         found.append(KaplanMeier(tuple(analytics.kaplan_meier)))
     if analytics.table_one is not None:
-        found.append(_table_one(analytics.table_one, text))
+        found.append(_table_one(analytics.table_one, text, analytics.consistent))
     found += [
         SurvivalComparison(
             s.column,
@@ -170,7 +170,9 @@ def _values(counted: ColumnCategories, text: Mapping[str, Sequence[str]]) -> lis
     return list(declared)
 
 
-def _table_one(table: TableOneConfig, text: Mapping[str, Sequence[str]]) -> TableOne:
+def _table_one(
+    table: TableOneConfig, text: Mapping[str, Sequence[str]], consistent: bool
+) -> TableOne:
     """The section's Table 1, each group and category list as declared."""
     groups: tuple[str | float, ...] = ()
     if table.by is not None:
@@ -191,6 +193,7 @@ def _table_one(table: TableOneConfig, text: Mapping[str, Sequence[str]]) -> Tabl
             )
             for v in table.continuous
         ),
+        consistent=consistent,
     )
 
 
