@@ -100,11 +100,12 @@ of the time over the sampling and the DP noise together (asymptotically)."""
 
 @dataclass(frozen=True)
 class Figure:
-    """One released figure, the std of its DP noise and its 95% interval: where the
-    interval is None the figure is a raw noisy value, its noise additive and unbiased,
-    and value ± Z95 std covers the records' exact value 95% of the time. `covers` says
-    what an interval covers (`COHORT` or `POPULATION`); `raw` is False where the value
-    was post-processed (clamped, made consistent with its total) and so may be biased."""
+    """One released figure, the std of its DP noise and its 95% interval (`band`): its
+    own `interval`, or value ± Z95 std where the noise is additive (a raw noisy value;
+    a percentage, by the delta method), or none (a test's figure, a figure of no
+    Gaussian noise). `covers` says what the interval covers (`COHORT` or `POPULATION`);
+    `raw` is True for a noisy value as released (unbiased), False where it was
+    post-processed (clamped, made consistent with its total, a ratio) and may be biased."""
 
     statistic: str
     name: str
