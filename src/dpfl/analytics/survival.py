@@ -118,10 +118,10 @@ class KaplanMeier:
 def curve_figures(
     title: str, edges: Sequence[float], counts: np.ndarray, redrawn: np.ndarray, of: str = ""
 ) -> list[Figure]:
-    """S at each bin's end from noisy (events, censorings) per bin, each with its 95%
-    band (`POPULATION`): ±Z95 × √(Greenwood's variance + the variance of S over the
-    `redrawn` counts, the released ones with the declared noise drawn again). `of` names
-    the group after each figure's name."""
+    """S at each bin's end from noisy `survival_counts`, each with its 95% band
+    (`POPULATION`): ±Z95 × √(Greenwood's variance + the variance of S over the `redrawn`
+    counts, the released ones clamped at 0 with the declared noise drawn again). `of`
+    names the group after each figure's name."""
     (s,), (greenwood,), _, _ = curve(counts)
     spread = np.sqrt(greenwood + curve(redrawn)[0].var(axis=0))
     return [
@@ -209,18 +209,19 @@ def hazard_ratios(d: np.ndarray, exposure: np.ndarray) -> tuple[np.ndarray, np.n
 class SurvivalComparison:
     """Survival between the declared groups of a column (the records whose value is one
     of `values`; any other value adds nothing) on public time bins: each group's
-    (events, censorings) per bin (`survival_counts`), group after group; one record moves
-    one coordinate by 1. From the pooled noisy counts (clamped at 0): each group's
-    Kaplan–Meier curve with its band (`curve_figures`); the log-rank test, χ² =
+    `survival_counts` (events and censorings per bin, and those followed past the last
+    edge), group after group; one record moves one coordinate by 1. From the pooled
+    noisy counts (clamped at 0): each group's Kaplan–Meier curve with its band
+    (`curve_figures`); the log-rank test, χ² =
     (O − E)ᵀ(V + C)⁻¹(O − E) on G − 1 degrees of freedom, V the hypergeometric covariance
     and C the covariance of O − E over `draws` redraws of the declared noise on the
     released counts, so that the test keeps its level under the noise (a test's figures
-    have no noise std of their own: nan); and Cox hazard ratios against the first group
+    have no noise std or interval of their own: nan); and Cox hazard ratios against the first group
     as a piecewise-exponential model with a baseline hazard per bin (Holford 1980; Laird
     & Olivier 1981), exposure E_bg = width_b·(n_bg − (d_bg + c_bg)/2), each ratio's std
     that of log HR (the inverse information's plus the redraws' variance of β̂), its
     interval exp(β̂ ± Z95 std) covering the population's (`POPULATION`). The bins are the
-    resolution: times are rounded up to their bin's end."""
+    resolution: the test and the model see times rounded up to their bin's end."""
 
     column: str
     values: tuple[str | float, ...]
