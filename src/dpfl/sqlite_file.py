@@ -18,8 +18,9 @@ was. SQLite keeps no checksums: a changed byte inside a stored value is not dete
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 _DAMAGED = {"SQLITE_CORRUPT", "SQLITE_NOTADB"}
@@ -27,6 +28,29 @@ _MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite file
 # A read-only connection to a WAL file needs its -shm index, which it cannot create in a
 # read-only directory: SQLite then says one of these.
 _NO_INDEX = {"SQLITE_READONLY_DIRECTORY", "SQLITE_CANTOPEN"}
+
+
+Migration = str | Callable[[sqlite3.Connection], None]
+"""How schema v becomes v + 1: SQL statements, or a function run on the connection."""
+
+
+@dataclass(frozen=True)
+class Consent:
+    """An upgrade that is never made silently: files of schema `since` or older are
+    upgraded only where `given`; otherwise opening one for writing raises `error` with
+    `how` (what the user runs to give it). Read-only opens read them as they are."""
+
+    since: int
+    given: bool
+    how: str
+    error: type[Exception]
+
+    def check(self, path: Path, version: int) -> None:
+        if version <= self.since and not self.given:
+            raise self.error(
+                f"{path} was written by an older dpfl (schema {version}); it is read as it "
+                f"is, but not written to until you upgrade it: {self.how}"
+            )
 
 
 class DamagedFileError(Exception):
@@ -58,14 +82,17 @@ def open_database(
     schema_version: int,
     error: type[Exception],
     damaged: type[DamagedFileError],
-    migrations: dict[int, str] | None = None,
+    migrations: Mapping[int, Migration] | None = None,
     read_only: bool = False,
+    consent: Consent | None = None,
 ) -> sqlite3.Connection:
     """Open or create a `kind` file at `path` in WAL mode with `synchronous=FULL`;
     anything else at that path raises `error` (`damaged` for a damaged file) and is left
     as it was. `migrations[v]` holds the statements that bring schema v to v + 1 (applied
     in one transaction each, so an older file is upgraded in place and never left
-    half-way).
+    half-way): SQL statements, or a function that makes the change on the connection.
+    With `consent`, an upgrade from its version on is made only where it was given; a
+    file of that version or older is otherwise refused, saying how to give it.
 
     `read_only` opens an existing file without ever writing to it (no schema, no
     upgrade: an older schema that `migrations` can upgrade is read as it is, so callers
@@ -106,6 +133,8 @@ def open_database(
         if app_id != application_id:
             raise error(f"{path} is an SQLite file but not a dpfl {kind}")
         upgradable = migrations or {}
+        if not read_only and consent is not None and version < schema_version:
+            consent.check(path, version)
         while not read_only and version < schema_version and version in upgradable:
             _migrate(db, upgradable[version], version + 1)
             app_id, version = _identity(db)
@@ -199,13 +228,16 @@ def _connect_read_only(
     return sqlite3.connect(f"{uri}?immutable=1", uri=True, isolation_level=None)
 
 
-def _migrate(db: sqlite3.Connection, statements: str, version: int) -> None:
+def _migrate(db: sqlite3.Connection, migration: Migration, version: int) -> None:
     with write_transaction(db):
         if _identity(db)[1] == version:  # another process upgraded it meanwhile
             return
-        for statement in statements.split(";"):
-            if statement.strip():
-                db.execute(statement)
+        if callable(migration):
+            migration(db)
+        else:
+            for statement in migration.split(";"):
+                if statement.strip():
+                    db.execute(statement)
         db.execute(f"PRAGMA user_version = {version}")
 
 

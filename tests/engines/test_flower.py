@@ -27,7 +27,7 @@ from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.datasets import build_silos
-from dpfl.experiments.study.deployment import client_app, deployment_of, study_point
+from dpfl.experiments.study.deployment import approve, client_app, deployment_of, study_point
 from dpfl.federation.silo import Silo
 from dpfl.privacy import Ledger, events
 
@@ -87,7 +87,11 @@ class InProcessGrid(Grid):
     with its node's context (node config and state kept between messages), as a
     SuperNode would deliver it; an exception becomes an error reply, as in Flower."""
 
-    def __init__(self, nodes: Iterable[dict[str, Any]]) -> None:
+    def __init__(self, nodes: Iterable[dict[str, Any]], *, approved: bool = True) -> None:
+        nodes = list(nodes)
+        if approved:  # each hospital's officer approves the study as it runs it
+            for node in nodes:
+                approve_node(node)
         self.app = client_app()
         self.replies: dict[str, Message] = {}
         self.apps: dict[int, Callable[[Message, Context], Message]] = {}
@@ -137,6 +141,20 @@ class InProcessGrid(Grid):
         self, messages: Iterable[Message], *, timeout: float | None = None
     ) -> Iterable[Message]:
         raise NotImplementedError
+
+
+def approve_node(node: dict[str, Any], name: str | None = None) -> None:
+    """The hospital's officer approves its study as its node config runs it."""
+    budget = node.get("dataset-budget")
+    approve(
+        Path(node["study"]),
+        ledger=Path(node["ledger"]),
+        identity=Path(node["identity"]),
+        epsilon=float(node["epsilon"]),
+        delta=float(node["delta"]),
+        dataset_cap=None if budget is None else float(budget),
+        name=name,
+    )
 
 
 def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:

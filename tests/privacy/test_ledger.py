@@ -314,6 +314,7 @@ def test_a_reader_reads_an_older_schema_without_upgrading_it(ledger: Ledger) -> 
     ledger.close()
     db = sqlite3.connect(ledger.path)  # as dpfl wrote it before owners and released values
     db.execute("DROP TABLE facts")
+    db.execute("DROP TABLE chain")
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
@@ -325,9 +326,13 @@ def test_a_reader_reads_an_older_schema_without_upgrading_it(ledger: Ledger) -> 
     db = sqlite3.connect(ledger.path)
     assert db.execute("PRAGMA user_version").fetchone() == (1,)  # not upgraded
     db.close()
-    with Ledger(ledger.path) as writer:  # a writer upgrades it in place
+    with pytest.raises(LedgerError, match="not written to until you upgrade it"):
+        Ledger(ledger.path)  # never upgraded silently
+    assert _stamp(ledger.path) == before
+    with Ledger(ledger.path, upgrade=True) as writer:  # with consent, upgraded in place
         writer.claim("run-1")
         assert writer.owner == "run-1"
+        assert writer.verify().ok
 
 
 def test_an_empty_file_is_not_a_ledger_and_stays_empty(tmp_path: Path) -> None:

@@ -71,10 +71,11 @@ def test_a_schema_1_ledger_is_upgraded_in_place_with_its_events(tmp_path: Path) 
         spent = book.spent("a/trial-0").epsilon
     db = sqlite3.connect(path)
     db.execute("DROP TABLE facts")
+    db.execute("DROP TABLE chain")
     db.execute("PRAGMA user_version = 1")
     db.commit()
     db.close()
-    with Ledger(path) as book:
+    with Ledger(path, upgrade=True) as book:
         assert book.spent("a/trial-0").epsilon == spent
         book.claim("run 1")
         assert book.owner == "run 1"

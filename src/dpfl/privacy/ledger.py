@@ -41,14 +41,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Concatenate, ParamSpec, TypeVar
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from dp_accounting import dp_event as dpe
 
-from dpfl.privacy import calibration, events
+from dpfl.privacy import calibration, chain, events, governance, mirror
 from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
 from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
 from dpfl.privacy.events import Neighbouring, PrivacyEvent
 from dpfl.sqlite_file import (
+    Consent,
     DamagedFileError,
+    Migration,
     database_errors,
     open_database,
     schema_of,
@@ -56,7 +59,7 @@ from dpfl.sqlite_file import (
 )
 
 _APPLICATION_ID = 0x6470666C  # "dpfl": marks the SQLite file as a dpfl ledger
-_SCHEMA_VERSION = 3
+_SCHEMA_VERSION = 4
 _FACTS = """
 CREATE TABLE facts (
     key TEXT PRIMARY KEY,
@@ -79,8 +82,18 @@ CREATE TABLE IF NOT EXISTS memberships (
 );
 CREATE INDEX IF NOT EXISTS memberships_by_dataset ON memberships(dataset);
 """
-# schema 1 had no facts (no owner, no released values); schema 2 no dataset caps, no studies
-_MIGRATIONS = {1: _FACTS, 2: _DATASETS}
+
+
+def _chained(db: sqlite3.Connection) -> None:
+    """Schema 3 to 4: the hash chain, holding every row the ledger had (`mirror`)."""
+    db.execute(chain.SCHEMA)
+    mirror.chain_rows(db)
+
+
+# schema 1 had no facts (no owner, no released values); schema 2 no dataset caps, no
+# studies; schema 3 no hash chain (an upgrade to 4 only with the user's consent)
+_MIGRATIONS: dict[int, Migration] = {1: _FACTS, 2: _DATASETS, 3: _chained}
+UPGRADE_COMMAND = "dpfl privacy upgrade"
 _CAP_ACCOUNTANT: Accountant | None = None
 """A cap's accountant: PLD where it can analyse all its events, else RDP."""
 _PATIENCE = 600.0
@@ -110,6 +123,7 @@ CREATE TABLE events (
 CREATE INDEX events_by_silo ON events(silo, id);
 """
     + _DATASETS
+    + chain.SCHEMA
 )
 
 
@@ -236,7 +250,9 @@ class Ledger:
     hospital's): every name it is given or shows is the study's own; stored, each is
     `study:name`, with the study beside it. `create=False` opens an existing ledger
     read-only, for readers: nothing is ever written to it (not even an empty or older
-    file is initialised or upgraded).
+    file is initialised or upgraded). A ledger written before the hash chain (schema 3 or
+    older) is opened for writing only with `upgrade=True`, the user's consent, which adds
+    the chain over everything it holds (`dpfl privacy upgrade`); readers read it as it is.
     """
 
     def __init__(
@@ -246,14 +262,16 @@ class Ledger:
         accountant: Accountant | str | None = None,
         create: bool = True,
         study: str | None = None,
+        upgrade: bool = False,
     ) -> None:
         if study is not None and (not study or ":" in study):
             raise PrivacyParameterError(f"a study's name must be non-empty, without ':': {study!r}")
         self.path = Path(path)
         self.accountant = None if accountant is None else Accountant(accountant)
         self.study = study
-        self._db = _open(self.path, read_only=not create)
+        self._db = _open(self.path, read_only=not create, upgrade=upgrade)
         self._caps = schema_of(self._db) >= 3  # a reader of an older file: no caps
+        self._chain = schema_of(self._db) >= 4  # nor a chain
         self._within_budget: dict[str, list[Counter[str]]] = {}
         self._over_budget: dict[str, list[Counter[str]]] = {}
         self._budgets: dict[str, Budget] = {}
@@ -276,10 +294,14 @@ class Ledger:
         with write_transaction(self._db) as db:
             existing = _cap_or_none(db, dataset)
             if existing is None:
-                db.execute(
-                    "INSERT INTO datasets VALUES (?, ?, ?, ?, ?)",
-                    (dataset, wanted.epsilon, wanted.delta, wanted.neighbouring.value, time.time()),
+                row = (
+                    dataset,
+                    wanted.epsilon,
+                    wanted.delta,
+                    wanted.neighbouring.value,
+                    time.time(),
                 )
+                mirror.write(db, "datasets", [row])
             elif existing != wanted:
                 raise LedgerError(
                     f"dataset {dataset!r} is already capped at {_show_limit(existing)}; "
@@ -351,8 +373,9 @@ class Ledger:
                         f"refusing to change it to {_show_budget(budget)}"
                     )
             created = time.time()
-            db.executemany(
-                "INSERT INTO silos VALUES (?, ?, ?, ?, ?, ?)",
+            mirror.write(
+                db,
+                "silos",
                 [
                     (
                         self._stored(silo),
@@ -365,8 +388,9 @@ class Ledger:
                     for silo in new
                 ],
             )
-            db.executemany(
-                "INSERT INTO memberships VALUES (?, ?, ?)",
+            mirror.write(
+                db,
+                "memberships",
                 [
                     (self._stored(silo), self.study, wanted[silo].dataset)
                     for silo in new
@@ -544,9 +568,7 @@ class Ledger:
             if kept is not None:
                 return float(json.loads(kept))
             value = float(draw())
-            db.execute(
-                "INSERT INTO facts VALUES (?, ?, ?)", (label, json.dumps(value), time.time())
-            )
+            mirror.write(db, "facts", [(label, json.dumps(value), time.time())])
             return value
 
     @_guarded
@@ -567,7 +589,7 @@ class Ledger:
         with write_transaction(self._db) as db:
             if _fact(db, key) is not None:
                 return True
-            db.execute("INSERT INTO facts VALUES (?, ?, ?)", (key, "", time.time()))
+            mirror.write(db, "facts", [(key, "", time.time())])
             return False
 
     @_guarded
@@ -578,7 +600,7 @@ class Ledger:
         with write_transaction(self._db) as db:
             claimed = _fact(db, "owner")
             if claimed is None:
-                db.execute("INSERT INTO facts VALUES ('owner', ?, ?)", (owner, time.time()))
+                mirror.write(db, "facts", [("owner", owner, time.time())])
             elif claimed != owner:
                 raise LedgerError(
                     f"ledger {self.path} belongs to {claimed!r}, not to {owner!r}; refusing "
@@ -590,6 +612,81 @@ class Ledger:
     def owner(self) -> str | None:
         """Who claimed this ledger (`claim`), if anyone (no one, in a schema-1 ledger)."""
         return None if schema_of(self._db) < 2 else _fact(self._db, "owner")
+
+    # -- governance: the chain, its seals, approvals and refusals ---------------------
+
+    @_guarded
+    def head(self) -> chain.Link | None:
+        """The chain's last entry (None: empty, or a ledger from before the chain)."""
+        return chain.head(self._db) if self._chain else None
+
+    @_guarded
+    def verify(self) -> governance.Verification:
+        """The hash chain walked and the tables compared with it: where it breaks, if it
+        does (`dpfl privacy verify`)."""
+        if not self._chain:
+            return governance.Verification(
+                0,
+                chain.GENESIS,
+                0,
+                [
+                    f"{self.path} was written before the hash chain (schema "
+                    f"{schema_of(self._db)}): nothing can be verified until it is upgraded "
+                    f"(`{UPGRADE_COMMAND} {self.path}`)"
+                ],
+            )
+        with _read_transaction(self._db) as db:
+            return governance.verify(db)
+
+    @_guarded
+    def receipt(self, key: Ed25519PrivateKey, *, hospital: str, after: int) -> chain.Receipt:
+        """Seal the chain's head with `key` and return the receipt of this book's charges
+        recorded after entry `after` (a release's: what the server is given)."""
+        with write_transaction(self._db) as db:
+            mine = [
+                link
+                for link in chain.links(db, kinds=("events",), after=after)
+                if all(self._mine(row[1]) for row in link.data["rows"])
+            ]
+            return chain.Receipt(hospital, self.study, tuple(mine), chain.seal(db, key))
+
+    @_guarded
+    def approve(self, approval: governance.Approval, key: Ed25519PrivateKey) -> governance.Approval:
+        """Keep the officer's approval, signed with the hospital's identity `key`; one
+        under the same name supersedes it."""
+        with write_transaction(self._db) as db:
+            return governance.approve(db, approval, key)
+
+    @_guarded
+    def revoke(self, name: str, key: Ed25519PrivateKey) -> governance.Approval:
+        with write_transaction(self._db) as db:
+            return governance.revoke(db, name, key)
+
+    @_guarded
+    def approvals(self) -> list[governance.Approval]:
+        return governance.approvals(self._db) if self._chain else []
+
+    @_guarded
+    def refuse(self, silo: str, reason: str, *, round: int | None = None) -> None:
+        """Keep the refusal of a release charged to `silo` (this book's), and why."""
+        with write_transaction(self._db) as db:
+            governance.refuse(db, self.study, self._stored(silo), round, reason)
+
+    @_guarded
+    def refusals(self) -> list[governance.Refusal]:
+        return governance.refusals(self._db) if self._chain else []
+
+    @_guarded
+    def name_study(self, key: str, name: str) -> None:
+        """Keep a study's name beside its key (what a statement shows), once."""
+        if name and key not in self.study_names():
+            with write_transaction(self._db) as db:
+                governance.study_name(db, key, name)
+
+    @_guarded
+    def study_names(self) -> dict[str, str]:
+        """Each study's name, by its key, where it was kept."""
+        return governance.study_names(self._db) if schema_of(self._db) >= 2 else {}
 
     # -- reading --------------------------------------------------------------------
 
@@ -781,16 +878,15 @@ class Ledger:
         if not charges:
             return []
         recorded_at = time.time()
-        db.executemany(
-            "INSERT INTO events (silo, round, label, event, recorded_at) VALUES (?, ?, ?, ?, ?)",
-            [
-                (self._stored(silo), round, label, event.to_json(), recorded_at)
-                for silo, event in charges
-            ],
-        )
-        # one writer holds the transaction: the rows got consecutive ids ending at the last
-        (last,) = db.execute("SELECT last_insert_rowid()").fetchone()
-        first = int(last) - len(charges) + 1
+        (used,) = db.execute(  # the ids AUTOINCREMENT gave, deleted ones included
+            "SELECT COALESCE((SELECT seq FROM sqlite_sequence WHERE name = 'events'), 0)"
+        ).fetchone()
+        first = int(used) + 1
+        rows = [
+            (first + i, self._stored(silo), round, label, event.to_json(), recorded_at)
+            for i, (silo, event) in enumerate(charges)
+        ]
+        mirror.write(db, "events", rows)
         return [
             Entry(first + i, silo, event, label, round, recorded_at)
             for i, (silo, event) in enumerate(charges)
@@ -1027,8 +1123,10 @@ def _show_limit(cap: Cap) -> str:
     return f"(ε={cap.epsilon:g}, δ={cap.delta:g}, {cap.neighbouring.description})"
 
 
-def _open(path: Path, *, read_only: bool) -> sqlite3.Connection:
-    """Open or create a ledger file; refuse, without touching it, anything that is not one."""
+def _open(path: Path, *, read_only: bool, upgrade: bool) -> sqlite3.Connection:
+    """Open or create a ledger file; refuse, without touching it, anything that is not one,
+    and, unless `upgrade`, one written before the hash chain (schema 3 or older)."""
+    how = f"back it up, then run `{UPGRADE_COMMAND} {path}`"
     return open_database(
         path,
         kind="ledger",
@@ -1039,4 +1137,5 @@ def _open(path: Path, *, read_only: bool) -> sqlite3.Connection:
         damaged=DamagedLedgerError,
         migrations=_MIGRATIONS,
         read_only=read_only,
+        consent=Consent(3, upgrade, how, LedgerError),
     )

@@ -41,7 +41,7 @@ from dpfl.analytics import (
     released,
     vectors,
 )
-from dpfl.engines.flower.hospital import Hospital
+from dpfl.engines.flower.hospital import Hospital, head_seq
 from dpfl.engines.flower.protocol import LOG, Analytics, Deployment, DeploymentError, Exchange
 from dpfl.engines.flower.roster import RosterError
 from dpfl.engines.flower.server import Server
@@ -87,7 +87,10 @@ def _records(hospital: Hospital, analytics: Analytics) -> Records:
 
 
 def _refused(hospital: Hospital, why: str) -> dict[str, Any]:
+    """A refusal, logged and kept in the hospital's ledger."""
     LOG.warning("%s: statistics refused: %s", hospital.me.name, why)
+    with hospital.ledger() as book:
+        book.refuse(hospital.account, f"statistics: {why}")
     return {"refused": why}
 
 
@@ -106,6 +109,7 @@ def _release(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     study's `secure_aggregation` says."""
     me, run = hospital.me, hospital.run
     with hospital.ledger() as book:
+        after = head_seq(book)
         why = _refusal(hospital, fields, book) or hospital.protection.refusal(hospital, fields)
         if why is not None:
             return _refused(hospital, why)
@@ -127,6 +131,7 @@ def _release(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
             hospitals=len(names),
         )
         spent = book.spent(hospital.account)
+        receipt = hospital.receipt(book, after)
     LOG.info(
         "%s: released %d statistics at σ=%g; ε %.4g of %g at δ=%g",
         me.name,
@@ -138,7 +143,7 @@ def _release(hospital: Hospital, fields: Mapping[str, Any]) -> dict[str, Any]:
     )
     vector = torch.from_numpy(np.concatenate(noisy))
     out = hospital.protection.released(hospital, fields, vector)
-    return {"epsilon": spent.epsilon, **out}
+    return {"epsilon": spent.epsilon, **out, **receipt}
 
 
 HOSPITAL: dict[str, Work] = {

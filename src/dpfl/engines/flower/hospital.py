@@ -47,6 +47,7 @@ from dpfl.engines.accounts import (
     unaffordable,
 )
 from dpfl.engines.evaluation import evaluate, predictions
+from dpfl.engines.flower import approval
 from dpfl.engines.flower.protocol import (
     INSTANCE,
     LOG,
@@ -86,6 +87,7 @@ from dpfl.local.mechanisms import forget_streams
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, Ledger, events
 from dpfl.privacy.errors import BudgetExceededError, PrivacyError
+from dpfl.privacy.governance import Approval
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,12 @@ class HospitalConfig:
             )
         return run
 
+    def approval(self, run: Deployment, name: str | None = None) -> Approval:
+        """The approval its officer must have given to run `run` at its budget and cap."""
+        return approval.wanted(
+            run, epsilon=self.epsilon, delta=self.delta, dataset_cap=self.dataset_budget, name=name
+        )
+
     def silo(self, run: Deployment) -> Silo:
         """The hospital's records, with its public size (the study's declared one, else
         its own; None where it releases a DP count): its own file read through the study's
@@ -217,6 +225,7 @@ class Hospital:
         if not INSTANCE.fullmatch(instance) and "study" in fields:
             raise DeploymentError(f"a malformed run instance {instance!r}")
         run = me.deployment(deployment_of)
+        approval.check(me.ledger, me.approval(run), me.identity)
         me = dataclasses.replace(me, public_size=run.sizes.get(me.name, me.public_size))
         silo = me.silo(run)
         if run.size_noise is not None:
@@ -323,6 +332,7 @@ class Hospital:
         book = _ledger(self.me, self.run, self.silo)
         budgets = {self.me.name: (self.me.epsilon, self.me.delta)}
         try:
+            book.name_study(self.run.key, self.run.name)
             register_accounts(book, [_declared(self.me, self.silo)], 1, budgets)
         except BaseException:
             book.close()
@@ -360,10 +370,19 @@ class Hospital:
             {me.name: count + evaluations},
         ).least(me)
 
-    def refused(self, round_: int, why: str) -> dict[str, Any]:
-        """A refusal, logged at this hospital too."""
-        LOG.warning("%s: round %d: refused: %s", self.me.name, round_, why)
+    def refused(self, round_: int | None, why: str) -> dict[str, Any]:
+        """A refusal, logged at this hospital and kept in its ledger (its statement lists
+        every one)."""
+        LOG.warning("%s: round %s: refused: %s", self.me.name, round_, why)
+        with _ledger(self.me, self.run, self.silo) as book:
+            book.refuse(self.account, why, round=round_)
         return {"refused": why}
+
+    def receipt(self, book: Ledger, after: int) -> dict[str, str]:
+        """The signed receipt of what this release charged after chain entry `after`, for
+        the server to keep (`dpfl privacy verify --receipts`)."""
+        made = book.receipt(read_identity(self.me.identity), hospital=self.me.name, after=after)
+        return {"receipt": made.to_json()}
 
     def refusal(
         self,
@@ -418,6 +437,7 @@ class Hospital:
             )
             return dict(saved["reply"])
         with self.open(algorithm, silos) as book:
+            after = head_seq(book)
             why = self.refusal(book, algorithm, silos, round_, exchange)
             try:
                 self.run.roster.check([str(n) for n in fields["cohort"]], "the cohort")
@@ -467,6 +487,8 @@ class Hospital:
                 return self.refused(round_, f"{self.account}: {exc}")
             spent = book.spent(self.account)
             out: dict[str, Any] = {"epsilon": spent.epsilon}
+            if head_seq(book) > after:
+                out.update(self.receipt(book, after))
         LOG.info(
             "%s: round %d exchange %d: charged %s; ε %.4g of %g at δ=%g (%s)",
             self.me.name,
@@ -517,6 +539,7 @@ class Hospital:
             if why is None and plan.release == "dp":
                 why = book.refusal([(self.account, plan.event(silo.info))])
             if why is not None:
+                book.refuse(self.account, f"evaluation: {why}")
                 LOG.warning("%s: evaluation refused: %s", self.me.name, why)
                 return {"refused": why}
             local = saved.get("local", {})
@@ -526,7 +549,9 @@ class Hospital:
                 if plan.release == "clear":
                     out = self.clear(algorithm, model, scores, int(fields["round"]))
                 else:
+                    after = head_seq(book)
                     out = self.noisy(book, algorithm, silos, scores)
+                    out.update(self.receipt(book, after))
             book.noted(self._evaluation_key(answered), note=True)
         self._save({**saved, "evaluated": {"digest": digest, "reply": out}})
         return out
@@ -671,6 +696,14 @@ def _handler(
             why = f"{name}: its record count cannot be released: {exc}"
             LOG.warning("%s", why)
             return Message(record({"name": name, "refused": why}), reply_to=message)
+        except approval.NotApprovedError as exc:  # kept in its ledger, if it has one
+            me = HospitalConfig.from_node_config(context.node_config)
+            why = f"{me.name}: {exc}"
+            LOG.warning("%s", why)
+            if me.ledger.is_file() and me.ledger.stat().st_size:
+                with Ledger(me.ledger) as book:
+                    book.refuse(account(me.name, 0), str(exc))
+            return Message(record({"name": me.name, "refused": why}), reply_to=message)
         answer = work(hospital, fields)
         keep(fields, context.state)
         return Message(record(answer), reply_to=message)
@@ -741,6 +774,13 @@ def client_app(deployment_of: DeploymentOf, queries: Mapping[str, Work]) -> Clie
     for kind, work in queries.items():
         app.query(kind)(_handler(work, deployment_of))
     return app
+
+
+def head_seq(book: Ledger) -> int:
+    """The number of the ledger's last chain entry: a release's receipt holds the
+    entries after it."""
+    head = book.head()
+    return 0 if head is None else head.seq
 
 
 def _ledger(me: HospitalConfig, run: Deployment, silo: Silo) -> Ledger:

@@ -106,6 +106,12 @@ class Deployment:
     deployment can release."""
     evaluation: Evaluation = field(default_factory=lambda: Evaluation())
     """What each hospital's evaluation of the final model releases, and how often."""
+    name: str = ""
+    """The study's name: how a hospital's ledger and statement show it."""
+    digests: Mapping[str, str | None] = field(default_factory=dict)
+    """SHA-256 of what a hospital's approval covers (`flower.approval`): "study" (the
+    study file's bytes), "model" (the model file it names; None: a built-in model),
+    "schema" (its `[data]` section, canonical)."""
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,9 @@ means, and which studies a deployment can uphold, is decided here."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
 import time
 from collections.abc import Mapping, Sequence
 from functools import partial
@@ -21,8 +24,9 @@ from flwr.serverapp import Grid, ServerApp
 from dpfl import secure
 from dpfl.engines import flower
 from dpfl.engines.flower import analytics as deployed_analytics
+from dpfl.engines.flower import approval
 from dpfl.engines.flower.protocol import LOG
-from dpfl.engines.flower.roster import Roster
+from dpfl.engines.flower.roster import PREFIX, Roster, public_text, read_identity
 from dpfl.experiments.results.datasheet import ASSUMPTIONS, mechanism
 from dpfl.experiments.results.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
 from dpfl.experiments.study import analytics
@@ -33,6 +37,8 @@ from dpfl.experiments.study.runner import owning
 from dpfl.federation.algorithms import BY_NAME
 from dpfl.federation.algorithms.base import Algorithm
 from dpfl.federation.silo import Silo, SiloInfo
+from dpfl.models.factories import source_file
+from dpfl.privacy.governance import Approval
 
 
 def study_point(path: str | Path) -> StudyConfig:
@@ -159,8 +165,45 @@ def schema(width: int, classes: int | None) -> tuple[tuple[int, ...], int]:
 
 
 def deployment_of(path: Path) -> flower.Deployment:
-    """A study file's deployment (the `DeploymentOf` both apps use)."""
-    return deployment(study_point(path))
+    """A study file's deployment (the `DeploymentOf` both apps use), with the digests of
+    what a hospital's approval covers."""
+    config = study_point(path)
+    factory = config.model.factory
+    schema_text = json.dumps(config.data.model_dump(mode="json"), sort_keys=True)
+    digests = {
+        "study": _sha256(path.read_bytes()),
+        "model": None if factory is None else _sha256(source_file(factory).read_bytes()),
+        "schema": _sha256(schema_text.encode()),
+    }
+    return dataclasses.replace(deployment(config), name=config.name, digests=digests)
+
+
+def approve(
+    study: Path,
+    *,
+    ledger: Path,
+    identity: Path,
+    epsilon: float,
+    delta: float,
+    dataset_cap: float | None = None,
+    name: str | None = None,
+) -> Approval:
+    """A hospital officer's approval of `study` (`dpfl deploy approve`): at this budget
+    and cap, signed with the hospital's identity key, which the study's roster must list,
+    and kept in its ledger, where `dpfl deploy hospital` looks for it."""
+    run = deployment_of(study)
+    mine = public_text(read_identity(identity))
+    if mine not in {f"{PREFIX}{key.hex()}" for key in run.roster.identities.values()}:
+        raise flower.DeploymentError(
+            f"study {run.name!r}'s roster does not list the identity key in {identity} "
+            f"({mine}): it is not this hospital's study"
+        )
+    needed = approval.wanted(run, epsilon=epsilon, delta=delta, dataset_cap=dataset_cap, name=name)
+    return approval.approve(ledger, needed, identity)
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def client_app() -> ClientApp:
