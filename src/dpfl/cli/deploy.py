@@ -161,7 +161,7 @@ def hospital(
 ) -> None:
     """Start this hospital's SuperNode; it trains only what its own budget affords, in a
     federation of the study's \\[roster] only."""
-    from dpfl.engines.flower import HospitalConfig
+    from dpfl.engines.flower import HospitalConfig, approval
     from dpfl.engines.flower.loopback import node_config
     from dpfl.experiments.study.deployment import deployment_of
     from dpfl.privacy import Ledger
@@ -184,8 +184,11 @@ def hospital(
         if ledger.is_file() and ledger.stat().st_size:  # a damaged one: refused here, not
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed, a roster that does
-        # not list this hospital's identity key, and data that cannot be read
-        me.silo(run := me.deployment(deployment_of))
+        # not list this hospital's identity key, one its officer did not approve as it is
+        # run, and data that cannot be read
+        run = me.deployment(deployment_of)
+        approval.check(me.ledger, me.approval(run), me.identity)
+        me.silo(run)
         transport = _transport(insecure, root_certificates)
         typer.echo(f"{name}'s evaluation: {run.evaluation.describe()}", err=True)
     config = node_config(node)
@@ -205,6 +208,106 @@ def hospital(
         ],
         beside=[_clientapp(port)],
     )
+
+
+IdentityOpt = Annotated[
+    Path, typer.Option(help="The hospital's identity key (`dpfl deploy identity`), which signs.")
+]
+LedgerOpt = Annotated[Path, typer.Option(help="The hospital's ledger (SQLite).")]
+
+
+@app.command("approve")
+def approve_command(
+    study: Annotated[Path, typer.Argument(help="The study file, as the hospital will run it.")],
+    ledger: LedgerOpt,
+    identity: IdentityOpt,
+    epsilon: Annotated[float, typer.Option(help="The ε budget approved for this study.")],
+    delta: Annotated[float, typer.Option(help="The δ approved.")],
+    dataset_budget: Annotated[
+        float | None,
+        typer.Option(help="The dataset's cap approved (`dpfl deploy hospital --dataset-budget`)."),
+    ] = None,
+    name: Annotated[
+        str | None,
+        typer.Option(
+            help="The approval's name (default: the study's); one of the same name is superseded."
+        ),
+    ] = None,
+) -> None:
+    """The officer's approval of a study: the digests of its study file, its model file,
+    its data schema and this dpfl, with the budget and cap, signed with the hospital's
+    identity key and kept in its ledger. `dpfl deploy hospital` runs nothing else."""
+    from dpfl.experiments.study.deployment import approve
+
+    with reported_errors():
+        made = approve(
+            study,
+            ledger=ledger,
+            identity=identity,
+            epsilon=epsilon,
+            delta=delta,
+            dataset_cap=dataset_budget,
+            name=name,
+        )
+    cap = "" if made.dataset_cap is None else f", dataset cap ε={made.dataset_cap:g}"
+    typer.echo(
+        f"approved {made.name!r}: study {made.study!r} ({made.study_digest[:12]}), model "
+        f"{(made.model_digest or 'built-in')[:12]}, schema {made.schema_digest[:12]}, dpfl "
+        f"{made.dpfl_version}; ε={made.epsilon:g} at δ={made.delta:g}{cap}; signed by {made.key}"
+    )
+
+
+@app.command("approvals")
+def approvals_command(
+    ledger: LedgerOpt,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
+) -> None:
+    """Every approval in the ledger: active, superseded or revoked. Read-only."""
+    import dataclasses
+    import json
+
+    from rich.console import Console
+    from rich.table import Table
+
+    from dpfl.privacy import Ledger
+
+    with reported_errors(), Ledger(ledger, create=False) as book:
+        found = book.approvals()
+    if as_json:
+        typer.echo(json.dumps([dataclasses.asdict(a) for a in found], indent=2))
+        return
+    table = Table(title=f"approvals in {escape(str(ledger))}")
+    for column in ("name", "study", "ε", "δ", "cap", "approved", "state"):
+        table.add_column(column)
+    for a in found:
+        state = "active" if a.active else "revoked" if a.revoked_at else "superseded"
+        table.add_row(
+            escape(a.name),
+            escape(a.study),
+            f"{a.epsilon:g}",
+            f"{a.delta:g}",
+            "" if a.dataset_cap is None else f"{a.dataset_cap:g}",
+            time.strftime("%Y-%m-%d %H:%M", time.localtime(a.approved_at)),
+            state,
+        )
+    Console().print(table)
+
+
+@app.command("revoke")
+def revoke_command(
+    name: Annotated[str, typer.Argument(help="The approval's name (`dpfl deploy approvals`).")],
+    ledger: LedgerOpt,
+    identity: IdentityOpt,
+) -> None:
+    """End an approval: the study runs no more at this hospital (signed, kept)."""
+    from dpfl.engines.flower.roster import read_identity
+    from dpfl.privacy import Ledger
+
+    with reported_errors(), Ledger(ledger, create=False) as reader:
+        reader.approvals()  # a missing or foreign file: refused before anything is written
+    with reported_errors(), Ledger(ledger) as book:
+        book.revoke(name, read_identity(identity))
+    typer.echo(f"revoked {name!r}")
 
 
 @app.command("server")

@@ -273,6 +273,103 @@ def ledger_command(
                 console.print(table)
 
 
+@app.command("verify")
+def verify_command(
+    path: Annotated[Path, typer.Argument(help="A hospital's or a study's ledger file.")],
+    receipts: Annotated[
+        Path | None,
+        typer.Option(
+            help="A folder of the receipts a server kept (`dpfl deploy server`'s "
+            "OUT/receipts): each one of this ledger is checked against it."
+        ),
+    ] = None,
+    json: JsonOpt = False,
+) -> None:
+    """Check the ledger's hash chain, its seals and its tables; with --receipts, that it
+    still holds what each receipt a server was given says. Exit status 1 where it
+    breaks, saying where. Read-only: creates nothing beside the file."""
+    from dpfl.privacy import Ledger
+
+    with reported_errors():
+        given = [] if receipts is None else _receipts(receipts)
+        with Ledger(path, create=False) as ledger:
+            found = ledger.verify()
+            against, mine = ledger.checked(given) if given else ([], 0)
+    problems = found.problems + [p for p in against if p not in found.problems]
+    shown = {
+        "ledger": str(path),
+        "ok": not problems,
+        "entries": found.entries,
+        "head": found.head,
+        "seals": found.seals,
+        "receipts": mine,
+        "other_receipts": len(given) - mine,
+        "problems": problems,
+    }
+    if json:
+        print_json(shown)
+    else:
+        verdict = "[green]intact[/green]" if not problems else "[red]BROKEN[/red]"
+        console.print(
+            f"ledger {escape(str(path))}: {verdict}: {found.entries} chain entries, "
+            f"{found.seals} seals, head {found.head[:16]}"
+            + ("" if receipts is None else f"; {mine} receipts of it checked")
+            + (
+                ""
+                if not given or mine == len(given)
+                else f" ({len(given) - mine} of other ledgers)"
+            )
+        )
+        for problem in problems:
+            console.print(f"  {escape(problem)}", soft_wrap=True)
+    if problems:
+        raise typer.Exit(1)
+
+
+def _receipts(folder: Path) -> list[Any]:
+    """Every receipt (`*.json`) under `folder`; one that is not a receipt is refused by
+    name."""
+    from dpfl.privacy.chain import Receipt
+
+    if not folder.is_dir():
+        raise ValueError(f"no folder of receipts at {folder}")
+    read = []
+    for path in sorted(folder.rglob("*.json")):
+        try:
+            read.append(Receipt.from_json(path.read_text(encoding="utf-8")))
+        except ValueError as exc:
+            raise ValueError(f"{path}: {exc}") from None
+    return read
+
+
+@app.command("upgrade")
+def upgrade_command(
+    path: Annotated[Path, typer.Argument(help="A ledger written by an older dpfl.")],
+    yes: Annotated[
+        bool, typer.Option("--yes", help="Upgrade without asking (you backed it up).")
+    ] = False,
+) -> None:
+    """Upgrade a ledger written before the hash chain: every entry it holds is chained,
+    in one transaction. Older dpfl can no longer write to it: back it up first."""
+    from dpfl.privacy import Ledger
+
+    with reported_errors():
+        with Ledger(path, create=False) as reader:
+            chained = reader.chained
+        if chained:
+            console.print(f"{escape(str(path))} is already chained: nothing to upgrade")
+            return
+        if not yes and not typer.confirm(
+            f"Upgrade {path}? Older dpfl can no longer write to it (back it up first)"
+        ):
+            raise typer.Exit(1)
+        with Ledger(path, upgrade=True) as ledger:
+            found = ledger.verify()
+    console.print(
+        f"upgraded {escape(str(path))}: {found.entries} chain entries, head {found.head[:16]}"
+    )
+
+
 def _answer(
     json: bool, key: str, value: float, shown: str, report: EpsilonReport, target: float
 ) -> None:

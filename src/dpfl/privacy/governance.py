@@ -170,6 +170,34 @@ def verify(db: sqlite3.Connection) -> Verification:
     return Verification(len(links), links[-1].hash if links else chain.GENESIS, seals, problems)
 
 
+def receipt_problems(db: sqlite3.Connection, receipt: chain.Receipt) -> list[str]:
+    """Where the ledger disagrees with a receipt the hospital gave (empty: it holds the
+    entries the receipt names, as they were, and the seal). A receipt of another ledger is
+    not this one's to judge: the caller sorts them by `receipt.seal.ledger`."""
+    seal = receipt.seal
+    name = f"{receipt.hospital}'s receipt of entry {seal.seq}"
+    found = [f"{name}: {problem}" for problem in receipt.problems()]
+    last = chain.head(db)
+    if last is None or last.seq < seal.seq + 1:
+        ends = 0 if last is None else last.seq
+        return [*found, f"{name}: the ledger ends at entry {ends}: entries were removed"]
+    held = {
+        link.seq: link
+        for link in chain.links(
+            db, after=min([seal.seq - 1, *(link.seq - 1 for link in receipt.entries)])
+        )
+    }
+    for link in receipt.entries:
+        if link.seq not in held or held[link.seq].hash != link.hash:
+            found.append(f"{name}: entry {link.seq} ({link.kind}) is no longer what was charged")
+    if seal.seq not in held or held[seal.seq].hash != seal.head:
+        found.append(f"{name}: the ledger's entry {seal.seq} is not the one it sealed")
+    kept = held.get(seal.seq + 1)
+    if kept is None or kept.kind != "seal" or kept.data.get("signature") != seal.signature:
+        found.append(f"{name}: its seal is not in the ledger after entry {seal.seq}")
+    return found
+
+
 def _signature_problems(links: Sequence[chain.Link]) -> list[str]:
     found = []
     for link in links:

@@ -615,6 +615,12 @@ class Ledger:
 
     # -- governance: the chain, its seals, approvals and refusals ---------------------
 
+    @property
+    def chained(self) -> bool:
+        """Whether the ledger has its hash chain (one written before it has not, until
+        upgraded)."""
+        return self._chain
+
     @_guarded
     def head(self) -> chain.Link | None:
         """The chain's last entry (None: empty, or a ledger from before the chain)."""
@@ -637,6 +643,17 @@ class Ledger:
             )
         with _read_transaction(self._db) as db:
             return governance.verify(db)
+
+    @_guarded
+    def checked(self, receipts: Sequence[chain.Receipt]) -> tuple[list[str], int]:
+        """Where this ledger disagrees with the receipts of it among `receipts` (a
+        server's, `dpfl privacy verify --receipts`), and how many were of it."""
+        if not self._chain:
+            return self.verify().problems, 0
+        with _read_transaction(self._db) as db:
+            mine = [r for r in receipts if r.seal.ledger == chain.ledger_id(db)]
+            problems = [p for r in mine for p in governance.receipt_problems(db, r)]
+        return problems, len(mine)
 
     @_guarded
     def receipt(self, key: Ed25519PrivateKey, *, hospital: str, after: int) -> chain.Receipt:

@@ -31,8 +31,9 @@ COVERED = (
 """What an approval covers, and how a refusal names it."""
 
 
-class NotApprovedError(DeploymentError):
-    """The study, as this hospital would run it, is not what its officer approved."""
+class NotApprovedError(DeploymentError, ValueError):
+    """The study, as this hospital would run it, is not what its officer approved (bad
+    input: the command says so in one line)."""
 
 
 @functools.cache
