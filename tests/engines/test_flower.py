@@ -157,6 +157,13 @@ def approve_node(node: dict[str, Any], name: str | None = None) -> None:
     )
 
 
+def untouched(node: dict[str, Any]) -> bool:
+    """Whether the hospital's ledger holds its officer's approval only: no account was
+    opened, nothing charged."""
+    with Ledger(Path(node["ledger"]), create=False) as book:
+        return book.silos() == [] and len(book.approvals()) == 1
+
+
 def simulated(study: Path, tmp_path: Path) -> tuple[SimulationResult, Ledger]:
     """The study in the simulator, summed as the study says (masking, HE: in one process)."""
     config = study_point(study)

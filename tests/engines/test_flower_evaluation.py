@@ -136,7 +136,7 @@ def test_an_honest_dp_evaluation_is_charged_before_it_leaves_and_the_ledger_show
     replies = [fields_of(m) for m in grid.seen]
     released = [r for r in replies if "noisy" in r]
     assert len(released) == 3
-    assert all(r.keys() == {"metrics", "noisy", "union", "epsilon"} for r in released)
+    assert all(r.keys() == {"metrics", "noisy", "union", "epsilon", "receipt"} for r in released)
     assert len(released[0]["noisy"]) == 2 * Evaluation().bins  # (label, score bin)
     for name, node in nodes.items():
         ledger = Path(node["ledger"])

@@ -18,7 +18,15 @@ from dpfl.engines.flower.protocol import FACTS, UNHELD, DeploymentError, digest,
 from dpfl.experiments.study.deployment import client_app, deployment_of
 
 from .conftest import public_fields, server_message
-from .test_flower import InProcessGrid, assert_the_simulators, hospitals, simulated, study
+from .test_flower import (
+    InProcessGrid,
+    approve_node,
+    assert_the_simulators,
+    hospitals,
+    simulated,
+    study,
+    untouched,
+)
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
@@ -75,13 +83,14 @@ def test_a_hospital_answers_unheld_facts_and_refuses_facts_changed_mid_run(
     study: Path, tmp_path: Path
 ) -> None:
     node = hospitals(study, tmp_path / "hospitals")["hospital-0"]
+    approve_node(node)
     app, state = client_app(), RecordDict()
     context = Context(run_id=7, node_id=2, node_config=node, state=state, run_config={})
     fields = public_fields(study)
     facts = digest({k: fields[k] for k in FACTS if k in fields})
     train = {"round": 0, "exchange": 0, "cohort": fields["silos"], "facts": facts}
     assert fields_of(app(server_message("train", train), context)) == {UNHELD: True}
-    assert not Path(node["ledger"]).exists()  # nothing done, nothing charged
+    assert untouched(node)  # nothing done, nothing charged
     assert fields_of(app(server_message("query.plan", fields), context))["accepted"]
     changed = {**fields, "sizes": [s + 1 for s in fields["sizes"]]}
     with pytest.raises(DeploymentError, match="the server changed the run's sizes mid-run"):
@@ -92,6 +101,7 @@ def test_facts_sent_beside_their_digest_are_refused(study: Path, tmp_path: Path)
     """A message that refers to the held facts by digest stands on those facts: one that
     also states some of them (another silo's size here) is refused, not merged."""
     node = hospitals(study, tmp_path / "hospitals")["hospital-0"]
+    approve_node(node)
     app = client_app()
     context = Context(run_id=7, node_id=2, node_config=node, state=RecordDict(), run_config={})
     fields = public_fields(study)

@@ -17,7 +17,7 @@ from dpfl.federation.algorithms.base import Algorithm, Reply
 from dpfl.federation.messages import Encoding, encode
 
 from .conftest import public_fields
-from .test_flower import InProcessGrid, entries, hospitals, study
+from .test_flower import InProcessGrid, entries, hospitals, study, untouched
 from .test_flower_calibration import CALIBRATED
 from .test_flower_table import flower_study, table_hospitals, table_study
 from .test_roster import asked
@@ -121,7 +121,7 @@ def test_a_server_stated_shape_class_count_or_size_is_refused_before_anything_is
     if "sizes" in facts:  # this hospital's own size stays its own: another's is the lie
         facts = {"sizes": [fields["sizes"][0], *facts["sizes"][1:]]}
     _refused_everywhere(grid, {**fields, **facts}, why)
-    assert not Path(nodes["hospital-0"]["ledger"]).exists()  # nothing charged, or opened
+    assert untouched(nodes["hospital-0"])  # nothing charged, or opened
     assert asked(grid, 2, "query.plan", fields)["accepted"]  # it stays up
 
 

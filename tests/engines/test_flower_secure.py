@@ -97,7 +97,9 @@ def test_an_encrypted_deployment_ends_as_the_simulators_encrypted_run(
     assert_the_simulators(result, nodes, simulation, book)
     book.close()
     trained = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "train"]
-    assert len(trained) == 9 and all(set(r) == {"epsilon", "ciphertext"} for r in trained)
+    assert len(trained) == 9 and all(
+        set(r) == {"epsilon", "ciphertext", "receipt"} for r in trained
+    )
     kinds = [m.metadata.message_type for m in grid.seen]
     assert kinds.count("query.he_decrypt") == 3
 

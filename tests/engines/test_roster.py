@@ -32,7 +32,7 @@ from dpfl.secure.he import HomomorphicError, KeyHolder
 from dpfl.secure.masking import SecureAggregationError
 
 from .conftest import public_fields, server_message
-from .test_flower import STUDY, InProcessGrid, entries, hospitals, study
+from .test_flower import STUDY, InProcessGrid, entries, hospitals, study, untouched
 from .test_flower_secure import DOPAMINE
 
 __all__ = ["study"]  # the fixture, used by name
@@ -67,7 +67,7 @@ def test_a_padded_dopamine_cohort_is_refused_and_charges_nothing(
     session = {"session": b"0" * 16, "names": names, "server-public": b"1" * 32}
     keys = asked(grid, 2, "query.secagg_keys", {**real, **session})
     assert "the masking session names" in keys["error"]
-    assert not Path(nodes["hospital-0"]["ledger"]).exists()  # nothing charged, or opened
+    assert untouched(nodes["hospital-0"])  # nothing charged, or opened
 
 
 def test_a_cohort_naming_an_outsider_is_refused_before_training(

@@ -36,7 +36,7 @@ from dpfl.experiments.study.deployment import (
 from dpfl.federation.messages import Summed
 from dpfl.privacy import Ledger
 
-from .test_flower import InProcessGrid, RecordingGrid, entries
+from .test_flower import InProcessGrid, RecordingGrid, approve_node, entries
 from .test_flower_table import STUDY, cohort, flower_study, table_hospitals, table_study, write
 
 __all__ = ["flower_study", "table_study"]  # the fixtures, used by name
@@ -203,7 +203,9 @@ def test_encrypted_stats_are_the_simulators_and_the_server_holds_ciphertexts_onl
         assert (mine.statistic, mine.name) == (theirs.statistic, theirs.name)
         assert mine.value == pytest.approx(theirs.value, rel=1e-4, abs=1e-3)
     replies = [m.content["dpfl"] for m in grid.seen if m.metadata.message_type == "query.stats"]
-    assert len(replies) == 3 and all(set(r) == {"epsilon", "ciphertext"} for r in replies)
+    assert len(replies) == 3 and all(
+        set(r) == {"epsilon", "ciphertext", "receipt"} for r in replies
+    )
 
 
 def test_patient_level_stats_bound_each_patient_and_charge_per_patient(
@@ -277,6 +279,7 @@ def test_a_masked_statistics_session_needs_every_hospitals_input(
     for training (else one training reply could be unmasked nearly alone)."""
     study = _stats_study(table_study, "masking")
     nodes = table_hospitals(study, tmp_path / "hospitals")
+    approve_node(nodes["east"])
     context = Context(
         run_id=7, node_id=2, node_config=nodes["east"], state=RecordDict(), run_config={}
     )

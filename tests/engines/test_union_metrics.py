@@ -27,7 +27,16 @@ from dpfl.federation.silo import Silo
 from dpfl.local.losses import Loss, logistic_hazard
 from dpfl.privacy import events
 
-from .test_flower import CLEAR, STUDY, InProcessGrid, evaluations, hospitals, simulated, study
+from .test_flower import (
+    CLEAR,
+    STUDY,
+    InProcessGrid,
+    approve_node,
+    evaluations,
+    hospitals,
+    simulated,
+    study,
+)
 
 __all__ = ["study"]  # the fixture, imported so that pytest finds it
 
@@ -177,7 +186,7 @@ def test_in_process_a_hospital_deployed_with_no_union_sends_its_own_metrics_only
     assert "no union of the test sets: hospital-1 withheld its counts" in messages
     charged = evaluations(Path(nodes["hospital-1"]["ledger"]), "hospital-1/trial-0")
     if release == "dp":
-        assert sent["hospital-1"].keys() == {"metrics", "noisy", "union", "epsilon"}
+        assert sent["hospital-1"].keys() == {"metrics", "noisy", "union", "epsilon", "receipt"}
         assert sent["hospital-1"]["union"] is False and sent["hospital-0"]["union"] is True
         assert charged == [events.gaussian(5.0).to_json()]
     else:
@@ -201,6 +210,7 @@ def test_dpfl_deploy_hospital_no_union_reaches_the_node_config(
     """`dpfl deploy hospital --no-union` starts its SuperNode with union=false, which
     Flower parses to False (the hospital's `HospitalConfig.union`)."""
     node = hospitals(study, tmp_path / "hospitals")["hospital-1"]
+    approve_node(node)
     started: list[list[str]] = []
     monkeypatch.setattr(deploy, "_run_supernode", lambda command, **_: started.append(command))
     options = ["data", "epsilon", "delta", "ledger", "identity", "public-size"]
