@@ -199,7 +199,7 @@ def test_spending_over_time_ends_at_what_the_ledger_reports(built: Built) -> Non
     accounting does (`Ledger.spent` through a round could not: it counts the round-less
     statistics from the start)."""
     with Ledger(built.path, create=False) as book:
-        statement = read(book, str(built.path), over_time=True)
+        statement = read(book, over_time=True)
         spent = {a.silo: a.spent.epsilon for a in book.accounts()}
         (capped,) = book.datasets()
         through_round_0 = book.spent(f"{FIRST}:{ME}", through_round=0).epsilon
@@ -298,7 +298,7 @@ def test_a_study_without_a_known_name_is_shown_by_its_key(
 ) -> None:
     monkeypatch.setattr(Ledger, "study_names", lambda self: {FIRST: "same"}, raising=False)
     with Ledger(built.path, create=False) as book:
-        statement = read(book, str(built.path))
+        statement = read(book)
     assert statement.name_of(SECOND) == SECOND and statement.name_of(None) == "—"
     amended = replace(statement, names={FIRST: "same", SECOND: "same"})
     assert amended.name_of(SECOND) == f"same ({SECOND[:12]})"

@@ -424,7 +424,7 @@ def status(
     from dpfl.privacy.statement import Book, read, to_json
 
     with reported_errors(), Ledger(ledger, create=False) as book:
-        statement = read(cast(Book, book), str(ledger), over_time=html is not None)
+        statement = read(cast(Book, book), over_time=html is not None)
     if html is not None:
         from dpfl.experiments.study.statement_page import render
 
@@ -452,13 +452,8 @@ def _status_tables(statement: Statement) -> None:
         when,
     )
 
-    table = Table(title=f"ledger {escape(statement.path)}")
-    columns = ["study", "account", "dataset", "rounds trained", "training events"]
-    columns += ["statistics", "evaluations", "ε spent", "ε budget", "ε left"]
-    for column in columns:
-        table.add_column(column, justify="left" if column in columns[:3] else "right")
-    for a in statement.accounts:
-        table.add_row(
+    rows = [
+        [
             escape(statement.name_of(a.study)),
             escape(a.own),
             escape(a.budget.dataset or ""),
@@ -468,8 +463,17 @@ def _status_tables(statement: Statement) -> None:
             str(a.kinds[EVALUATION]),
             epsilon_text(a.spent),
             epsilon_text(a.budget.epsilon),
-            epsilon_text(a.left) + ("" if a.left_binding is None else f" ({a.left_binding})"),
-        )
+            epsilon_text(a.left) + ("" if a.left_binding is None else f"\n({a.left_binding})"),
+        ]
+        for a in statement.accounts
+    ]
+    table = Table(title=f"ledger {escape(statement.path)}")
+    columns = ["study", "account", "dataset", "rounds trained", "training events"]
+    columns += ["statistics", "evaluations", "ε spent", "ε budget", "ε left"]
+    for i, column in enumerate(columns):  # a narrow terminal folds cells, never cuts them
+        table.add_column(column, overflow="fold", justify="left" if i < 3 else "right")
+    for row in rows:
+        table.add_row(*row)
     console = Console()
     console.print(table)
     for d in statement.datasets:
@@ -485,7 +489,7 @@ def _status_tables(statement: Statement) -> None:
     if statement.refusals:
         refused = Table(title="refused")
         for column in ("when", "study", "account", "round", "why"):
-            refused.add_column(column)
+            refused.add_column(column, overflow="fold")
         for r in statement.refusals:
             shown = "" if r.round is None else str(r.round)
             refused.add_row(

@@ -15,9 +15,10 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import groupby
+from pathlib import Path
 from typing import Any, Protocol
 
 from dpfl.privacy import events
@@ -105,6 +106,8 @@ class Book(Protocol):
     under its stored name)."""
 
     @property
+    def path(self) -> Path: ...
+    @property
     def accountant(self) -> Accountant | None: ...
     def accounts(self) -> list[SiloAccount]: ...
     def datasets(self) -> list[DatasetAccount]: ...
@@ -185,7 +188,7 @@ class Statement:
     names: dict[str, str]
     """Study key → human name, as the ledger records them."""
     verification: Verification
-    spending: dict[str, list[Point]] = field(default_factory=dict)
+    spending: dict[str, list[Point]]
     """ε after each charge (at most `MOST_POINTS`), per `account NAME` with a finite
     budget or a cap and per `dataset NAME`; empty unless asked for (`read(over_time=)`)."""
 
@@ -317,9 +320,9 @@ def kind_of(label: str, round: int | None) -> str:
     return OTHER
 
 
-def read(book: Book, path: str, *, over_time: bool = False) -> Statement:
-    """The statement of `book` (its file: `path`); with `over_time`, each bound's
-    spending over time too (seconds: an accountant's composition per point)."""
+def read(book: Book, *, over_time: bool = False) -> Statement:
+    """The statement of `book`; with `over_time`, each bound's spending over time too
+    (seconds: an accountant's composition per point)."""
     names = book.study_names()
     datasets = book.datasets()
     rest = {d.cap.dataset: d.remaining for d in datasets}
@@ -336,8 +339,8 @@ def read(book: Book, path: str, *, over_time: bool = False) -> Statement:
         ),
         key=lambda c: c.recorded_at,
     )
-    statement = Statement(
-        path,
+    return Statement(
+        str(book.path),
         accounts,
         datasets,
         list(book.approvals()),
@@ -345,10 +348,8 @@ def read(book: Book, path: str, *, over_time: bool = False) -> Statement:
         released,
         names,
         book.verify(),
+        _spending(book.accountant, accounts, datasets, charges) if over_time else {},
     )
-    if over_time:
-        statement.spending.update(_spending(book, statement, charges))
-    return statement
 
 
 def _account(
@@ -389,7 +390,10 @@ def _charge(entry: Entry, study: str | None) -> Charge:
 
 
 def _spending(
-    book: Book, statement: Statement, charges: dict[str, list[Entry]]
+    accountant: Accountant | None,
+    accounts: list[AccountStatement],
+    datasets: list[DatasetAccount],
+    charges: dict[str, list[Entry]],
 ) -> dict[str, list[Point]]:
     """ε after each charge, composed in the order recorded, by the accountant the ledger
     reports with: per account with a finite budget or a cap, at its δ, and per capped
@@ -397,20 +401,15 @@ def _spending(
     `through_round` cannot draw this: it counts every round-less charge, a statistic's,
     from the start.)"""
     out = {}
-    for account in statement.accounts:
+    for account in accounts:
         if account.left_binding is not None:
             out[f"account {account.account}"] = over_time(
-                charges[account.account], account.budget.delta, book.accountant
+                charges[account.account], account.budget.delta, accountant
             )
-    for dataset in statement.datasets:
+    for dataset in datasets:
         cap = dataset.cap
         spending = sorted(
-            (
-                e
-                for a in statement.accounts
-                if a.budget.dataset == cap.dataset
-                for e in charges[a.account]
-            ),
+            (e for a in accounts if a.budget.dataset == cap.dataset for e in charges[a.account]),
             key=lambda e: e.id,
         )
         # a cap's accountant, as `Ledger.datasets` composes it: PLD where it can, else RDP
