@@ -10,7 +10,6 @@ import html
 import io
 import json
 import math
-import os
 import statistics
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -21,9 +20,9 @@ from typing import Any
 import pytest
 import typer
 from PIL import Image
-from playwright.sync_api import sync_playwright
 from typer.testing import CliRunner
 
+from browser import rendered
 from dpfl.cli.report import report
 from dpfl.experiments.results.datasheet import RESEARCH_NOISE
 from dpfl.experiments.results.report import ReportError, write_report
@@ -31,15 +30,6 @@ from dpfl.experiments.results.report import page as page_module
 from dpfl.experiments.results.store import ResultsStore, RunResults, StoreError
 from dpfl.privacy.accounts import account
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 SILOS = {"hospital-a": 190, "hospital-b": 190, "hospital-c": 189}
 DELTA = 1e-5
 THREAT_MODEL = (
@@ -526,32 +516,15 @@ def test_command_prints_the_page(tmp_path: Path) -> None:
 
 
 def test_page_renders_in_chromium_without_errors(page: Path) -> None:
-    if not CHROMIUM.exists():
-        reason = f"Chromium not installed ({CHROMIUM}): the rendered page is not checked"
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"CI=true but {reason}")
-        pytest.skip(reason)
-    problems: list[str] = []
-    requests: list[str] = []
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        try:
-            tab = browser.new_page()
-            tab.on("console", lambda m: problems.append(f"console {m.type}: {m.text}"))
-            tab.on("pageerror", lambda e: problems.append(f"page error: {e}"))
-            tab.on("requestfailed", lambda r: problems.append(f"failed: {r.url} {r.failure}"))
-            tab.on("request", lambda r: requests.append(r.url))
-            tab.goto(page.as_uri(), wait_until="load")
-            images = tab.eval_on_selector_all(
-                "img", "all => all.map(i => [i.getAttribute('src'), i.naturalWidth])"
-            )
-            title = tab.title()
-            headings = tab.locator("h2").all_inner_texts()
-            datasheets = tab.locator("h3").all_inner_texts()
-        finally:
-            browser.close()
-    assert problems == []
-    assert all(url == page.as_uri() or url.startswith("data:") for url in requests), requests
+    with rendered(page) as shown:
+        images = shown.tab.eval_on_selector_all(
+            "img", "all => all.map(i => [i.getAttribute('src'), i.naturalWidth])"
+        )
+        title = shown.tab.title()
+        headings = shown.tab.locator("h2").all_inner_texts()
+        datasheets = shown.tab.locator("h3").all_inner_texts()
+    assert shown.problems == []
+    assert all(url == page.as_uri() or url.startswith("data:") for url in shown.requests)
     assert len(images) == 4
     assert all(width > 0 for _, width in images), images
     assert title == "dpfl report: icu-mortality"

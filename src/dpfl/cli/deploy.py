@@ -15,13 +15,16 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.markup import escape
 
 from . import processes
 from .common import errors, reported_errors
+
+if TYPE_CHECKING:
+    from dpfl.privacy.statement import Statement
 
 app = typer.Typer(
     help="Run a study across machines on Flower: a SuperLink, one SuperNode per hospital.",
@@ -502,67 +505,81 @@ def _home(superlink: str, transport: list[str]) -> Path:
 def status(
     ledger: Annotated[Path, typer.Option(help="A hospital's ledger (SQLite).")],
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON, not a table.")] = False,
+    html: Annotated[
+        Path | None,
+        typer.Option(
+            "--html",
+            help="Also write the statement as one self-contained page (for the data-"
+            "protection officer): caps, approvals, spending over time, refusals, "
+            "statistics released, the chain's verification.",
+        ),
+    ] = None,
 ) -> None:
-    """A hospital's ledger across its studies: each study's accounts (rounds charged, ε
-    spent and left) and each capped dataset (ε spent by all studies together, per study,
-    and left). Read-only: creates nothing beside the file."""
+    """A hospital's ledger across its studies: each study (by name) and its accounts
+    (rounds trained, training events, statistics, ε spent and left under its budget and
+    its dataset's cap, whichever binds), each capped dataset (ε spent by all studies
+    together, per study, and left), refusals and the chain's verification. Read-only:
+    creates nothing beside the file."""
     import json
+    from typing import cast
 
+    from dpfl.privacy import Ledger
+    from dpfl.privacy.statement import Book, read, to_json
+
+    with reported_errors(), Ledger(ledger, create=False) as book:
+        statement = read(cast(Book, book), over_time=html is not None)
+    if html is not None:
+        from dpfl.experiments.study.statement_page import render
+
+        with reported_errors():
+            html.write_text(render(statement), encoding="utf-8")
+        typer.echo(f"statement written to {html}", err=True)
+    if as_json:
+        typer.echo(json.dumps(to_json(statement), indent=2))
+    else:
+        _status_tables(statement)
+
+
+def _status_tables(statement: Statement) -> None:
+    """The statement as tables: accounts, capped datasets, refusals; then the chain."""
     from rich.console import Console
     from rich.table import Table
 
-    from dpfl.privacy import Ledger
+    from dpfl.privacy.statement import (
+        EVALUATION,
+        STATISTIC,
+        TRAINING,
+        chain_text,
+        epsilon_text,
+        own_name,
+        when,
+    )
 
-    with reported_errors(), Ledger(ledger, create=False) as book:
-        accounts = book.accounts()
-        datasets = book.datasets()
-    shown = {
-        "ledger": str(ledger),
-        "accounts": [
-            {
-                "study": a.study,
-                "account": a.silo,
-                "dataset": a.budget.dataset,
-                "rounds": a.rounds,
-                "events": a.events,
-                "epsilon": a.spent.epsilon,
-                "budget": a.budget.epsilon,
-                "left": a.remaining,
-                "delta": a.budget.delta,
-            }
-            for a in accounts
-        ],
-        "datasets": [
-            {
-                "dataset": d.cap.dataset,
-                "cap": d.cap.epsilon,
-                "delta": d.cap.delta,
-                "epsilon": d.spent.epsilon,
-                "left": d.remaining,
-                "studies": {study: r.epsilon for study, r in d.studies.items()},
-            }
-            for d in datasets
-        ],
-    }
-    if as_json:
-        typer.echo(json.dumps(shown, indent=2))
-        return
-    table = Table(title=f"ledger {escape(str(ledger))}")
-    for column in ("study", "account", "dataset", "rounds", "ε spent", "ε budget", "ε left"):
-        table.add_column(column, justify="right" if column.startswith(("ε", "r")) else "left")
-    for a in accounts:
-        table.add_row(
-            escape(a.study or ""),
-            escape(a.silo),
+    rows = [
+        [
+            escape(statement.name_of(a.study)),
+            escape(a.own),
             escape(a.budget.dataset or ""),
-            str(a.rounds),
-            f"{a.spent.epsilon:.4g}",
-            f"{a.budget.epsilon:g}",
-            f"{a.remaining:.4g}",
-        )
+            str(a.rounds_trained),
+            str(a.kinds[TRAINING]),
+            str(a.kinds[STATISTIC]),
+            str(a.kinds[EVALUATION]),
+            epsilon_text(a.spent),
+            epsilon_text(a.budget.epsilon),
+            epsilon_text(a.left) + ("" if a.left_binding is None else f"\n({a.left_binding})"),
+        ]
+        for a in statement.accounts
+    ]
+    table = Table(title=f"ledger {escape(statement.path)}")
+    columns = ["study", "account", "dataset", "rounds trained", "training events"]
+    columns += ["statistics", "evaluations", "ε spent", "ε budget", "ε left"]
+    for i, column in enumerate(columns):  # a narrow terminal folds cells, never cuts them
+        table.add_column(column, overflow="fold", justify="left" if i < 3 else "right")
+    for row in rows:
+        table.add_row(*row)
     console = Console()
     console.print(table)
-    for d in datasets:
+    for d in statement.datasets:
         caps = Table(
             title=f"dataset {escape(d.cap.dataset)}: ε {d.spent.epsilon:.4g} of its cap "
             f"{d.cap.epsilon:g} at δ={d.cap.delta:g}, {d.remaining:.4g} left"
@@ -570,5 +587,20 @@ def status(
         caps.add_column("study")
         caps.add_column("ε (its events alone)", justify="right")
         for study, report in d.studies.items():
-            caps.add_row(escape(study), f"{report.epsilon:.4g}")
+            caps.add_row(escape(statement.name_of(study)), f"{report.epsilon:.4g}")
         console.print(caps)
+    if statement.refusals:
+        refused = Table(title="refused")
+        for column in ("when", "study", "account", "round", "why"):
+            refused.add_column(column, overflow="fold")
+        for r in statement.refusals:
+            shown = "" if r.round is None else str(r.round)
+            refused.add_row(
+                when(r.recorded_at),
+                escape(statement.name_of(r.study)),
+                escape(own_name(r.account, r.study)),
+                shown,
+                escape(r.reason),
+            )
+        console.print(refused)
+    console.print(escape(chain_text(statement.verification)))
