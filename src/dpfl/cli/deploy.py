@@ -521,13 +521,12 @@ def status(
     together, per study, and left), refusals and the chain's verification. Read-only:
     creates nothing beside the file."""
     import json
-    from typing import cast
 
     from dpfl.privacy import Ledger
-    from dpfl.privacy.statement import Book, read, to_json
+    from dpfl.privacy.statement import read, to_json
 
     with reported_errors(), Ledger(ledger, create=False) as book:
-        statement = read(cast(Book, book), over_time=html is not None)
+        statement = read(book, over_time=html is not None)
     if html is not None:
         from dpfl.experiments.study.statement_page import render
 

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from itertools import groupby
-from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from dpfl.privacy import events
 from dpfl.privacy.accounting import Accountant
-from dpfl.privacy.ledger import Budget, DatasetAccount, Entry, SiloAccount, plan_epsilon
+from dpfl.privacy.governance import Approval, Refusal, Verification
+from dpfl.privacy.ledger import Budget, DatasetAccount, Entry, Ledger, SiloAccount, plan_epsilon
 
 TRAINING = "training"
 STATISTIC = "statistic"
@@ -38,84 +38,6 @@ MOST_POINTS = 24
 """Points on a curve of ε over time: each costs the accountant a composition (PLD:
 about 0.2 s), so a long history is shown at this many of its charges, the last one
 always among them."""
-
-
-class Approval(Protocol):
-    """A study the hospital approved, as its ledger keeps it."""
-
-    @property
-    def name(self) -> str: ...
-    @property
-    def study(self) -> str: ...
-    @property
-    def study_key(self) -> str: ...
-    @property
-    def epsilon(self) -> float: ...
-    @property
-    def delta(self) -> float: ...
-    @property
-    def dataset_cap(self) -> float | None: ...
-    @property
-    def model_digest(self) -> str: ...
-    @property
-    def study_digest(self) -> str: ...
-    @property
-    def schema_digest(self) -> str: ...
-    @property
-    def dpfl_version(self) -> str: ...
-    @property
-    def approved_at(self) -> float: ...
-    @property
-    def revoked_at(self) -> float | None: ...
-    @property
-    def superseded_by(self) -> str | None: ...
-
-
-class Refusal(Protocol):
-    """A charge the ledger refused, and why."""
-
-    @property
-    def study(self) -> str | None: ...
-    @property
-    def account(self) -> str: ...
-    @property
-    def round(self) -> int | None: ...
-    @property
-    def reason(self) -> str: ...
-    @property
-    def recorded_at(self) -> float: ...
-
-
-class Verification(Protocol):
-    """Whether the ledger's chain holds what its tables do, and where it breaks."""
-
-    @property
-    def ok(self) -> bool: ...
-    @property
-    def entries(self) -> int: ...
-    @property
-    def head(self) -> str: ...
-    @property
-    def seals(self) -> int: ...
-    @property
-    def problems(self) -> list[str]: ...
-
-
-class Book(Protocol):
-    """What a statement reads of a ledger (`Ledger`, opened with no study: every account
-    under its stored name)."""
-
-    @property
-    def path(self) -> Path: ...
-    @property
-    def accountant(self) -> Accountant | None: ...
-    def accounts(self) -> list[SiloAccount]: ...
-    def datasets(self) -> list[DatasetAccount]: ...
-    def entries(self, silo: str) -> list[Entry]: ...
-    def study_names(self) -> dict[str, str]: ...
-    def approvals(self) -> Sequence[Approval]: ...
-    def refusals(self) -> Sequence[Refusal]: ...
-    def verify(self) -> Verification: ...
 
 
 @dataclass(frozen=True)
@@ -320,7 +242,7 @@ def kind_of(label: str, round: int | None) -> str:
     return OTHER
 
 
-def read(book: Book, *, over_time: bool = False) -> Statement:
+def read(book: Ledger, *, over_time: bool = False) -> Statement:
     """The statement of `book`; with `over_time`, each bound's spending over time too
     (seconds: an accountant's composition per point)."""
     names = book.study_names()

@@ -10,12 +10,12 @@ from datetime import UTC, datetime
 from html import escape
 
 from dpfl.experiments.results.report.page import Html, figure_html, html_page, html_table
+from dpfl.privacy.governance import Approval
 from dpfl.privacy.statement import (
     EVALUATION,
     STATISTIC,
     TRAINING,
     AccountStatement,
-    Approval,
     Point,
     Statement,
     chain_text,
@@ -110,7 +110,7 @@ def _approvals(statement: Statement) -> str:
             _standing(a),
             Html(
                 "<br>".join(
-                    escape(f"{what}: {digest[:16]}…")
+                    escape(f"{what}: {(digest or 'built-in')[:16]}…")
                     for what, digest in (
                         ("model", a.model_digest),
                         ("study", a.study_digest),
