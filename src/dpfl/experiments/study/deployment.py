@@ -26,7 +26,7 @@ from dpfl.engines import flower
 from dpfl.engines.flower import analytics as deployed_analytics
 from dpfl.engines.flower import approval
 from dpfl.engines.flower.protocol import LOG
-from dpfl.engines.flower.roster import PREFIX, Roster, public_text, read_identity
+from dpfl.engines.flower.roster import PREFIX, Roster, RosterError, public_text, read_identity
 from dpfl.experiments.results.datasheet import ASSUMPTIONS, mechanism
 from dpfl.experiments.results.store import REPORTED_BY_HOSPITALS, ResultsStore, RunResults
 from dpfl.experiments.study import analytics
@@ -194,7 +194,7 @@ def approve(
     run = deployment_of(study)
     mine = public_text(read_identity(identity))
     if mine not in {f"{PREFIX}{key.hex()}" for key in run.roster.identities.values()}:
-        raise flower.DeploymentError(
+        raise RosterError(
             f"study {run.name!r}'s roster does not list the identity key in {identity} "
             f"({mine}): it is not this hospital's study"
         )
