@@ -64,7 +64,6 @@ def test_in_process_a_second_study_past_a_hospitals_dataset_cap_is_refused(
 ) -> None:
     nodes, second = capped_hospitals(study, tmp_path / "hospitals")
     assert serve(InProcessGrid(nodes.values()), deployment_of(study)).rounds_completed == 1
-    first = deployment_of(study).key
     for node in nodes.values():
         node["study"] = str(second)
     run = {"study": str(second), "out": str(tmp_path / "out"), "wait": 5.0, "timeout": 5.0}
@@ -74,11 +73,11 @@ def test_in_process_a_second_study_past_a_hospitals_dataset_cap_is_refused(
     lines = [r.getMessage() for r in caplog.records]
     mine = [line for line in lines if line.startswith("hospital-0: round 0: refused")]
     assert len(mine) == 1 and "\n" not in mine[0]
-    assert "dataset 'hospital-0'" in mine[0] and f"by {first} (ε=" in mine[0]
+    assert "dataset 'hospital-0'" in mine[0] and "by deployed (ε=" in mine[0]  # its name
     (error,) = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert error.exc_info is None and "\n" not in error.getMessage()
     assert error.getMessage().startswith("the deployment stopped after 0 rounds: hospital-0 ")
-    second_study_refused(nodes, first, deployment_of(second).key)
+    second_study_refused(nodes, deployment_of(study).key, deployment_of(second).key)
 
 
 def test_a_patient_level_study_is_capped_under_its_own_relation(

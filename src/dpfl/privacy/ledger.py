@@ -867,8 +867,9 @@ class Ledger:
                 f"{limit.epsilon:g} at δ={limit.delta:g} (spent so far {spent:.4g}); nothing "
                 "was recorded"
             )
+        named = self.study_names()
         studies = ", ".join(
-            f"{study} (ε={limit.epsilon_of(history).epsilon:.4g})"
+            f"{named.get(study, study)} (ε={limit.epsilon_of(history).epsilon:.4g})"
             for study, history in _dataset_histories(self._db, name).items()
         )
         return (
