@@ -186,9 +186,8 @@ def hospital(
         me = HospitalConfig.from_node_config(node)
         if ledger.is_file() and ledger.stat().st_size:  # a damaged one: refused here, not
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
-        # refuse, before connecting, a study that cannot be deployed, a roster that does
-        # not list this hospital's identity key, one its officer did not approve as it is
-        # run, and data that cannot be read
+        # refuse, before connecting, a study that cannot be deployed or that its officer
+        # did not approve, a roster without its key, and data that cannot be read
         run = me.deployment(deployment_of)
         approval.check(me.ledger, me.approval(run), me.identity)
         me.silo(run)
