@@ -188,8 +188,7 @@ def hospital(
             Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed or that its officer
         # did not approve, a roster without its key, and data that cannot be read
-        run = me.deployment(deployment_of)
-        approval.check(me.ledger, me.approval(run), me.identity)
+        approval.check(me.ledger, me.approval(run := me.deployment(deployment_of)), me.identity)
         me.silo(run)
         transport = _transport(insecure, root_certificates)
         typer.echo(f"{name}'s evaluation: {run.evaluation.describe()}", err=True)
