@@ -179,3 +179,14 @@ def test_an_unapproved_hospital_refuses_the_servers_first_message_and_keeps_the_
         (kept,) = book.refusals()
         assert "the ε budget: approved 5.0, now 10.0" in kept.reason
         assert book.silos() == []  # nothing opened, nothing charged
+
+
+def test_a_damaged_ledger_is_refused_before_the_hospital_connects(
+    study: Path, tmp_path: Path, started: list[list[str]]
+) -> None:
+    node = hospitals(study, tmp_path / "hospitals")["hospital-0"]
+    approve_node(node)
+    ledger = Path(node["ledger"])
+    ledger.write_bytes(ledger.read_bytes()[:5000])
+    code, said = _hospital(node)
+    assert code == 1 and f"ledger {ledger} is damaged" in said and started == []

@@ -167,7 +167,6 @@ def hospital(
     from dpfl.engines.flower import HospitalConfig, approval
     from dpfl.engines.flower.loopback import node_config
     from dpfl.experiments.study.deployment import deployment_of
-    from dpfl.privacy import Ledger
 
     with reported_errors():
         node = {
@@ -184,10 +183,9 @@ def hospital(
             **({} if union else {"union": False}),
         }
         me = HospitalConfig.from_node_config(node)
-        if ledger.is_file() and ledger.stat().st_size:  # a damaged one: refused here, not
-            Ledger(ledger, create=False).close()  # by the SuperNode after it connects
         # refuse, before connecting, a study that cannot be deployed or that its officer
-        # did not approve, a roster without its key, and data that cannot be read
+        # did not approve (a damaged ledger: refused reading it), a roster without its
+        # key, and data that cannot be read
         approval.check(me.ledger, me.approval(run := me.deployment(deployment_of)), me.identity)
         me.silo(run)
         transport = _transport(insecure, root_certificates)
