@@ -414,13 +414,26 @@ def serve(
     """
     if missing not in ("stop", "continue"):
         raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
-    started = time.monotonic()
+    laps = [("", time.monotonic())]  # (phase, when it ended): where the time went
+
+    def lap(phase: str) -> None:
+        laps.append((phase, time.monotonic()))
+
     server = Server(grid, run, timeout, grace)
     serving = _Serving.met(server, wait, he_keys, missing == "continue")
+    lap("hellos")
     serving.resume(checkpoint)
-    if serving.calibrated() and serving.plans_accepted() and serving.trained(checkpoint):
+    ready = serving.calibrated() and serving.plans_accepted()
+    lap("calibration and plans")
+    if ready and serving.trained(checkpoint):
+        lap("rounds")
         serving.evaluate()
-    serving.summary(time.monotonic() - started)
+        lap("evaluation")
+    serving.summary(laps[-1][1] - laps[0][1])
+    LOG.info(
+        "time: %s",
+        ", ".join(f"{p} {t - laps[i][1]:.2f}s" for i, (p, t) in enumerate(laps[1:])),
+    )
     return serving.result
 
 
