@@ -193,8 +193,9 @@ class Server:
         waiting = {self.names[n]: n for n in gone}
         if not waiting:
             return {}
+        them = "it" if len(waiting) == 1 else "them"
         LOG.warning(
-            "%s gone: waiting up to %gs for it to come back", ", ".join(waiting), self.grace
+            "%s gone: waiting up to %gs for %s to come back", ", ".join(waiting), self.grace, them
         )
         deadline, others = time.monotonic() + self.grace, set(self.names) - set(gone)
         back: dict[int, int] = {}
@@ -202,18 +203,18 @@ class Server:
             new: dict[int, dict[str, Any]] = {
                 n: {} for n in self.grid.get_node_ids() if n not in others
             }
-            answers, _ = self.collect_once("query.hello", new, min(left, self.timeout))
+            limit = min(left, self.timeout)
+            answers = self.collect_once("query.hello", new, limit)[0] if new else {}
             registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
             for node, hello in answers.items():
                 name = str(hello.get("name"))
                 others.add(node)  # a node that said who it is is not asked again
-                if name not in waiting:
-                    continue
-                if self.vetted(node, hello, registered) != self.greeted[name]:
-                    raise DeploymentError(f"{name} came back announcing other facts: {hello}")
-                back[waiting.pop(name)] = node
-                others.discard(node)
-            time.sleep(JOIN_POLL)
+                if name in waiting:
+                    if self.vetted(node, hello, registered) != self.greeted[name]:
+                        raise DeploymentError(f"{name} came back with another hello: {hello}")
+                    back[waiting.pop(name)] = node
+            if waiting:
+                time.sleep(JOIN_POLL)
         for old, node in back.items():
             name = self.names.pop(old)
             self.names[node] = name
