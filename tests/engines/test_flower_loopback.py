@@ -1,10 +1,11 @@
 """On loopback (beyond tests/engines/test_flower.py), a SuperLink and three SuperNodes as
 separate processes (`dpfl.engines.flower.loopback`), TLS and registered keys, bounded in time:
 a hospital over its budget and an unregistered node, Dopamine's replies masked between
-them, a hospital and the server killed mid-round, then restarted, hospitals calibrating
-to their own budgets, and a second study past the hospitals' dataset cap. Every such test
-lives in this file, marked `loopback`: `make test-loopback` runs them one at a time (CI
-after `make test`, which leaves them out: they are ten minutes mostly waiting on Flower,
+them, a hospital and the server killed mid-round, then restarted, a hospital restarted
+within the server's grace period, hospitals calibrating to their own budgets, and a
+second study past the hospitals' dataset cap. Every such test lives in this file, marked
+`loopback`: `make test-loopback` runs them one at a time (CI after `make test`, which
+leaves them out: they are twelve minutes mostly waiting on Flower,
 and on two cores beside the parallel suite each takes half as long again)."""
 
 from __future__ import annotations
@@ -167,6 +168,54 @@ def test_a_hospital_and_the_server_killed_mid_round_then_restarted_end_as_simula
         assert final == simulated_events or (name == "hospital-1" and final == paid_twice)
         with Ledger(ledgers[name], create=False) as ledger:
             assert result.epsilon[name] == pytest.approx(ledger.spent(f"{name}/trial-0").epsilon)
+    book.close()
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("flower_installed")
+def test_a_hospital_restarted_mid_run_is_waited_for_and_the_server_finishes_by_itself(
+    study: Path, tmp_path: Path
+) -> None:
+    """hospital-1 is killed (SIGKILL, with its SuperNode and ClientApp) once it kept its
+    round 0 reply, and started again at once; its `dpfl deploy hospital` retries until
+    the SuperLink lets the dead SuperNode go. The one server run finishes, and each
+    ledger holds the simulator's events, one a round: none twice. (`dpfl deploy
+    hospital` draws its noise from the OS, so the model is not the simulator's: the
+    in-process test, tests/engines/test_flower_resilience.py, checks that bit for bit.)"""
+    nodes = hospitals(study, tmp_path / "hospitals")
+    ledger = Path(nodes["hospital-1"]["ledger"])
+
+    def kept_round_0() -> bool:
+        with suppress(LedgerError, OSError, RuntimeError, StopIteration, EOFError):
+            kept = torch.load(next(ledger.parent.glob("*.state.pt")), weights_only=True)
+            charged = entries(ledger, "hospital-1/trial-0")
+            return kept["at"] == [0, 0] and "reply" in kept and len(charged) == 1
+        return False
+
+    out = tmp_path / "server-out"
+    with loopback.cluster(nodes, tmp_path, cli=True) as running:
+        timing = ["--wait", "60", "--timeout", "60", "--grace", "200"]
+        with open(running.logs / "server.log", "wb") as log:
+            server = subprocess.Popen(
+                running.server(study, out, *timing), env=running.env, stdout=log, stderr=log
+            )
+        try:
+            until(kept_round_0, DEADLINE, running)
+            running.kill("hospital-1")
+            running.start("hospital-1")
+            server.wait(timeout=DEADLINE)
+        finally:
+            loopback.stop([server])
+        output = (running.logs / "server.log").read_text()
+    assert server.returncode == 0, output
+    assert "hospital-1 gone: waiting up to 200s" in output, output
+    assert "hospital-1 is back" in output, output
+    _, book = simulated(study, tmp_path)
+    result = DeploymentResult.load(out)
+    assert result.rounds_completed == 3 and not result.stopped and not result.refused, output
+    for name, node in nodes.items():
+        simulated_events = [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
+        assert entries(Path(node["ledger"]), f"{name}/trial-0") == simulated_events, name
     book.close()
 
 

@@ -7,16 +7,19 @@ process."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from flwr.app import Context, Message
+from flwr.app import Context, Error, Message, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.constant import ErrorCode
 
 from dpfl.engines.flower import DeploymentError, serve
+from dpfl.engines.flower.protocol import LOG
 from dpfl.experiments.study import deployment
 from dpfl.experiments.study.deployment import deployment_of, study_point
 from dpfl.federation.silo import SiloInfo
@@ -193,3 +196,60 @@ def test_a_masked_round_trained_again_starts_a_new_noise_stream(
     assert result.rounds_completed == 3 and not result.stopped
     assert [rounds_charged(node) for node in nodes.values()] == [4, 4, 4]
     assert [3 * s for s in steps_taken(nodes)] == [2 * s for s in steps_taken(whole)]
+
+
+class Restarting(InProcessGrid):
+    """hospital-1's SuperNode goes away just after it answered round 1's train (charged,
+    its reply kept; the SuperLink answers "node unavailable" for it) and comes back as a
+    new node with an empty context, as a restarted SuperNode, after the server looked for
+    nodes `looks` times; never with `looks=None`."""
+
+    def __init__(self, nodes: Iterable[dict[str, Any]], looks: int | None) -> None:
+        super().__init__(nodes)
+        self.looks, self.away = looks, dict[int, Context]()
+
+    def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
+        messages = list(messages)
+        ids = list(super().push_messages(messages))
+        for id_, message in zip(ids, messages, strict=True):
+            dpfl, node = message.content["dpfl"], message.metadata.dst_node_id
+            if message.metadata.message_type == "train" and dpfl["round"] == 1 and node == 3:
+                error = Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable")
+                self.replies[id_] = Message(error, reply_to=message)
+                self.away[5] = self.contexts.pop(3)
+        return ids
+
+    def get_node_ids(self) -> Iterable[int]:
+        if self.away and self.looks is not None:
+            self.looks -= 1
+            if self.looks < 0:
+                old = self.away.pop(5)
+                self.contexts[5] = Context(7, 5, old.node_config, RecordDict(), {})
+        return super().get_node_ids()
+
+
+def test_a_hospital_restarted_mid_round_is_waited_for_and_asked_again(
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Within the grace period the run goes on by itself: the hospital answers round 1
+    again with the reply it kept, charged once, and the run ends as the simulator's."""
+    simulation, book = simulated(study, tmp_path)
+    nodes = hospitals(study, tmp_path / "hospitals")
+    with caplog.at_level(logging.INFO, logger=LOG.name):
+        result = serve(Restarting(nodes.values(), 3), deployment_of(study), grace=30)
+    assert result.rounds_completed == 3 and not result.stopped and not result.refused
+    assert_the_simulators(result, nodes, simulation, book)
+    book.close()
+    assert "hospital-1 gone: waiting up to 30s for it to come back" in caplog.text
+    assert "hospital-1 is back (node 5): asking it again" in caplog.text
+
+
+@pytest.mark.parametrize(("grace", "looks"), [(0.0, 3), (0.5, None)])
+def test_without_grace_or_past_it_a_hospital_gone_stops_the_run(
+    study: Path, tmp_path: Path, grace: float, looks: int | None
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    result = serve(Restarting(nodes.values(), looks), deployment_of(study), grace=grace)
+    assert result.rounds_completed == 1
+    assert result.stopped.startswith("round 1: hospital-1: error 5: Node Unavailable")
+    assert [rounds_charged(node) for node in nodes.values()] == [2, 2, 2]

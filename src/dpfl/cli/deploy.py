@@ -2,8 +2,9 @@
 
 `dpfl deploy hospital` starts this hospital's SuperNode with its own settings (data,
 public size, budget, ledger: never the server's); `dpfl deploy register` lets a
-hospital's key join a SuperLink that authenticates SuperNodes; `dpfl deploy server`
-submits the study to a running SuperLink with `flwr run` and waits for its result. Both are thin
+hospital's key join a SuperLink that authenticates SuperNodes, which `dpfl deploy
+superlink` starts; `dpfl deploy server` submits the study to a running SuperLink with
+`flwr run` and waits for its result. Both are thin
 over `dpfl.experiments.study.deployment` and Flower's own commands, which they print before running.
 """
 
@@ -327,6 +328,14 @@ def server(
             "or 'continue' the round without it."
         ),
     ] = "stop",
+    grace: Annotated[
+        float,
+        typer.Option(
+            min=0.0,
+            help="Seconds to wait mid-run for a hospital whose SuperNode went away (a "
+            "restart) to come back, then ask it again; 0: it fails at once, as --missing says.",
+        ),
+    ] = 120.0,
     he_keys: Annotated[
         Path | None,
         typer.Option(help="The run's public HE key file (secure_aggregation 'he')."),
@@ -361,7 +370,7 @@ def server(
     home = _home(superlink, transport)
     run_config = (
         f'study="{study.resolve()}" out="{out.resolve()}" '
-        f'wait={float(wait)} timeout={float(timeout)} missing="{missing}" '
+        f'wait={float(wait)} timeout={float(timeout)} missing="{missing}" grace={float(grace)} '
         f'he-keys="{"" if he_keys is None else he_keys.resolve()}" '
         f'task="{"stats" if stats else "train"}"'
     )
@@ -401,6 +410,64 @@ def _released(out: Path, started: float) -> None:
         return
     errors.print(f"[red]error:[/red] {escape(why)}", soft_wrap=True)
     raise typer.Exit(1)
+
+
+SUPEREXEC_POLL = "0.1"
+"""Seconds between the SuperLink's SuperExec's looks for a ServerApp to start (1 s by
+default in Flower 1.42): `FLWR_SUPEREXEC_TASK_POLL_INTERVAL`."""
+
+
+def _superlink(
+    tls: list[Path], host: str, port: int, supernode_auth: bool
+) -> tuple[list[str], dict[str, str]]:
+    """flower-superlink beside this Python with its TLS files (CA, certificate, key; none:
+    --insecure), and its environment: this venv's bin first on the PATH, since the
+    SuperLink starts `flower-superexec` by name."""
+    files = zip(("--ssl-ca-certfile", "--ssl-certfile", "--ssl-keyfile"), tls, strict=False)
+    command = [_flower("flower-superlink"), *([] if tls else ["--insecure"])]
+    command += [str(v) for pair in files for v in pair] + ["--host", host, "--port", str(port)]
+    command += ["--disable-runtime-dependency-installation"]
+    command += ["--enable-supernode-auth"] if supernode_auth else []
+    path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+    return command, {
+        **os.environ,
+        "PATH": path,
+        "FLWR_SUPEREXEC_TASK_POLL_INTERVAL": SUPEREXEC_POLL,
+    }
+
+
+@app.command("superlink")
+def superlink_command(
+    insecure: InsecureOpt = False,
+    ssl_ca_certfile: Annotated[
+        Path | None, typer.Option(help="The CA certificate (PEM) the hospitals trust.")
+    ] = None,
+    ssl_certfile: Annotated[
+        Path | None, typer.Option(help="The SuperLink's certificate (PEM), signed by that CA.")
+    ] = None,
+    ssl_keyfile: Annotated[Path | None, typer.Option(help="The SuperLink's private key.")] = None,
+    host: Annotated[str, typer.Option(help="The address to listen on.")] = "0.0.0.0",
+    port: Annotated[
+        int, typer.Option(help="The port of its Fleet, Control and Runtime APIs.")
+    ] = 9091,
+    supernode_auth: Annotated[
+        bool,
+        typer.Option(
+            "--enable-supernode-auth/--no-supernode-auth",
+            help="Admit only SuperNodes whose keys were registered (`dpfl deploy register`).",
+        ),
+    ] = True,
+) -> None:
+    """Start the coordinator's SuperLink (Flower's flower-superlink, from dpfl's venv with
+    its commands on the PATH); dpfl is installed, so Flower installs no app dependency."""
+    tls = [f for f in (ssl_ca_certfile, ssl_certfile, ssl_keyfile) if f is not None]
+    with reported_errors():
+        if len(tls) != (0 if insecure else 3):
+            raise ValueError(
+                "give either --insecure or --ssl-ca-certfile, --ssl-certfile and --ssl-keyfile"
+            )
+    command, env = _superlink(tls, host, port, supernode_auth)
+    raise typer.Exit(_run(command, env=env))
 
 
 @app.command("certs")

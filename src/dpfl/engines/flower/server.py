@@ -10,9 +10,10 @@ reach the algorithm through a sum of the study's kind (`flower.sums.deployed`): 
 clear (`clear.ClearSum`), masked (`masking.MaskedSum`) or encrypted (`he.EncryptedSum`).
 
 A hospital that refuses, fails or is late stops the run, or with `missing="continue"` is
-left out of that round. The server checkpoints every round; restarted, it continues the
-same run instance. TLS and SuperNode authentication are Flower's (`dpfl deploy`,
-docs/deployment.md).
+left out of that round; one whose SuperNode went away (restarting) is waited for, within
+a declared grace period, and asked again. The server checkpoints every round; restarted,
+it continues the same run instance. TLS and SuperNode authentication are Flower's
+(`dpfl deploy`, docs/deployment.md).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from typing import Any
 
 import torch
 from flwr.app import Message
+from flwr.common.constant import ErrorCode
 from flwr.serverapp import Grid
 
 from dpfl.engines.flower.protocol import (
@@ -64,6 +66,14 @@ from dpfl.secure.masking import SecureAggregationError
 
 POLL = 0.1
 """Seconds between the server's pulls of replies."""
+JOIN_POLL = 0.2
+"""Seconds between the server's looks for SuperNodes that joined."""
+GONE = frozenset(
+    {ErrorCode.NODE_UNAVAILABLE, ErrorCode.MESSAGE_UNAVAILABLE, ErrorCode.CLIENT_APP_CRASHED}
+)
+"""Error replies that say a hospital's SuperNode or its ClientApp went away (it missed its
+heartbeats, was removed, or its ClientApp stopped), not that the hospital failed: a node
+that restarts is asked again (`NodeUnavailable`)."""
 
 
 @dataclass
@@ -114,8 +124,13 @@ class Server:
     grid: Grid
     run: Deployment
     timeout: float
+    grace: float = 0.0
+    """Seconds to wait for a hospital whose SuperNode went away mid-run to come back
+    (`rejoined`); 0: its failure is final."""
     names: dict[int, str] = field(default_factory=dict)
     """The hospitals' names by node, once they said hello."""
+    greeted: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Each hospital's hello, by name: one that comes back must announce the same."""
     holds: dict[int, str] = field(default_factory=dict)
     """The digest of the public facts each node holds (it answered a message stating
     them), which later messages refer to them by."""
@@ -137,7 +152,8 @@ class Server:
             raise DeploymentError(_joined(failed.values()))
         if absent is not None:
             absent += [(self.names[n], str(why)) for n, why in failed.items()]
-        return {name: answers[node[name]] for name in by_name if node[name] in answers}
+        named = {self.names[n]: fields for n, fields in answers.items()}  # nodes may be new
+        return {name: named[name] for name in by_name if name in named}
 
     def ask(self, kind: str, nodes: Mapping[int, Mapping[str, Any]]) -> dict[int, dict[str, Any]]:
         """Send each node its fields; every node must reply in time."""
@@ -152,7 +168,9 @@ class Server:
         """Send each node its fields: the fields of the nodes that replied in time, and
         why each other did not (no reply, an error, not dpfl's, unavailable). The run's
         public facts go by reference to a node that holds them (`by_reference`), in full
-        again to one that answers it does not."""
+        again to one that answers it does not. A hospital whose SuperNode went away is
+        asked again where it comes back within the grace period (`rejoined`), under its
+        node then."""
         answers, failed = self.collect_once(kind, nodes)
         unheld = [node for node, fields in answers.items() if UNHELD in fields]
         for node in unheld:
@@ -160,10 +178,54 @@ class Server:
         if unheld:
             again, failed_again = self.collect_once(kind, {n: nodes[n] for n in unheld})
             answers, failed = answers | again, failed | failed_again
+        gone = [n for n, why in failed.items() if isinstance(why, NodeUnavailable)]
+        back = self.rejoined([n for n in gone if n in self.names]) if self.grace > 0 else {}
+        if back:
+            again, failed_again = self.collect(kind, {new: nodes[old] for old, new in back.items()})
+            failed = {n: why for n, why in failed.items() if n not in back} | failed_again
+            answers |= again
         return answers, failed
 
+    def rejoined(self, gone: Sequence[int]) -> dict[int, int]:
+        """Wait up to `grace` seconds for the hospitals of the `gone` nodes to come back: a
+        SuperNode that answers hello as one of them, with the hello it gave first, takes
+        its place (the same node, or a new one). Each one back, its old node: its new."""
+        waiting = {self.names[n]: n for n in gone}
+        if not waiting:
+            return {}
+        them = "it" if len(waiting) == 1 else "them"
+        LOG.warning(
+            "%s gone: waiting up to %gs for %s to come back", ", ".join(waiting), self.grace, them
+        )
+        deadline, others = time.monotonic() + self.grace, set(self.names) - set(gone)
+        back: dict[int, int] = {}
+        while waiting and (left := deadline - time.monotonic()) > 0:
+            new: dict[int, dict[str, Any]] = {
+                n: {} for n in self.grid.get_node_ids() if n not in others
+            }
+            limit = min(left, self.timeout)
+            answers = self.collect_once("query.hello", new, limit)[0] if new else {}
+            registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
+            for node, hello in answers.items():
+                name = str(hello.get("name"))
+                others.add(node)  # a node that said who it is is not asked again
+                if name in waiting:
+                    if self.vetted(node, hello, registered) != self.greeted[name]:
+                        raise DeploymentError(f"{name} came back with another hello: {hello}")
+                    back[waiting.pop(name)] = node
+            if waiting:
+                time.sleep(JOIN_POLL)
+        for old, node in back.items():
+            name = self.names.pop(old)
+            self.names[node] = name
+            self.holds.pop(old, None)
+            LOG.info("%s is back (node %d): asking it again", name, node)
+        if waiting:
+            LOG.warning("%s not back within %gs", ", ".join(waiting), self.grace)
+        return back
+
     def collect_once(
-        self, kind: str, nodes: Mapping[int, Mapping[str, Any]]
+        self, kind: str, nodes: Mapping[int, Mapping[str, Any]], timeout: float | None = None
     ) -> tuple[dict[int, dict[str, Any]], dict[int, DeploymentError]]:
         sent = {node: by_reference(fields, self.holds.get(node)) for node, fields in nodes.items()}
         messages = [
@@ -172,7 +234,8 @@ class Server:
         ]
         waiting = dict(zip(self.grid.push_messages(messages), nodes, strict=True))
         by_node: dict[int, Message] = {}
-        deadline = time.monotonic() + self.timeout
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         while waiting and time.monotonic() < deadline:
             # every POLL seconds: Grid.send_and_receive waits 3 s between pulls
             time.sleep(POLL)
@@ -182,12 +245,14 @@ class Server:
         for node in nodes:
             name = self.names.get(node, str(node))
             if node not in by_node:
-                failed[node] = DeploymentError(f"{name}: no {kind} reply within {self.timeout:g}s")
+                failed[node] = DeploymentError(f"{name}: no {kind} reply within {limit:g}s")
                 continue
             try:
                 answers[node] = fields_of(by_node[node])
             except DeploymentError as exc:
-                failed[node] = type(exc)(f"{name}: {exc}")
+                error = by_node[node].error if by_node[node].has_error() else None
+                gone = error is not None and error.code in GONE
+                failed[node] = (NodeUnavailable if gone else type(exc))(f"{name}: {exc}")
         for node, (_, facts) in sent.items():  # what each node holds now
             if node in answers and facts is not None:
                 self.holds[node] = facts
@@ -218,7 +283,7 @@ class Server:
                     f"{len(hellos)} of {count} hospitals answered hello in {wait:g}s"
                     + (f" ({_joined(gone)})" if gone else "")
                 )
-            time.sleep(0.2)
+            time.sleep(JOIN_POLL)
 
     def hospitals(self, wait: float) -> dict[str, tuple[int, dict[str, Any]]]:
         """Wait for the roster's hospitals (`hellos`); each must answer hello as a dpfl
@@ -230,28 +295,9 @@ class Server:
         registered = {int(n.node_id): str(n.name) for n in self.grid.get_nodes()}
         by_name: dict[str, tuple[int, dict[str, Any]]] = {}
         for node, fields in hellos.items():
-            if "refused" in fields:
-                raise DeploymentError(f"{fields.get('name')} refused: {fields['refused']}")
-            if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
-                raise DeploymentError(
-                    f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
-                    f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
-                    f"{self.run.key}"
-                )
-            name = str(fields["name"])
-            if registered.get(node) and registered[node] != name:
-                raise DeploymentError(
-                    f"node {node} says it is {name!r}, its key is registered as "
-                    f"{registered[node]!r}"
-                )
+            name = str(self.vetted(node, fields, registered)["name"])
             if name in by_name:
                 raise DeploymentError(f"two hospitals call themselves {name!r}")
-            pinned = roster.identities.get(name)
-            if pinned is None or fields.get("identity") != PREFIX + pinned.hex():
-                raise DeploymentError(
-                    f"node {node} says it is {name!r}, which the study's roster "
-                    + ("does not list" if pinned is None else "lists with another identity key")
-                )
             by_name[name] = (node, fields)
             LOG.info(
                 "%s: node %d, public size %s%s",
@@ -261,6 +307,33 @@ class Server:
                 f", its key registered as {name}" if registered.get(node) else "",
             )
         return dict(sorted(by_name.items()))
+
+    def vetted(
+        self, node: int, fields: Mapping[str, Any], registered: Mapping[int, str]
+    ) -> Mapping[str, Any]:
+        """A hello, once checked: a dpfl hospital of this study, under a name of the
+        roster with the roster's identity key for it, and the name its SuperNode key was
+        registered with, if any."""
+        if "refused" in fields:
+            raise DeploymentError(f"{fields.get('name')} refused: {fields['refused']}")
+        if fields.get("protocol") != PROTOCOL or fields.get("study") != self.run.key:
+            raise DeploymentError(
+                f"node {node} ({fields.get('name')}) runs protocol {fields.get('protocol')} "
+                f"of study {fields.get('study')}, not protocol {PROTOCOL} of "
+                f"{self.run.key}"
+            )
+        name = str(fields["name"])
+        if registered.get(node) and registered[node] != name:
+            raise DeploymentError(
+                f"node {node} says it is {name!r}, its key is registered as {registered[node]!r}"
+            )
+        pinned = self.run.roster.identities.get(name)
+        if pinned is None or fields.get("identity") != PREFIX + pinned.hex():
+            raise DeploymentError(
+                f"node {node} says it is {name!r}, which the study's roster "
+                + ("does not list" if pinned is None else "lists with another identity key")
+            )
+        return fields
 
 
 def _joined(failures: Iterable[DeploymentError]) -> str:
@@ -312,6 +385,7 @@ def serve(
     missing: str = "stop",
     checkpoint: Path | None = None,
     he_keys: Path | None = None,
+    grace: float = 0.0,
 ) -> DeploymentResult:
     """Run the study's rounds over the hospitals of its roster, connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
@@ -329,6 +403,11 @@ def serve(
         checkpoint: A file the server's state is written to after each round, and
             resumed from if it exists.
         he_keys: The public key file of an encrypted study.
+        grace: Seconds to wait, mid-run, for a hospital whose SuperNode went away (the
+            SuperLink lost it, or its ClientApp stopped) to come back, announcing the
+            same hello; it is then asked again for the same exchange, which it answers
+            as before without being charged twice (a masked exchange excepted). 0: its
+            failure counts at once, as `missing` says. A refusal is never waited for.
 
     Returns:
         The model and how far the run got: the hospitals' ε, and who refused or why the
@@ -336,12 +415,26 @@ def serve(
     """
     if missing not in ("stop", "continue"):
         raise ValueError(f"missing must be 'stop' or 'continue', got {missing!r}")
-    started = time.monotonic()
-    serving = _Serving.met(Server(grid, run, timeout), wait, he_keys, missing == "continue")
+    laps = [("", time.monotonic())]  # (phase, when it ended): where the time went
+
+    def lap(phase: str) -> None:
+        laps.append((phase, time.monotonic()))
+
+    server = Server(grid, run, timeout, grace)
+    serving = _Serving.met(server, wait, he_keys, missing == "continue")
+    lap("hellos")
     serving.resume(checkpoint)
-    if serving.calibrated() and serving.plans_accepted() and serving.trained(checkpoint):
+    ready = serving.calibrated() and serving.plans_accepted()
+    lap("calibration and plans")
+    if ready and serving.trained(checkpoint):
+        lap("rounds")
         serving.evaluate()
-    serving.summary(time.monotonic() - started)
+        lap("evaluation")
+    serving.summary(laps[-1][1] - laps[0][1])
+    LOG.info(
+        "time: %s",
+        ", ".join(f"{p} {t - laps[i][1]:.2f}s" for i, (p, t) in enumerate(laps[1:])),
+    )
     return serving.result
 
 
@@ -355,8 +448,6 @@ class _Serving:
 
     server: Server
     silos: list[SiloInfo]
-    node: dict[str, int]
-    """Each hospital's node, by name."""
     shape: list[int]
     classes: int
     open_sum: Opener
@@ -372,6 +463,11 @@ class _Serving:
     @property
     def run(self) -> Deployment:
         return self.server.run
+
+    @property
+    def node(self) -> dict[str, int]:
+        """Each hospital's node, by name (a hospital that came back may be on a new one)."""
+        return {name: n for n, name in self.server.names.items()}
 
     @classmethod
     def met(cls, server: Server, wait: float, he_keys: Path | None, go_on: bool) -> _Serving:
@@ -394,14 +490,13 @@ class _Serving:
             raise DeploymentError("some hospitals hold survival labels and others classes")
         classes = max(int(hello["classes"]) for _, hello in known.values())
         silos = [SiloInfo(name, int(hello["public-size"])) for name, (_, hello) in known.items()]
-        node = {name: n for name, (n, _) in known.items()}
-        server.names = {n: name for name, n in node.items()}
-        hellos = {name: hello for name, (_, hello) in known.items()}
-        open_sum = deployed(server.run.summing).opener(hellos, he_keys)
+        server.names = {n: name for name, (n, _) in known.items()}
+        server.greeted = {name: hello for name, (_, hello) in known.items()}
+        open_sum = deployed(server.run.summing).opener(server.greeted, he_keys)
         shape = list(shapes.pop())
         algorithm = server.run.build(silos, shape, classes)
         result = DeploymentResult(0, parameters_of(algorithm.model), silos, {}, {})
-        return cls(server, silos, node, shape, classes, open_sum, go_on, algorithm, result)
+        return cls(server, silos, shape, classes, open_sum, go_on, algorithm, result)
 
     def resume(self, checkpoint: Path | None) -> None:
         """The algorithm's initial state and a new run instance, or the checkpoint's."""

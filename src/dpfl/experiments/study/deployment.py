@@ -216,7 +216,8 @@ def server_app() -> ServerApp:
     whose roster names the hospitals to wait for), `out` (the study folder: `result.pt`, the
     results store and the server's checkpoint, resumed from when the server runs
     again), `wait` and `timeout` (seconds for the hospitals to connect and to reply),
-    `missing` ("stop" or "continue": `flower.serve`), `he-keys` (the run's public HE key
+    `missing` ("stop" or "continue": `flower.serve`), `grace` (seconds to wait for a
+    hospital whose SuperNode went away mid-run), `he-keys` (the run's public HE key
     file, for an encrypted study), `task` ("stats": release the study's `[analytics]`,
     `serve_stats_study`, instead of training)."""
     app = ServerApp()
@@ -273,6 +274,7 @@ def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
                 wait=float(run["wait"]),
                 timeout=float(run["timeout"]),
                 missing=str(run.get("missing", "stop")),
+                grace=float(run.get("grace", 0.0)),
                 checkpoint=out / f"checkpoint-{key}.pt",
                 he_keys=Path(he_keys) if he_keys else None,
             )
@@ -462,6 +464,7 @@ out = ""
 wait = 60.0
 timeout = 600.0
 missing = "stop"
+grace = 0.0
 he-keys = ""
 task = "train"
 """
