@@ -174,18 +174,20 @@ def serve_stats(
     wait: float = 60.0,
     timeout: float = 600.0,
     he_keys: Path | None = None,
+    receipts: Path | None = None,
 ) -> StatsServed:
     """Release the study's statistics from the hospitals of its roster connected to the
     grid: each checks the plan, then releases its noisy vectors, which the server sums as
     the study says and post-processes. DeploymentError, naming who and why, where a
-    hospital refuses or fails: nothing is pooled then."""
+    hospital refuses or fails: nothing is pooled then. The hospitals' receipts of their
+    charges are kept in `receipts`, where given."""
     analytics = run.analytics
     if analytics is None:
         raise DeploymentError(
             f"study {run.key} declares no [analytics] a deployment releases (a table "
             "study's, each hospital reading its own file)"
         )
-    server = Server(grid, run, timeout)
+    server = Server(grid, run, timeout, receipts=receipts)
     known = server.hospitals(wait)
     server.names = {node: name for name, (node, _) in known.items()}
     names = list(known)

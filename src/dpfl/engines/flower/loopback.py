@@ -215,7 +215,8 @@ def cluster(
     its own process on loopback, laid out as `layout` says; all killed on the way out,
     whatever happens. Every link is TLS with a CA made here (in `root`/tls); the
     SuperLink admits only SuperNodes whose keys were registered (`dpfl deploy
-    register`), which an intruder's is not."""
+    register`), which an intruder's is not. Each hospital's officer approves its study
+    first, as its node config runs it (`dpfl deploy approve`)."""
     missing = missing_binaries()
     if missing:
         raise LoopbackError(f"Flower's {', '.join(missing)} are not installed in {BIN}")
@@ -269,6 +270,7 @@ def cluster(
         for name in ([] if cli else members)
     }  # fmt: skip
     running = Cluster(port, ca, logs, env, commands, beside)
+    approve(nodes, env)
     try:
         for name in commands:
             running.start(name)
@@ -313,11 +315,35 @@ def deploy(
 
 def register(port: int, ca: Path, public_keys: Mapping[str, Path], env: dict[str, str]) -> None:
     """`dpfl deploy register` each hospital's key under its name, all at once."""
-    commands = [
-        [str(BIN / "dpfl"), "deploy", "register", str(key), "--name", name,
-         "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(ca)]
-        for name, key in public_keys.items()
-    ]  # fmt: skip
+    _all_at_once(
+        [
+            [str(BIN / "dpfl"), "deploy", "register", str(key), "--name", name,
+             "--superlink", f"127.0.0.1:{port}", "--root-certificates", str(ca)]
+            for name, key in public_keys.items()
+        ],
+        env,
+        "registering a key",
+    )  # fmt: skip
+
+
+def approve(nodes: Mapping[str, Mapping[str, Any]], env: dict[str, str]) -> None:
+    """`dpfl deploy approve` each hospital's study as its node config runs it (its
+    officer's approval, without which it runs nothing), all at once."""
+    _all_at_once(
+        [
+            [str(BIN / "dpfl"), "deploy", "approve", node["study"], "--ledger", node["ledger"],
+             "--identity", node["identity"], "--epsilon", str(node["epsilon"]),
+             "--delta", str(node["delta"]),
+             *(["--dataset-budget", str(node["dataset-budget"])]
+               if "dataset-budget" in node else [])]
+            for node in nodes.values()
+        ],
+        env,
+        "approving a study",
+    )  # fmt: skip
+
+
+def _all_at_once(commands: list[list[str]], env: dict[str, str], what: str) -> None:
     running = [
         subprocess.Popen(c, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         for c in commands
@@ -325,7 +351,7 @@ def register(port: int, ca: Path, public_keys: Mapping[str, Path], env: dict[str
     for process in running:
         output, _ = process.communicate(timeout=60)
         if process.returncode != 0:
-            raise LoopbackError(f"registering a key failed:\n{output.decode()}")
+            raise LoopbackError(f"{what} failed:\n{output.decode()}")
 
 
 def stop(processes: list[subprocess.Popen[bytes]]) -> None:

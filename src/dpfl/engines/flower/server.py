@@ -61,6 +61,7 @@ from dpfl.federation.messages import Encoding, encode
 from dpfl.federation.silo import SiloInfo
 from dpfl.files import replacing
 from dpfl.local.dpsgd import parameters_of
+from dpfl.privacy.chain import Receipt
 from dpfl.secure.he import HomomorphicError
 from dpfl.secure.masking import SecureAggregationError
 
@@ -134,6 +135,9 @@ class Server:
     holds: dict[int, str] = field(default_factory=dict)
     """The digest of the public facts each node holds (it answered a message stating
     them), which later messages refer to them by."""
+    receipts: Path | None = None
+    """Where the hospitals' signed receipts of their charges are kept (RECEIPT/NAME/),
+    for `dpfl privacy verify --receipts`; None: not kept."""
 
     def ask_named(
         self,
@@ -258,7 +262,34 @@ class Server:
                 self.holds[node] = facts
             else:
                 self.holds.pop(node, None)
+        self.keep_receipts(answers)
         return answers, failed
+
+    def keep_receipts(self, answers: Mapping[int, Mapping[str, Any]]) -> None:
+        """Keep each reply's receipt as RECEIPTS/NAME/ENTRY.json; one that is not signed
+        by the key the roster lists for its hospital, or does not hold together, is kept
+        all the same (it is evidence) and said so in the log."""
+        for node, fields in answers.items():
+            if self.receipts is None or not fields.get("receipt"):
+                continue
+            name, text = self.names.get(node, str(node)), str(fields["receipt"])
+            try:
+                made = Receipt.from_json(text)
+            except ValueError as exc:
+                LOG.warning("%s sent a receipt that is not one: %s", name, exc)
+                continue
+            pinned = self.run.roster.identities.get(name)
+            problems = made.problems() + (
+                []
+                if pinned is not None and made.seal.key == f"{PREFIX}{pinned.hex()}"
+                else [f"it is not signed with the key the roster lists for {name}"]
+            )
+            if problems or made.hospital != name:
+                LOG.warning("%s's receipt of entry %d: %s", name, made.seal.seq, problems)
+            folder = self.receipts / name
+            folder.mkdir(parents=True, exist_ok=True)
+            with replacing(folder / f"{made.seal.seq:08d}.json") as partial:
+                partial.write_text(text, encoding="utf-8")
 
     def hellos(self, count: int, wait: float) -> dict[int, dict[str, Any]]:
         """Each connected SuperNode's hello, once `count` answered (DeploymentError after
@@ -386,6 +417,7 @@ def serve(
     checkpoint: Path | None = None,
     he_keys: Path | None = None,
     grace: float = 0.0,
+    receipts: Path | None = None,
 ) -> DeploymentResult:
     """Run the study's rounds over the hospitals of its roster, connected to the grid: the
     algorithm's server half, each exchange's instructions sent as messages, its replies
@@ -408,6 +440,8 @@ def serve(
             same hello; it is then asked again for the same exchange, which it answers
             as before without being charged twice (a masked exchange excepted). 0: its
             failure counts at once, as `missing` says. A refusal is never waited for.
+        receipts: A folder the hospitals' signed receipts of their charges are kept in
+            (one folder a hospital), for `dpfl privacy verify --receipts`.
 
     Returns:
         The model and how far the run got: the hospitals' ε, and who refused or why the
@@ -420,7 +454,7 @@ def serve(
     def lap(phase: str) -> None:
         laps.append((phase, time.monotonic()))
 
-    server = Server(grid, run, timeout, grace)
+    server = Server(grid, run, timeout, grace, receipts=receipts)
     serving = _Serving.met(server, wait, he_keys, missing == "continue")
     lap("hellos")
     serving.resume(checkpoint)

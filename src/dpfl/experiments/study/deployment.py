@@ -164,6 +164,10 @@ def schema(width: int, classes: int | None) -> tuple[tuple[int, ...], int]:
     return (width,), flower.SURVIVAL if classes is None else classes
 
 
+RECEIPTS = "receipts"
+"""The folder in a server's OUT that keeps the hospitals' receipts, one folder each."""
+
+
 def deployment_of(path: Path) -> flower.Deployment:
     """A study file's deployment (the `DeploymentOf` both apps use), with the digests of
     what a hospital's approval covers."""
@@ -277,6 +281,7 @@ def serve_study(grid: Grid, run: Mapping[str, Any]) -> flower.DeploymentResult:
                 grace=float(run.get("grace", 0.0)),
                 checkpoint=out / f"checkpoint-{key}.pt",
                 he_keys=Path(he_keys) if he_keys else None,
+                receipts=out / RECEIPTS,
             )
         except Exception as exc:  # e.g. a hospital of another study: failed, with why
             store.fail(key, f"{type(exc).__name__}: {exc}")
@@ -301,6 +306,7 @@ def serve_stats_study(grid: Grid, run: Mapping[str, Any]) -> analytics.StatsRun:
             wait=float(run["wait"]),
             timeout=float(run["timeout"]),
             he_keys=Path(he_keys) if he_keys else None,
+            receipts=out / RECEIPTS,
         )
     except flower.DeploymentError as exc:
         (out / STATS_ERROR).write_text(f"the statistics were not released: {exc}\n")
