@@ -43,6 +43,7 @@ CREATE TABLE chain (
     prev TEXT NOT NULL,
     hash TEXT NOT NULL
 );
+CREATE INDEX chain_by_kind ON chain(kind, seq);
 """
 
 

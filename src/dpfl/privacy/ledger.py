@@ -86,7 +86,9 @@ CREATE INDEX IF NOT EXISTS memberships_by_dataset ON memberships(dataset);
 
 def _chained(db: sqlite3.Connection) -> None:
     """Schema 3 to 4: the hash chain, holding every row the ledger had (`mirror`)."""
-    db.execute(chain.SCHEMA)
+    for statement in chain.SCHEMA.split(";"):
+        if statement.strip():
+            db.execute(statement)
     mirror.chain_rows(db)
 
 
