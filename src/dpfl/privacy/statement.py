@@ -163,44 +163,13 @@ def to_json(statement: Statement) -> dict[str, Any]:
             for d in statement.datasets
         ],
         "names": statement.names,
-        "approvals": [_approval(a) for a in statement.approvals],
-        "refusals": [_refusal(r) for r in statement.refusals],
+        "approvals": [
+            {k: v for k, v in dataclasses.asdict(a).items() if k != "signature"}
+            for a in statement.approvals
+        ],
+        "refusals": [dataclasses.asdict(r) for r in statement.refusals],
         "released": [dataclasses.asdict(c) for c in statement.released],
-        "verification": {
-            "ok": verified.ok,
-            "entries": verified.entries,
-            "head": verified.head,
-            "seals": verified.seals,
-            "problems": verified.problems,
-        },
-    }
-
-
-def _approval(a: Approval) -> dict[str, Any]:
-    return {
-        "name": a.name,
-        "study": a.study,
-        "study_key": a.study_key,
-        "epsilon": a.epsilon,
-        "delta": a.delta,
-        "dataset_cap": a.dataset_cap,
-        "model_digest": a.model_digest,
-        "study_digest": a.study_digest,
-        "schema_digest": a.schema_digest,
-        "dpfl_version": a.dpfl_version,
-        "approved_at": a.approved_at,
-        "revoked_at": a.revoked_at,
-        "superseded_by": a.superseded_by,
-    }
-
-
-def _refusal(r: Refusal) -> dict[str, Any]:
-    return {
-        "study": r.study,
-        "account": r.account,
-        "round": r.round,
-        "reason": r.reason,
-        "recorded_at": r.recorded_at,
+        "verification": {"ok": verified.ok, **dataclasses.asdict(verified)},
     }
 
 
