@@ -14,7 +14,9 @@ from typer.testing import CliRunner
 from dpfl.cli import app
 from dpfl.engines.flower import serve
 from dpfl.experiments.study.deployment import deployment_of
+from dpfl.privacy import Ledger
 from dpfl.privacy.chain import Receipt
+from dpfl.privacy.statement import EVALUATION, TRAINING, read
 
 from .test_flower import InProcessGrid, hospitals, study
 
@@ -42,6 +44,9 @@ def test_the_servers_receipts_verify_each_ledger_and_show_one_cut_back(
         assert [len(r.entries) for r in made] == [1, 1, 1, 1]
         code, shown = _verified(node["ledger"], receipts)
         assert code == 0 and shown["receipts"] == 4 and shown["other_receipts"] == 8, shown
+        with Ledger(Path(node["ledger"]), create=False) as book:  # as the engines label them
+            (mine,) = [a for a in read(book).accounts if a.account == f"{name}/trial-0"]
+        assert (mine.kinds[TRAINING], mine.kinds[EVALUATION], mine.rounds_trained) == (3, 1, 3)
     ledger = nodes["hospital-1"]["ledger"]
     last = Receipt.from_json(sorted((receipts / "hospital-1").glob("*.json"))[-1].read_text())
     cut = last.entries[0].seq

@@ -22,6 +22,7 @@ import torch
 from dpfl.analytics.consistency import consistent, projected
 from dpfl.data.dataset import first_records
 from dpfl.privacy import events
+from dpfl.privacy.accounts import STATISTIC_LABEL
 from dpfl.privacy.errors import BudgetExceededError
 
 if TYPE_CHECKING:
@@ -581,7 +582,7 @@ def released(
     `LocalQuery`'s block sampled by its own mechanism."""
     out = []
     for query, vector in zip(queries, own, strict=True):
-        label = f"stats: {query.title}"
+        label = f"{STATISTIC_LABEL}{query.title}"
         if isinstance(query, LocalQuery):
             event = event_of(query, noise_multiplier, neighbouring)
             ledger.record_many([(account, event) for account in accounts], label=label)

@@ -1,4 +1,5 @@
-"""The names of a run's ledger accounts: one per (silo, trial), one per view.
+"""The names of a run's ledger accounts (one per (silo, trial), one per view) and of
+the charges that are not training's.
 
 Every engine opens them, and the results store and audits read them back: the one
 rule for what they are called lives here, beside the ledger that keeps them.
@@ -8,7 +9,16 @@ from __future__ import annotations
 
 from typing import Protocol
 
-__all__ = ["Named", "account"]
+__all__ = ["EVALUATION_LABEL", "RELEASE_LABEL", "STATISTIC_LABEL", "Named", "account"]
+
+STATISTIC_LABEL = "stats: "
+"""How a released statistic's charge is labelled (`stats: TITLE`, `dpfl.analytics`)."""
+RELEASE_LABEL = "release "
+"""How a value released once and kept is labelled (`release NAME`, `Ledger.release`: a
+DP record count)."""
+EVALUATION_LABEL = "evaluation of the final model: "
+"""How a deployed hospital labels its DP evaluation of the final model. A statement
+tells charges apart by these prefixes (`dpfl.privacy.statement.kind_of`)."""
 
 
 class Named(Protocol):

@@ -46,6 +46,7 @@ from dp_accounting import dp_event as dpe
 
 from dpfl.privacy import calibration, chain, events, governance, mirror
 from dpfl.privacy.accounting import Accountant, EpsilonReport, check_delta, epsilon
+from dpfl.privacy.accounts import RELEASE_LABEL
 from dpfl.privacy.errors import BudgetExceededError, LedgerError, PrivacyParameterError
 from dpfl.privacy.events import Neighbouring, PrivacyEvent
 from dpfl.sqlite_file import (
@@ -552,7 +553,7 @@ class Ledger:
         transaction; later calls return the stored value, charging only accounts that
         have not paid for it yet (a new trial using it). Re-using a released value is
         post-processing, and a value that was paid for is never drawn again."""
-        label = f"release {name}"
+        label = f"{RELEASE_LABEL}{name}"
         with write_transaction(self._db) as db:
             kept = _fact(db, label)
             accounts = sorted({self._stored(silo) for silo, _ in charges})
@@ -578,7 +579,7 @@ class Ledger:
         """The value `release(name, ...)` stored, if any."""
         if schema_of(self._db) < 2:
             return None
-        kept = _fact(self._db, f"release {name}")
+        kept = _fact(self._db, f"{RELEASE_LABEL}{name}")
         return None if kept is None else float(json.loads(kept))
 
     @_guarded

@@ -22,6 +22,7 @@ from typing import Any
 
 from dpfl.privacy import events
 from dpfl.privacy.accounting import Accountant
+from dpfl.privacy.accounts import EVALUATION_LABEL, RELEASE_LABEL, STATISTIC_LABEL
 from dpfl.privacy.governance import Approval, Refusal, Verification
 from dpfl.privacy.ledger import Budget, DatasetAccount, Entry, Ledger, SiloAccount, plan_epsilon
 
@@ -29,11 +30,8 @@ TRAINING = "training"
 STATISTIC = "statistic"
 EVALUATION = "evaluation"
 OTHER = "other"
-STATISTIC_LABELS = ("stats: ", "release ")
-"""How a released statistic's charge is labelled: `stats: TITLE` (`dpfl.analytics`), or
-`release NAME` (a value kept once drawn, `Ledger.release`: a DP record count)."""
-EVALUATION_LABELS = ("evaluation of ",)
-"""How a deployed hospital labels its DP evaluation of the final model."""
+STATISTIC_LABELS = (STATISTIC_LABEL, RELEASE_LABEL)
+EVALUATION_LABELS = (EVALUATION_LABEL,)
 MOST_POINTS = 24
 """Points on a curve of ε over time: each costs the accountant a composition (PLD:
 about 0.2 s), so a long history is shown at this many of its charges, the last one

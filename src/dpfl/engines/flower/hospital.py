@@ -86,6 +86,7 @@ from dpfl.local.dpsgd import parameters_of
 from dpfl.local.mechanisms import forget_streams
 from dpfl.local.threads import torch_threads
 from dpfl.privacy import Accountant, Ledger, events
+from dpfl.privacy.accounts import EVALUATION_LABEL
 from dpfl.privacy.errors import BudgetExceededError, PrivacyError
 from dpfl.privacy.governance import Approval
 
@@ -625,7 +626,7 @@ class Hospital:
             plan.noise_multiplier,
             ledger=book,
             accounts=[self.account],
-            label=f"evaluation of the final model: {algorithm.name} deployment of "
+            label=f"{EVALUATION_LABEL}{algorithm.name} deployment of "
             f"{self.run.key} instance {self.instance}",
             rng=evaluation_noise(self.me.research_noise, self.run.seed, k),
             neighbouring=silo.neighbouring,
