@@ -53,6 +53,17 @@ each way per hospital); `wire_over_dpfl` the ratio (up + down). `bare_wire_bytes
 bare app's bytes (up + down) per round in its own window: what Flower moves for the
 same 124 bytes each way, the rest of dpfl's figure is dpfl's own fields.
 
+The server's wall time outside its rounds (`outside.*_s`, a second table), from when each
+line of `dpfl deploy server`'s output arrived, the results store's start and finish
+times and the command's exit (`outside_rounds`): the command until it starts `flwr
+run`, the submission until the ServerApp's `main` starts, the hellos, the hospitals'
+plan checks, the final evaluation, the writing of the result, and the shut-down; with
+`server_s`, the command's whole wall time, the rest is the rounds.
+
+Every figure depends on the machine's load: the cores and the 1-minute load average
+(/proc/loadavg's first field) at the start and the end are printed beside the figures
+(and in the JSON: `cpus`, `loadavg_start`, `loadavg_end`).
+
 Figures and the command: benchmarks/README.md.
 """
 
@@ -63,6 +74,7 @@ import json
 import logging
 import os
 import socket
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -83,11 +95,14 @@ from dpfl.engines.simulation import SimulationResult, simulate
 from dpfl.experiments.study.build import build_algorithm
 from dpfl.experiments.study.datasets import build_silos
 from dpfl.experiments.study.deployment import study_point
+from dpfl.experiments.study.point import STORE
 from dpfl.federation.algorithms.base import flat
 from dpfl.local.dpsgd import parameters_of
 from dpfl.privacy import Ledger
 
 log = logging.getLogger("bench_deploy")
+Lines = list[tuple[float, str]]
+"""Output lines, each with the wall clock it came at."""
 
 STUDY = """
 name = "deployed"
@@ -243,13 +258,14 @@ def relay(upstream: int) -> Iterator[Relay]:
 
 
 def round_times(nodes: dict[str, dict[str, Any]], rounds: int) -> list[float]:
-    """When each round was last charged at a hospital (wall clock, from their ledgers)."""
+    """When each round was last charged at a hospital (wall clock, from their ledgers;
+    the DP evaluation's release, of no round, left out)."""
     times: list[list[float]] = [[] for _ in range(rounds)]
     for name, node in nodes.items():
         with Ledger(Path(node["ledger"]), create=False) as book:
             for entry in book.entries(f"{name}/trial-0"):
-                assert entry.round is not None
-                times[entry.round].append(entry.recorded_at)
+                if entry.round is not None:
+                    times[entry.round].append(entry.recorded_at)
     return [max(t) for t in times]
 
 
@@ -321,11 +337,9 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
         command = running.server(
             study, out, "--wait", str(60 + 10 * silos), "--timeout", str(60 + 20 * silos)
         )
-        done = subprocess.run(
-            command, capture_output=True, text=True, env=running.env, timeout=300 + 120 * silos
-        )
+        lines, began, ended_at = stamped(command, running.env, 300 + 120 * silos)
     total_s = time.perf_counter() - start
-    output = done.stdout + done.stderr
+    output = "\n".join(line for _, line in lines)
     if not (out / "result.pt").exists():
         raise RuntimeError(f"the deployment of {silos} hospitals wrote no result:\n{output}")
     deployed = DeploymentResult.load(out)
@@ -335,13 +349,19 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
     window = wire.bytes(times[0], times[-1])
     deploy_s = (times[-1] - times[0]) / (rounds - 1)
     bare_s = (ended[-1] - ended[0]) / (rounds - 1)
+    outside = outside_rounds(lines, began, ended_at, out)
     log.info(
-        "k=%d: deployed %d rounds, %.2f s a round (bare Flower: %.2f s), %.1f s all told",
+        "k=%d: deployed %d rounds, %.2f s a round (bare Flower: %.2f s), %.1f s all told; "
+        "the server's %.1f s outside its rounds: %s (load %.2f on %d cores)",
         silos,
         rounds,
         deploy_s,
         bare_s,
         total_s,
+        sum(outside.values()),
+        ", ".join(f"{name} {s:.1f}" for name, s in outside.items()),
+        os.getloadavg()[0],
+        os.cpu_count(),
     )
 
     simulator, result = time_simulator(study, rounds, root)
@@ -357,6 +377,8 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
         "deploy_over_simulate": deploy_s / simulator["simulate_s_per_round"],
         "cold_start_s": cold_start(),
         "deploy_total_s": total_s,
+        "server_s": ended_at - began,
+        **{f"outside.{name}_s": seconds for name, seconds in outside.items()},
         "wire_up_bytes_per_round": wire_bytes["up"],
         "wire_down_bytes_per_round": wire_bytes["down"],
         "dpfl_up_bytes_per_round": dpfl_bytes["up"],
@@ -368,6 +390,52 @@ def measure(silos: int, rounds: int, root: Path) -> dict[str, Any]:
         "same_model": all(
             torch.equal(deployed.params[name], value[0]) for name, value in result.params.items()
         ),
+    }
+
+
+def stamped(command: list[str], env: dict[str, str], timeout: float) -> tuple[Lines, float, float]:
+    """Run `dpfl deploy server`: each line of its output (the ServerApp's log streamed by
+    `flwr run`) with the wall clock it came at, and when it started and exited."""
+    lines: Lines = []
+    began = time.time()
+    process = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True
+    )
+    timer = threading.Timer(timeout, process.kill)
+    timer.start()
+    assert process.stdout is not None
+    for line in process.stdout:
+        lines.append((time.time(), line.rstrip("\n")))
+    process.wait()
+    timer.cancel()
+    return lines, began, time.time()
+
+
+def outside_rounds(lines: Lines, began: float, ended: float, out: Path) -> dict[str, float]:
+    """Where the server's wall time outside its rounds went, in seconds: `cli`, `dpfl
+    deploy server` until it starts `flwr run` (Python, imports, the study's checks);
+    `submit`, from then until the ServerApp's `main` recorded its start in the results
+    store (`flwr run`, the app bundle, the SuperLink's SuperExec, the ServerApp process
+    and its imports: `cold_start_s` is about those imports); from the ServerApp's `time:`
+    line, `hellos`, `plans` (calibration, each hospital's plan check) and `evaluation`;
+    `writing`, the rest of `main` (the results store, result.pt); `shutdown`, from the
+    store's finish to the command's exit (the ServerApp process ending, `flwr run` seeing
+    it, the command's check of the result)."""
+    flwr = next(t for t, line in lines if line.split(" ", 1)[0].endswith("/flwr"))
+    laps = next(line for _, line in lines if "time: " in line).split("time: ", 1)[1]
+    phases = {
+        name: float(s.rstrip("s")) for name, s in (p.rsplit(" ", 1) for p in laps.split(", "))
+    }
+    with sqlite3.connect(out / STORE) as db:
+        started, finished = db.execute("SELECT started_at, finished_at FROM runs").fetchone()
+    return {
+        "cli": flwr - began,
+        "submit": started - flwr,
+        "hellos": phases["hellos"],
+        "plans": phases["calibration and plans"],
+        "evaluation": phases["evaluation"],
+        "writing": finished - started - sum(phases.values()),
+        "shutdown": ended - finished,
     }
 
 
@@ -429,7 +497,15 @@ def _table(figures: dict[str, Any]) -> str:
         ("deploy_total_s", "{:.1f}"),
         ("same_model", "{}"),
     ]
-    rows = [[name.removesuffix("_per_round") for name, _ in columns]]
+    outside = [("K", "{}"), ("server_s", "{:.1f}")]
+    outside += [(name, "{:.1f}") for name in figures[f"k{figures['hospitals'][0]}"] if "." in name]
+    return f"{_rows(figures, columns)}\n\nthe server's seconds outside its rounds\n" + _rows(
+        figures, outside
+    )
+
+
+def _rows(figures: dict[str, Any], columns: list[tuple[str, str]]) -> str:
+    rows = [[name.removesuffix("_per_round").removeprefix("outside.") for name, _ in columns]]
     for k in figures["hospitals"]:
         case = {"K": k, **figures[f"k{k}"]}
         rows.append([form.format(case[name]) for name, form in columns])
@@ -461,7 +537,7 @@ def main() -> None:
         "rounds": rounds,
         "hospitals": list(hospitals),
         "cpus": os.cpu_count(),
-        "loadavg_start": os.getloadavg()[0],
+        "loadavg_start": os.getloadavg()[0],  # /proc/loadavg's first field
     }
     with tempfile.TemporaryDirectory(prefix="bench-deploy-") as tmp:
         for k in hospitals:
@@ -475,8 +551,11 @@ def main() -> None:
         print(json.dumps(flat))
         return
     print(_table(figures))
-    for key in ("rounds", "cpus", "loadavg_start", "loadavg_end"):
-        print(f"{key:<14} {figures[key]}")
+    print(
+        f"rounds {rounds}; measured on {figures['cpus']} cores at a 1-minute load average "
+        f"of {figures['loadavg_start']:.2f} at the start, {figures['loadavg_end']:.2f} at "
+        "the end (/proc/loadavg): figures under another load differ"
+    )
 
 
 if __name__ == "__main__":

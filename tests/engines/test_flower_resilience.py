@@ -202,11 +202,11 @@ class Restarting(InProcessGrid):
     """hospital-1's SuperNode goes away just after it answered round 1's train (charged,
     its reply kept; the SuperLink answers "node unavailable" for it) and comes back as a
     new node with an empty context, as a restarted SuperNode, after the server looked for
-    nodes `looks` times; never with `looks=None`."""
+    nodes `looks` times (never with `looks=None`), its node config changed by `changed`."""
 
-    def __init__(self, nodes: Iterable[dict[str, Any]], looks: int | None) -> None:
+    def __init__(self, nodes: Iterable[dict[str, Any]], looks: int | None, **changed: Any) -> None:
         super().__init__(nodes)
-        self.looks, self.away = looks, dict[int, Context]()
+        self.looks, self.away, self.changed = looks, dict[int, Context](), changed
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
@@ -224,7 +224,8 @@ class Restarting(InProcessGrid):
             self.looks -= 1
             if self.looks < 0:
                 old = self.away.pop(5)
-                self.contexts[5] = Context(7, 5, old.node_config, RecordDict(), {})
+                config = {**old.node_config, **self.changed}
+                self.contexts[5] = Context(7, 5, config, RecordDict(), {})
         return super().get_node_ids()
 
 
@@ -253,3 +254,13 @@ def test_without_grace_or_past_it_a_hospital_gone_stops_the_run(
     assert result.rounds_completed == 1
     assert result.stopped.startswith("round 1: hospital-1: error 5: Node Unavailable")
     assert [rounds_charged(node) for node in nodes.values()] == [2, 2, 2]
+
+
+def test_a_hospital_that_comes_back_with_another_hello_stops_the_run(
+    study: Path, tmp_path: Path
+) -> None:
+    nodes = hospitals(study, tmp_path / "hospitals")
+    grid = Restarting(nodes.values(), 3, **{"public-size": 100})
+    result = serve(grid, deployment_of(study), grace=30)
+    assert result.rounds_completed == 1
+    assert result.stopped.startswith("round 1: hospital-1 came back with another hello: ")

@@ -438,7 +438,10 @@ def _superlink(
 
 @app.command("superlink")
 def superlink_command(
-    insecure: InsecureOpt = False,
+    insecure: Annotated[
+        bool,
+        typer.Option("--insecure", help="Serve without TLS: everything on the wire is readable."),
+    ] = False,
     ssl_ca_certfile: Annotated[
         Path | None, typer.Option(help="The CA certificate (PEM) the hospitals trust.")
     ] = None,

@@ -464,11 +464,11 @@ def serve(
         lap("rounds")
         serving.evaluate()
         lap("evaluation")
-    serving.summary(laps[-1][1] - laps[0][1])
-    LOG.info(
+    LOG.info(  # before the summary, which ends the log
         "time: %s",
         ", ".join(f"{p} {t - laps[i][1]:.2f}s" for i, (p, t) in enumerate(laps[1:])),
     )
+    serving.summary(laps[-1][1] - laps[0][1])
     return serving.result
 
 
