@@ -20,6 +20,7 @@ reply, as `flwr-clientapp` answers it, and the process goes on with the next.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import time
@@ -134,6 +135,9 @@ def main() -> None:
     args = parser.parse_args()
     if args.parent_pid is not None:
         start_parent_process_monitor(args.parent_pid)
+    # loaded now, while the SuperNode connects, not when the first message (a hello the
+    # server waits on) arrives: the hospital half and torch, most of the app's imports
+    importlib.import_module("dpfl.engines.flower.hospital")
     Worker(args.runtime_api_address).serve(float(os.environ.get(POLL_ENV, POLL_SECONDS)))
 
 
