@@ -12,8 +12,10 @@ from typing import Any
 import pytest
 import torch
 from flwr.app import Context, RecordDict
+from typer.testing import CliRunner
 
 from dpfl import secure
+from dpfl.cli import app
 from dpfl.engines.flower import HospitalConfig, loopback, serve
 from dpfl.engines.plan import RunPlan
 from dpfl.engines.simulation import SimulationResult, simulate
@@ -147,8 +149,9 @@ def test_in_process_hospitals_release_dp_counts_once_as_the_simulator(
         encoding="utf-8",
     )
     nodes = dp_count_hospitals(study, tmp_path / "hospitals")
+    receipts = tmp_path / "receipts"
     with caplog.at_level(logging.INFO, logger="flwr"):
-        result = serve(InProcessGrid(nodes.values()), deployment_of(study))
+        result = serve(InProcessGrid(nodes.values()), deployment_of(study), receipts=receipts)
     simulation, book = simulated(study, tmp_path, dict.fromkeys(nodes, EPSILON))
     assert result.rounds_completed == 3
     declared = {s.name: s.size for s in build_silos(study_point(study).data, 3)}
@@ -159,6 +162,9 @@ def test_in_process_hospitals_release_dp_counts_once_as_the_simulator(
         mine = entries(Path(node["ledger"]), f"{name}/trial-0")
         assert mine == [e.event.to_json() for e in book.entries(f"{name}/trial-0")]
         assert len(mine) == 4 and "Gaussian" in mine[0]  # the count first, then 3 rounds
+        assert len(list((receipts / name).glob("*.json"))) == 5  # the count, rounds, evaluation
+        verify = ["privacy", "verify", node["ledger"], "--receipts", str(receipts)]
+        assert CliRunner().invoke(app, verify).exit_code == 0
     assert caplog.text.count("released its record count") == 3  # once each
     again = serve(InProcessGrid(nodes.values()), deployment_of(study))  # a second run
     assert again.silos == result.silos  # the kept counts, not new ones

@@ -216,6 +216,9 @@ class Hospital:
     Flower run), so local state and cached replies carry over."""
     state: RecordDict
     """The node's context state: kept by the SuperNode between this run's messages."""
+    counted: dict[str, str] = dataclasses.field(default_factory=dict)
+    """The receipt of its DP record count, where this message released it (sent with its
+    reply as `count-receipt`)."""
 
     @classmethod
     def of(
@@ -228,10 +231,10 @@ class Hospital:
         run = me.deployment(deployment_of)
         approval.check(me.ledger, me.approval(run), me.identity)
         me = dataclasses.replace(me, public_size=run.sizes.get(me.name, me.public_size))
-        silo = me.silo(run)
+        silo, counted = me.silo(run), dict[str, str]()
         if run.size_noise is not None:
-            silo = _counted(me, run, silo)
-        return cls(me, run, silo, instance, context.state)
+            silo, counted = _counted(me, run, silo)
+        return cls(me, run, silo, instance, context.state, counted)
 
     @property
     def account(self) -> str:
@@ -705,7 +708,7 @@ def _handler(
                 with Ledger(me.ledger) as book:
                     book.refuse(account(me.name, 0), str(exc))
             return Message(record({"name": me.name, "refused": why}), reply_to=message)
-        answer = work(hospital, fields)
+        answer = work(hospital, fields) | hospital.counted
         keep(fields, context.state)
         return Message(record(answer), reply_to=message)
 
@@ -807,16 +810,17 @@ def _declared(me: HospitalConfig, silo: Silo) -> Silo:
     return dataclasses.replace(silo, public_size=me.public_size)
 
 
-def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
+def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> tuple[Silo, dict[str, str]]:
     """The records with their public size, a DP count released as the simulator releases
     it: charged to this hospital's account, then drawn, once; kept in its ledger and
-    re-used by every later message and run over that ledger."""
+    re-used by every later message and run over that ledger. With the receipt of the
+    charge where this call made it."""
     if run.size_noise is None:
         raise InternalError(f"{me.name}'s size is counted, but the study sets no size noise")
     k = sorted(run.roster.identities).index(me.name)  # its index among the run's silos
     with _ledger(me, run, silo) as book:
         register_accounts(book, [silo], 1, {me.name: (me.epsilon, me.delta)})
-        new = book.released(f"record count of {me.name}") is None
+        new, after = book.released(f"record count of {me.name}") is None, head_seq(book)
         (counted,), _ = public_sizes(
             book, [silo], 1, run.size_noise, lambda _: count_noise(me.research_noise, run.seed, k)
         )
@@ -828,4 +832,6 @@ def _counted(me: HospitalConfig, run: Deployment, silo: Silo) -> Silo:
                 events.gaussian(run.size_noise).describe(),
                 account(me.name, 0),
             )
-    return counted
+            made = book.receipt(read_identity(me.identity), hospital=me.name, after=after)
+            return counted, {"count-receipt": made.to_json()}
+    return counted, {}

@@ -266,30 +266,29 @@ class Server:
         return answers, failed
 
     def keep_receipts(self, answers: Mapping[int, Mapping[str, Any]]) -> None:
-        """Keep each reply's receipt as RECEIPTS/NAME/ENTRY.json; one that is not signed
-        by the key the roster lists for its hospital, or does not hold together, is kept
-        all the same (it is evidence) and said so in the log."""
+        """Keep each reply's receipts (its release's; a hello's, of the DP record count it
+        released) as RECEIPTS/NAME/ENTRY.json; one that is not signed by the key the
+        roster lists for its hospital, or does not hold together, is kept all the same
+        (it is evidence) and said so in the log."""
+        if self.receipts is None:
+            return
         for node, fields in answers.items():
-            if self.receipts is None or not fields.get("receipt"):
-                continue
-            name, text = self.names.get(node, str(node)), str(fields["receipt"])
-            try:
-                made = Receipt.from_json(text)
-            except ValueError as exc:
-                LOG.warning("%s sent a receipt that is not one: %s", name, exc)
-                continue
-            pinned = self.run.roster.identities.get(name)
-            problems = made.problems() + (
-                []
-                if pinned is not None and made.seal.key == f"{PREFIX}{pinned.hex()}"
-                else [f"it is not signed with the key the roster lists for {name}"]
-            )
-            if problems or made.hospital != name:
-                LOG.warning("%s's receipt of entry %d: %s", name, made.seal.seq, problems)
-            folder = self.receipts / name
-            folder.mkdir(parents=True, exist_ok=True)
-            with replacing(folder / f"{made.seal.seq:08d}.json") as partial:
-                partial.write_text(text, encoding="utf-8")
+            name = self.names.get(node) or str(fields.get("name", node))
+            for text in (str(fields[k]) for k in ("receipt", "count-receipt") if fields.get(k)):
+                try:
+                    made = Receipt.from_json(text)
+                except ValueError as exc:
+                    LOG.warning("%s sent a receipt that is not one: %s", name, exc)
+                    continue
+                pinned = self.run.roster.identities.get(name)
+                if pinned is None or made.seal.key != f"{PREFIX}{pinned.hex()}":
+                    LOG.warning("%s's receipt is not signed with its roster key", name)
+                if made.problems() or made.hospital != name:
+                    LOG.warning("%s's receipt: %s", name, made.problems() or made.hospital)
+                folder = self.receipts / name
+                folder.mkdir(parents=True, exist_ok=True)
+                with replacing(folder / f"{made.seal.seq:08d}.json") as partial:
+                    partial.write_text(text, encoding="utf-8")
 
     def hellos(self, count: int, wait: float) -> dict[int, dict[str, Any]]:
         """Each connected SuperNode's hello, once `count` answered (DeploymentError after
