@@ -110,7 +110,7 @@ def _approvals(statement: Statement) -> str:
             _standing(a),
             Html(
                 "<br>".join(
-                    escape(f"{what}: {(digest or 'built-in')[:16]}…")
+                    escape(f"{what}: {digest[:16]}…" if digest else f"{what}: built-in")
                     for what, digest in (
                         ("model", a.model_digest),
                         ("study", a.study_digest),
