@@ -129,7 +129,8 @@ def test_json_names_studies_counts_kinds_apart_and_says_which_bound_binds(built:
         head = book.head()
     assert head is not None
     assert status["verification"] == {
-        "ok": True, "entries": head.seq, "head": head.hash, "seals": 0, "problems": []
+        "ok": True, "entries": head.seq, "head": head.hash, "seals": 0, "problems": [],
+        "chained": True,
     }  # fmt: skip
     released = [(r["kind"], r["label"]) for r in status["released"]]
     assert released[:4] == [
@@ -260,3 +261,18 @@ def test_a_study_without_a_known_name_is_shown_by_its_key(
     assert statement.name_of(SECOND) == SECOND and statement.name_of(None) == "—"
     amended = replace(statement, names={FIRST: "same", SECOND: "same"})
     assert amended.name_of(SECOND) == f"same ({SECOND[:12]})"
+
+
+def test_a_ledger_from_before_the_chain_is_shown_as_such_not_as_broken(
+    built: Built, tmp_path: Path
+) -> None:
+    old = tmp_path / "old.sqlite"
+    shutil.copyfile(built.path, old)
+    db = sqlite3.connect(old)
+    db.execute("DROP TABLE chain")
+    db.execute("PRAGMA user_version = 3")  # as dpfl 0.6 wrote it
+    db.commit()
+    db.close()
+    table = _status(old)
+    assert "no hash chain: " in table and "dpfl privacy upgrade" in table
+    assert "BROKEN" not in table and NAMES[FIRST] in table

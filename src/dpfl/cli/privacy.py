@@ -299,6 +299,7 @@ def verify_command(
     shown = {
         "ledger": str(path),
         "ok": not problems,
+        "chained": found.chained,
         "entries": found.entries,
         "head": found.head,
         "seals": found.seals,
@@ -309,7 +310,13 @@ def verify_command(
     if json:
         print_json(shown)
     else:
-        verdict = "[green]intact[/green]" if not problems else "[red]BROKEN[/red]"
+        verdict = (
+            "[green]intact[/green]"
+            if not problems
+            else "[red]BROKEN[/red]"
+            if found.chained
+            else "[yellow]not chained[/yellow]"
+        )
         console.print(
             f"ledger {escape(str(path))}: {verdict}: {found.entries} chain entries, "
             f"{found.seals} seals, head {found.head[:16]}"

@@ -92,6 +92,8 @@ class Verification:
     head: str
     seals: int
     problems: list[str]
+    chained: bool = True
+    """False: a ledger written before the chain, which nothing verifies until upgraded."""
 
     @property
     def ok(self) -> bool:

@@ -643,6 +643,7 @@ class Ledger:
                     f"{schema_of(self._db)}): nothing can be verified until it is upgraded "
                     f"(`{UPGRADE_COMMAND} {self.path}`)"
                 ],
+                chained=False,
             )
         with _read_transaction(self._db) as db:
             return governance.verify(db)

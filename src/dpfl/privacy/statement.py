@@ -193,6 +193,8 @@ def chain_text(verified: Verification) -> str:
             f"chain verified: {verified.entries} entries, {verified.seals} seals, head "
             f"{verified.head[:16]}…"
         )
+    if not verified.chained:
+        return "no hash chain: " + "; ".join(verified.problems)
     return f"chain BROKEN ({verified.entries} entries): " + "; ".join(verified.problems)
 
 
