@@ -172,23 +172,17 @@ def verify(db: sqlite3.Connection) -> Verification:
     return Verification(len(links), links[-1].hash if links else chain.GENESIS, seals, problems)
 
 
-def receipt_problems(db: sqlite3.Connection, receipt: chain.Receipt) -> list[str]:
-    """Where the ledger disagrees with a receipt the hospital gave (empty: it holds the
-    entries the receipt names, as they were, and the seal). A receipt of another ledger is
-    not this one's to judge: the caller sorts them by `receipt.seal.ledger`."""
+def receipt_problems(held: Mapping[int, chain.Link], receipt: chain.Receipt) -> list[str]:
+    """Where the ledger whose chain is `held` (entries by number) disagrees with a receipt
+    the hospital gave (empty: it holds the entries the receipt names, as they were, and
+    the seal). A receipt of another ledger is not this one's to judge: the caller sorts
+    them by `receipt.seal.ledger`."""
     seal = receipt.seal
     name = f"{receipt.hospital}'s receipt of entry {seal.seq}"
     found = [f"{name}: {problem}" for problem in receipt.problems()]
-    last = chain.head(db)
-    if last is None or last.seq < seal.seq + 1:
-        ends = 0 if last is None else last.seq
+    ends = max(held, default=0)
+    if ends < seal.seq + 1:
         return [*found, f"{name}: the ledger ends at entry {ends}: entries were removed"]
-    held = {
-        link.seq: link
-        for link in chain.links(
-            db, after=min([seal.seq - 1, *(link.seq - 1 for link in receipt.entries)])
-        )
-    }
     for link in receipt.entries:
         if link.seq not in held or held[link.seq].hash != link.hash:
             found.append(f"{name}: entry {link.seq} ({link.kind}) is no longer what was charged")

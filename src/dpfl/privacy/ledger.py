@@ -656,7 +656,8 @@ class Ledger:
             return self.verify().problems, 0
         with _read_transaction(self._db) as db:
             mine = [r for r in receipts if r.seal.ledger == chain.ledger_id(db)]
-            problems = [p for r in mine for p in governance.receipt_problems(db, r)]
+            held = {link.seq: link for link in chain.links(db)} if mine else {}
+        problems = [p for r in mine for p in governance.receipt_problems(held, r)]
         return problems, len(mine)
 
     @_guarded
