@@ -202,11 +202,21 @@ class Restarting(InProcessGrid):
     """hospital-1's SuperNode goes away just after it answered round 1's train (charged,
     its reply kept; the SuperLink answers "node unavailable" for it) and comes back as a
     new node with an empty context, as a restarted SuperNode, after the server looked for
-    nodes `looks` times (never with `looks=None`), its node config changed by `changed`."""
+    nodes `looks` times (never with `looks=None`), its node config changed by `changed`.
+    `silent`: no reply at all, as from a SuperNode that died before the SuperLink missed
+    its heartbeats."""
 
-    def __init__(self, nodes: Iterable[dict[str, Any]], looks: int | None, **changed: Any) -> None:
+    def __init__(
+        self,
+        nodes: Iterable[dict[str, Any]],
+        looks: int | None,
+        *,
+        silent: bool = False,
+        **changed: Any,
+    ) -> None:
         super().__init__(nodes)
         self.looks, self.away, self.changed = looks, dict[int, Context](), changed
+        self.silent = silent
 
     def push_messages(self, messages: Iterable[Message]) -> Iterable[str]:
         messages = list(messages)
@@ -215,7 +225,10 @@ class Restarting(InProcessGrid):
             dpfl, node = message.content["dpfl"], message.metadata.dst_node_id
             if message.metadata.message_type == "train" and dpfl["round"] == 1 and node == 3:
                 error = Error(ErrorCode.NODE_UNAVAILABLE, "Node Unavailable")
-                self.replies[id_] = Message(error, reply_to=message)
+                if self.silent:  # its reply, kept by the hospital, never reaches the server
+                    del self.replies[id_]
+                else:
+                    self.replies[id_] = Message(error, reply_to=message)
                 self.away[5] = self.contexts.pop(3)
         return ids
 
@@ -229,15 +242,18 @@ class Restarting(InProcessGrid):
         return super().get_node_ids()
 
 
+@pytest.mark.parametrize("silent", [False, True])
 def test_a_hospital_restarted_mid_round_is_waited_for_and_asked_again(
-    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+    study: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture, silent: bool
 ) -> None:
     """Within the grace period the run goes on by itself: the hospital answers round 1
-    again with the reply it kept, charged once, and the run ends as the simulator's."""
+    again with the reply it kept, charged once, and the run ends as the simulator's;
+    so too where the SuperLink had not yet said it was gone when the reply was due."""
     simulation, book = simulated(study, tmp_path)
     nodes = hospitals(study, tmp_path / "hospitals")
+    grid = Restarting(nodes.values(), 3, silent=silent)
     with caplog.at_level(logging.INFO, logger=LOG.name):
-        result = serve(Restarting(nodes.values(), 3), deployment_of(study), grace=30)
+        result = serve(grid, deployment_of(study), grace=30, timeout=2 if silent else 600)
     assert result.rounds_completed == 3 and not result.stopped and not result.refused
     assert_the_simulators(result, nodes, simulation, book)
     book.close()

@@ -333,7 +333,8 @@ def server(
         typer.Option(
             min=0.0,
             help="Seconds to wait mid-run for a hospital whose SuperNode went away (a "
-            "restart) to come back, then ask it again; 0: it fails at once, as --missing says.",
+            "restart) or did not reply in time to come back, then ask it again; 0: it fails "
+            "at once, as --missing says.",
         ),
     ] = 120.0,
     he_keys: Annotated[

@@ -63,6 +63,12 @@ class NodeUnavailable(DeploymentError):
     machine died, or it is restarting and has not joined again yet)."""
 
 
+class Silent(DeploymentError):
+    """No reply in time. A hospital whose machine died looks so until the SuperLink has
+    missed two of its heartbeats (60 s in Flower 1.42), which may be after the timeout:
+    within a grace period the server presumes it gone (`NodeUnavailable`)."""
+
+
 @dataclass(frozen=True)
 class Deployment:
     """The public design of one run, which the server and every hospital build from the

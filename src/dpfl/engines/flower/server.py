@@ -41,6 +41,7 @@ from dpfl.engines.flower.protocol import (
     DeploymentError,
     Exchange,
     NodeUnavailable,
+    Silent,
     by_reference,
     exchange_number,
     fields_of,
@@ -174,7 +175,8 @@ class Server:
         public facts go by reference to a node that holds them (`by_reference`), in full
         again to one that answers it does not. A hospital whose SuperNode went away is
         asked again where it comes back within the grace period (`rejoined`), under its
-        node then."""
+        node then; so is one that did not reply in time (`Silent`: it may have died unseen
+        yet, or be slow, and then its SuperNode answers hello once its ClientApp is done)."""
         answers, failed = self.collect_once(kind, nodes)
         unheld = [node for node, fields in answers.items() if UNHELD in fields]
         for node in unheld:
@@ -182,7 +184,7 @@ class Server:
         if unheld:
             again, failed_again = self.collect_once(kind, {n: nodes[n] for n in unheld})
             answers, failed = answers | again, failed | failed_again
-        gone = [n for n, why in failed.items() if isinstance(why, NodeUnavailable)]
+        gone = [n for n, why in failed.items() if isinstance(why, NodeUnavailable | Silent)]
         back = self.rejoined([n for n in gone if n in self.names]) if self.grace > 0 else {}
         if back:
             again, failed_again = self.collect(kind, {new: nodes[old] for old, new in back.items()})
@@ -249,7 +251,7 @@ class Server:
         for node in nodes:
             name = self.names.get(node, str(node))
             if node not in by_node:
-                failed[node] = DeploymentError(f"{name}: no {kind} reply within {limit:g}s")
+                failed[node] = Silent(f"{name}: no {kind} reply within {limit:g}s")
                 continue
             try:
                 answers[node] = fields_of(by_node[node])
