@@ -281,6 +281,9 @@ def test_in_process_the_deployment_ends_with_the_simulators_model(
         'name = "fedavg"\nclients_per_round = 2',
         'name = "fedavg"\nnoise = "bandmf"',
         'name = "ditto"\nstrength = 0.5\nnoise = { mechanism = "bandmf", band = 2 }',
+        'name = "fedavg"\nserver = { optimizer = "fedadam", learning_rate = 0.05 }',
+        'name = "mrmtl"\nstrength = 0.5\nserver = "fedavgm"',
+        'name = "sign"\nserver = "fedyogi"',
     ],
 )
 def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
@@ -289,7 +292,8 @@ def test_in_process_every_deployable_algorithm_ends_as_in_the_simulator(
     """Personal models and momentum stay at the hospitals between rounds (a file beside
     each ledger), hand-offs and sampled cohorts go through the same messages; each
     hospital's DP evaluation of the model it uses is charged once, beside the rounds.
-    Correlated noise's secret streams stay there too, and continue round after round."""
+    Correlated noise's secret streams stay there too, and continue round after round. A
+    server optimiser's memory stays at the server and moves the model as the simulator's."""
     study.write_text(STUDY.replace('name = "fedavg"', algorithm), encoding="utf-8")
     nodes = hospitals(study, tmp_path / "hospitals")
     result = serve(InProcessGrid(nodes.values()), deployment_of(study))

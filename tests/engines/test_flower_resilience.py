@@ -107,13 +107,15 @@ def test_a_hospital_over_budget_refuses_and_the_run_goes_on_without_it(
     assert [rounds_charged(nodes[n]) for n in nodes] == [3, 3, 0]
 
 
+@pytest.mark.parametrize("server", ["", 'server = { optimizer = "fedadam", learning_rate = 0.05 }'])
 def test_a_server_restarted_from_its_checkpoint_ends_as_an_uninterrupted_run(
-    study: Path, tmp_path: Path
+    study: Path, tmp_path: Path, server: str
 ) -> None:
     """Killed with round 1's replies unread: the restarted server (a new Flower run, new
     node contexts) asks round 1 again and the hospitals send the same replies, uncharged.
     Their budgets afford exactly the study's 3 rounds and its DP evaluation: round 1 is
-    not planned twice."""
+    not planned twice. A server optimiser's memory is in the checkpoint."""
+    study.write_text(STUDY.replace('name = "fedavg"', f'name = "fedavg"\n{server}'))
     simulation, book = simulated(study, tmp_path)
     evaluation = deployment.evaluation(study_point(study)).event(SiloInfo("any", 1))
     exact = {

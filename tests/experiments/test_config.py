@@ -382,3 +382,27 @@ def test_a_kinds_defaults_are_its_loaders(dataset: str, loaders: list[str]) -> N
             list(theirs) if isinstance(theirs, tuple | list) else theirs
         ), key
     assert set(kind.OPTIONS) - set(defaults) <= {"people"}
+
+
+def test_a_server_optimiser_is_a_table_or_a_name_and_its_settings_make_grids(
+    tmp_path: Path,
+) -> None:
+    table = BASE.replace(
+        'name = "fedavg"',
+        'name = "fedavg"\nserver = { optimizer = "fedadam", learning_rate = [0.01, 0.1] }',
+    )
+    study = load(_write(tmp_path, table))
+    assert study.axes == {"algorithm.server.learning_rate": [0.01, 0.1]}
+    rates = [config.algorithm.server.build() for _, config in study.points]
+    assert [r.name for r in rates] == ["fedadam", "fedadam"]
+    assert [r.learning_rate for r in rates] == [0.01, 0.1]  # type: ignore[attr-defined]
+    assert len({config.key() for _, config in study.points}) == 2
+    named = BASE.replace('name = "fedavg"', 'name = "fedavg"\nserver = ["averaging", "fedyogi"]')
+    study = load(_write(tmp_path, named))
+    assert [c.algorithm.server.optimizer for _, c in study.points] == ["averaging", "fedyogi"]
+    plain = load(_write(tmp_path, BASE)).points[0][1]
+    assert plain.key() == load(_write(tmp_path, BASE)).points[0][1].key()
+    assert plain.algorithm.server.optimizer == "averaging"
+    misspelt = BASE.replace('name = "fedavg"', 'name = "fedavg"\nserver = { optimiser = "fedadam" }')
+    with pytest.raises(ConfigError, match=r"algorithm\.server"):
+        load(_write(tmp_path, misspelt))

@@ -426,3 +426,16 @@ def test_dopamines_five_methods_are_tuned_over_the_same_learning_rates(method: s
     assert config.privacy.private == private and config.trials == 1
     if private:
         assert (config.privacy.epsilon, config.privacy.delta) == (3.0, 1e-4)
+
+
+def test_a_server_optimisers_settings_are_a_search_space_of_their_own(tmp_path: Path) -> None:
+    """Post-processing at the server: every candidate records the same events, so a grid
+    over the optimiser and its rate is tuned, its charge the one selection's."""
+    server = {"optimizer": ["fedavgm", "fedadam"], "learning_rate": [0.05, 0.5]}
+    served = {**STUDY, "algorithm": {"name": "fedavg", "server": server}}
+    tuned = tune(Study(served), tmp_path, metric="auroc", mean=3.0)
+    assert tuned.point["algorithm.server.optimizer"] in ("fedavgm", "fedadam")
+    assert tuned.point["algorithm.server.learning_rate"] in (0.05, 0.5)
+    assert max(tuned.epsilon.values()) <= 2.0
+    with Ledger(tmp_path / LEDGER, create=False) as book:
+        assert all(len(book.entries(silo)) == 1 for silo in book.silos())

@@ -283,7 +283,7 @@ class _RunState:
             if curator is None:
                 messages += _traffic(round_, r, member, reply)
         for r, server in enumerate(self.server):
-            self.server[r] = algorithm.aggregate(server, replies[r], secure_sum)
+            self.server[r] = algorithm.next_state(server, replies[r], secure_sum)
         if observe is not None:
             observe(round_, exchange, self.server, replies, secure_sum.reveals_inputs)
         return messages

@@ -247,7 +247,8 @@ class Server:
             time.sleep(POLL)
             for reply in self.grid.pull_messages(list(waiting)):
                 by_node[waiting.pop(reply.metadata.reply_to_message_id)] = reply
-        answers, failed = {}, {}
+        answers: dict[int, dict[str, Any]] = {}
+        failed: dict[int, DeploymentError] = {}
         for node in nodes:
             name = self.names.get(node, str(node))
             if node not in by_node:
@@ -621,7 +622,7 @@ class _Serving:
                     if result.refused:  # nothing of this round is aggregated
                         return False
                     if replies:
-                        self.state = algorithm.aggregate(self.state, replies, summing)
+                        self.state = algorithm.next_state(self.state, replies, summing)
                 except (DeploymentError, SecureAggregationError, HomomorphicError) as exc:
                     result.stopped = f"round {round_}: {exc}"
                     return False

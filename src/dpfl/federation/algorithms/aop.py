@@ -148,6 +148,7 @@ class AOPSettings(DPSGDSettings):
     algorithm: ClassVar[type[Algorithm]] = AOP
     refuses_adam: ClassVar[str] = "it runs no SGD steps"
     refuses_noise: ClassVar[str] = "it perturbs its output once and runs no DP-SGD steps"
+    refuses_server: ClassVar[str] = "its mean of the releases is A*STAR's model itself"
 
     name: Literal["aop"]
     regularization: float = Field(0.01, gt=0)

@@ -14,6 +14,9 @@ An algorithm is a small frozen object with pure, seedable functions over paramet
   same result bit for bit;
 * both: `participation_event`, what a round costs a silo, from public facts only.
 
+The engines call `next_state`: `aggregate`, then the server's optimiser
+(`dpfl.federation.server_optimizers`) moves the global model by the aggregate's step.
+
 Server state is one trial's; the simulator keeps one per trial. Facts that other layers
 need about an algorithm (does it pool data, stop at its budget, need a secure sum, what
 does each party see) are attributes here, never looked up by name.
@@ -40,6 +43,7 @@ from dpfl.data.sampling import (
 )
 from dpfl.errors import InternalError
 from dpfl.federation.messages import Encoding, SecureSum
+from dpfl.federation.server_optimizers import AVERAGING, Averaging, ServerOptimizer
 from dpfl.federation.silo import Silo, SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, LocalResult, parameters_of, stack
@@ -58,6 +62,8 @@ from dpfl.privacy import events
 
 State = dict[str, Any]
 """The server's state of one trial (at least `"global"`, the shared model)."""
+SERVER_OPTIMIZER = "server_optimizer"
+"""The state's key of the server optimiser's memory."""
 LocalState = dict[str, Any]
 """What one hospital keeps between rounds of one trial (`"model"`: its personal model)."""
 Charges = Callable[[Sequence[tuple[Any, str | None, events.PrivacyEvent]]], None]
@@ -230,6 +236,8 @@ class Algorithm(ABC):
     DP-SGD's user-level sampling."""
     model: nn.Module
     loss: Loss
+    server_optimizer: ServerOptimizer = AVERAGING
+    """How the server moves the global model by each aggregate (post-processing)."""
 
     @property
     @abstractmethod
@@ -307,6 +315,20 @@ class Algorithm(ABC):
     def aggregate(self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum) -> State:
         """The next state from the step's replies (possibly none)."""
 
+    def next_state(
+        self, state: State, replies: Mapping[str, Reply], secure_sum: SecureSum
+    ) -> State:
+        """`aggregate`, the global model then moved from where it was by the server's
+        optimiser, whose memory is kept in the state; no replies, no step."""
+        new = self.aggregate(state, replies, secure_sum)
+        if not replies or isinstance(self.server_optimizer, Averaging):
+            return new
+        glob: Params = state["global"]
+        moved, memory = self.server_optimizer.moved(
+            flat(glob), flat(new["global"]), state.get(SERVER_OPTIMIZER, {})
+        )
+        return {**new, "global": unflat(moved, glob), SERVER_OPTIMIZER: memory}
+
     # -- hospital half ------------------------------------------------------------------
 
     def initial_local_state(self, start: Params) -> LocalState:
@@ -382,6 +404,7 @@ class DPSGDAlgorithm(Algorithm):
     noise: NoiseMechanism = dataclasses.field(default_factory=Independent)
     """How each step's Gaussian noise is drawn (`dpfl.local.mechanisms`): independent, or
     correlated over the run with the batches the mechanism needs."""
+    server_optimizer: ServerOptimizer = AVERAGING
 
     silo_noise_allowed: ClassVar[bool] = True
     balances_batches: ClassVar[bool] = True

@@ -121,6 +121,7 @@ class Centralized(DPSGDAlgorithm):
 
 class CentralizedSettings(DPSGDSettings):
     algorithm: ClassVar[type[Algorithm]] = Centralized
+    refuses_server: ClassVar[str] = "it trains on the pooled records and averages nothing"
 
     name: Literal["centralized"]
     epochs_per_round: float = Field(1.0, gt=0)

@@ -86,6 +86,7 @@ class Cyclic(DPSGDAlgorithm):
 
 class CyclicSettings(DPSGDSettings):
     algorithm: ClassVar[type[Algorithm]] = Cyclic
+    refuses_server: ClassVar[str] = "it hands the model on and averages nothing"
 
     name: Literal["cyclic"]
     steps_per_visit: int = Field(10, ge=1)

@@ -43,10 +43,10 @@ import dataclasses
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, Self
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 from torch import Tensor
 
 from dpfl.federation.algorithms.base import (
@@ -65,6 +65,7 @@ from dpfl.federation.algorithms.base import (
 )
 from dpfl.federation.algorithms.settings import DPSGDSettings, Parts
 from dpfl.federation.messages import SecureSum
+from dpfl.federation.server_optimizers import AveragingSettings
 from dpfl.federation.silo import SiloInfo
 from dpfl.local.clipping import Params
 from dpfl.privacy import events
@@ -239,6 +240,15 @@ class FedSGDSecureSettings(DPSGDSettings):
     tolerated_dropouts: int = Field(0, ge=0)
     """d, the hospitals whose replies a round's sum may lack; every hospital is charged the
     noise of K − d shares, σ√((K − d)/K)."""
+
+    @model_validator(mode="after")
+    def _one_server_momentum(self) -> Self:
+        if self.momentum and not isinstance(self.server, AveragingSettings):
+            raise ValueError(
+                "fedsgd_secure's algorithm.momentum is already the server's (Dopamine "
+                f"App. C): set it to 0 to move by algorithm.server {self.server.optimizer!r}"
+            )
+        return self
 
     def build(self, parts: Parts) -> FedSGDSecure:
         return FedSGDSecure(  # K from its silos, never a cohort

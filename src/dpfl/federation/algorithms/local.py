@@ -84,6 +84,7 @@ class Local(LocalEpochs):
 
 class LocalSettings(LocalTrainingSettings):
     algorithm: ClassVar[type[Algorithm]] = Local
+    refuses_server: ClassVar[str] = "its hospitals train alone, with no shared model"
 
     name: Literal["local"]
 

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 from torch import nn
 
 from dpfl.federation.algorithms.base import Algorithm
+from dpfl.federation.server_optimizers import AveragingSettings, ServerOptimizerSettings
 from dpfl.federation.silo import Silo
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import Loss
@@ -61,6 +62,8 @@ class DPSGDSettings(BaseModel, ABC):
     """Why the algorithm cannot take Adam's steps, if it cannot."""
     refuses_noise: ClassVar[str] = ""
     """Why the algorithm's noise cannot be other than independent, if it cannot."""
+    refuses_server: ClassVar[str] = ""
+    """Why the algorithm's server cannot take an optimiser's steps, if it cannot."""
     exclusive: ClassVar[frozenset[str]] = frozenset()
     """Its own settings that a study of another algorithm may not set (off their
     default): they would silently do nothing there."""
@@ -88,6 +91,12 @@ class DPSGDSettings(BaseModel, ABC):
     """How each DP-SGD step's noise is drawn (`dpfl.local.mechanisms`): "independent"
     (DP-SGD's), "bandmf" or "blt" (correlated over the run), by name or as a table with
     the mechanism's settings (`[algorithm.noise] mechanism = "bandmf"`, `band = 8`)."""
+    server: ServerOptimizerSettings = AveragingSettings()
+    """How the server moves the global model by each round's aggregate
+    (`dpfl.federation.server_optimizers`): "averaging" (the aggregate itself), "fedavgm",
+    "fedadagrad", "fedadam" or "fedyogi", by name or as a table with the optimiser's
+    settings (`[algorithm.server] optimizer = "fedadam"`, `learning_rate = 0.01`).
+    Post-processing of released replies: no ε."""
 
     @model_validator(mode="before")
     @classmethod
@@ -142,6 +151,11 @@ class DPSGDSettings(BaseModel, ABC):
                 )
         if self.sampling == "balanced" and not getattr(self.algorithm, "balances_batches", False):
             raise ValueError(f"algorithm.sampling: {self.name} cannot draw balanced batches")
+        if self.refuses_server and not isinstance(self.server, AveragingSettings):
+            raise ValueError(
+                f"algorithm.server {self.server.optimizer!r} is not for {self.name}: "
+                f"{self.refuses_server}"
+            )
         if self.refuses_noise and not isinstance(self.noise, IndependentSettings):
             raise ValueError(
                 f"algorithm.noise {self.noise.mechanism!r} is not for {self.name}: "
@@ -179,6 +193,7 @@ class DPSGDSettings(BaseModel, ABC):
             "expected_batch_size": self.expected_batch_size,
             "balanced": self.sampling == "balanced",
             "noise": self.noise.build(parts.rounds),
+            "server_optimizer": self.server.build(),
         }
 
 
