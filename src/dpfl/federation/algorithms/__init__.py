@@ -2,7 +2,8 @@
 algorithm's module declares the algorithm and its settings (how a study's `[algorithm]`
 describes it, and how it is built from them); `AlgorithmSettings` below names each
 algorithm's settings once, and everything else (the study schema, the factory, the
-deployment, the tests) finds the algorithms here."""
+deployment, the tests) finds the algorithms here, beside the server optimisers they take
+(`dpfl.federation.server_optimizers`)."""
 
 from typing import Annotated, get_args
 
@@ -29,6 +30,14 @@ from dpfl.federation.algorithms.local import Local, LocalSettings
 from dpfl.federation.algorithms.mrmtl import MRMTL, MRMTLSettings
 from dpfl.federation.algorithms.settings import DPSGDSettings, Parts
 from dpfl.federation.algorithms.sign import Sign, SignSettings
+from dpfl.federation.server_optimizers import (
+    Averaging,
+    FedAdagrad,
+    FedAdam,
+    FedAvgM,
+    FedYogi,
+    ServerOptimizer,
+)
 
 AlgorithmSettings = Annotated[
     FedAvgSettings
@@ -61,13 +70,18 @@ __all__ = [
     "SETTINGS",
     "Algorithm",
     "AlgorithmSettings",
+    "Averaging",
     "Centralized",
     "Cyclic",
     "DPSGDAlgorithm",
     "DPSGDSettings",
     "Ditto",
+    "FedAdagrad",
+    "FedAdam",
     "FedAvg",
+    "FedAvgM",
     "FedSGDSecure",
+    "FedYogi",
     "Finetune",
     "HospitalContext",
     "Instruction",
@@ -76,6 +90,7 @@ __all__ = [
     "Member",
     "Parts",
     "Reply",
+    "ServerOptimizer",
     "Sign",
     "State",
 ]
