@@ -19,12 +19,14 @@ from dpfl.experiments.results.best import Candidate, candidates
 from dpfl.experiments.results.queries import mean_std_text, open_results, read_metrics
 
 
-def optimiser(server: Any) -> tuple[str, str]:
-    """(the optimiser's name, its settings as chosen: `η=0.03`, or empty)."""
+def optimiser(run: Any) -> tuple[str, str]:
+    """(the run's server optimiser, its rate and momentum: `η=0.03`, or empty), as its
+    stored config resolved them."""
+    server = run.config["algorithm"].get("server", "averaging")
     if isinstance(server, str):
         return server, ""
     names = {"learning_rate": "η", "momentum": "β"}
-    settings = [f"{names.get(k, k)}={v:g}" for k, v in server.items() if k != "optimizer"]
+    settings = [f"{names[k]}={v:g}" for k, v in server.items() if k in names]
     return server["optimizer"], ", ".join(settings)
 
 
@@ -33,7 +35,7 @@ def chosen(directory: str, epsilon: float, delta: float, metric: str) -> dict[st
     best: dict[str, Candidate] = {}
     for c in candidates(directory, epsilon=epsilon, delta=delta, metric=metric):
         if c.run.config["privacy"]["epsilon"] == epsilon and c.qualifies:
-            name, _ = optimiser(c.run.grid.get("algorithm.server", "averaging"))
+            name, _ = optimiser(c.run)
             best.setdefault(name, c)
     return best
 
@@ -60,7 +62,7 @@ def main() -> None:
             scores = {name: read_metrics(store, c.run) for name, c in best.items()}
             plain = scores["averaging"].score(args.metric).mean
             for name, c in sorted(best.items(), key=lambda item: item[0] != "averaging"):
-                _, settings = optimiser(c.run.grid.get("algorithm.server", "averaging"))
+                _, settings = optimiser(c.run)
                 cells = [
                     mean_std_text(s.mean, s.std if len(s.values) > 1 else None)
                     for s in (scores[name].score(m) for m in metrics)
