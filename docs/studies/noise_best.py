@@ -19,14 +19,13 @@ benchmarks/bench_noise.py computes the same quantity at q = 0.01.
 
 from __future__ import annotations
 
-import argparse
 import math
 from typing import Any
 
+from choices import swept
 from pydantic import TypeAdapter
 
-from dpfl.experiments.results.best import Candidate, candidates
-from dpfl.experiments.results.queries import mean_std_text, open_results, read_metrics
+from dpfl.experiments.results.best import Candidate
 from dpfl.federation.algorithms.base import epoch_steps
 from dpfl.local.mechanisms import MechanismSettings, NoiseMechanism
 from dpfl.local.mechanisms.bandmf import BandedMF
@@ -74,6 +73,11 @@ def running_noise(run: Any) -> dict[str, float]:
     }
 
 
+def kind(c: Candidate) -> str:
+    """The run's mechanism."""
+    return mechanism(c.run.grid.get("algorithm.noise", "independent"))[0]
+
+
 def regime_of(c: Candidate) -> str:
     """The grid's other axes, and the steps T of the run per hospital (their range)."""
     axes = [
@@ -86,51 +90,24 @@ def regime_of(c: Candidate) -> str:
     return ", ".join([*axes, f"T={span}"])
 
 
-def chosen(directory: str, epsilon: float, delta: float, metric: str) -> dict[Any, Candidate]:
-    """The best run within (ε, δ) of each (regime, mechanism) of the runs at ε."""
-    best: dict[tuple[str, str], Candidate] = {}
-    for c in candidates(directory, epsilon=epsilon, delta=delta, metric=metric):
-        if c.run.config["privacy"]["epsilon"] == epsilon and c.qualifies:
-            name, _ = mechanism(c.run.grid.get("algorithm.noise", "independent"))
-            best.setdefault((regime_of(c), name), c)
-    return best
-
-
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("directory")
-    parser.add_argument("--metric", default="accuracy")
-    args = parser.parse_args()
-    with open_results(args.directory) as store:
-        runs = store.runs(status="finished")
-        privacy = sorted(
-            {(r.config["privacy"]["epsilon"], r.config["privacy"]["delta"]) for r in runs}
-        )
-        metrics = list(runs[0].config["metrics"])
+    with swept(__doc__.splitlines()[0]) as sweep:
         print(
-            "| regime | ε | noise | chosen | σ | running-sum noise ÷ independent's | "
-            + " | ".join(m + (" (chosen on)" if m == args.metric else "") for m in metrics)
-            + " | n |"
+            sweep.header("regime | ε | noise | chosen | σ | running-sum noise ÷ independent's", "n")
         )
-        print("|" + "---|" * (7 + len(metrics)))
-        for epsilon, delta in privacy:
-            best = chosen(args.directory, epsilon, delta, args.metric)
+        for epsilon, delta in sweep.levels:
+            best = sweep.best(epsilon, delta, lambda c: (regime_of(c), kind(c)))
             for (regime, name), c in sorted(best.items()):
                 _, settings = mechanism(c.run.grid.get("algorithm.noise", "independent"))
                 ours = running_noise(c.run)
                 theirs = running_noise(best[(regime, "independent")].run)
                 ratios = [ours[s] / theirs[s] for s in ours]
-                scores = read_metrics(store, c.run)
-                cells = [
-                    mean_std_text(s.mean, s.std if len(s.values) > 1 else None)
-                    for s in (scores.score(m) for m in metrics)
-                ]
                 lr = c.run.config["algorithm"]["learning_rate"]
                 print(
                     f"| {regime} | {epsilon:g} | {name} | lr={lr:g}"
                     + (f", {settings}" if settings else "")
                     + f" | {c.run.noise_multiplier:.3g} | {min(ratios):.2f}–{max(ratios):.2f} | "
-                    + " | ".join(cells)
+                    + " | ".join(sweep.cells(c.run))
                     + f" | {c.run.trials} |"
                 )
 

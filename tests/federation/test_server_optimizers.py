@@ -13,17 +13,18 @@ from flwr.common import Code, FitRes, Status, ndarrays_to_parameters, parameters
 from flwr.server import strategy as flower
 from pydantic import TypeAdapter, ValidationError
 
-from dpfl.federation.algorithms import SETTINGS, FedAvg
-from dpfl.federation.algorithms.base import SERVER_OPTIMIZER, Reply, flat
-from dpfl.federation.server_optimizers import (
+from dpfl.federation.algorithms import (
+    SETTINGS,
     Averaging,
     FedAdagrad,
     FedAdam,
+    FedAvg,
     FedAvgM,
     FedYogi,
     ServerOptimizer,
-    ServerOptimizerSettings,
 )
+from dpfl.federation.algorithms.base import SERVER_OPTIMIZER, Reply, flat
+from dpfl.federation.server_optimizers import ServerOptimizerSettings
 from dpfl.local.dpsgd import DPSGDConfig
 from dpfl.local.losses import bce
 from dpfl.secure import InTheClear
