@@ -48,11 +48,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
-from torch.nn.grad import conv2d_weight
 from torch.nn.modules.utils import _pair
 
+from dpfl.local.ghost import GhostClipping, Unsupported, conv_weight_gradients
 from dpfl.local.losses import Loss, couples_examples, output_gradient
-from dpfl.local.threads import torch_threads
 from dpfl.models import check_per_example
 
 Params = dict[str, Tensor]
@@ -68,6 +67,11 @@ _CONVOLUTIONS = (
 
 __all__ = ["ClippedGradientSum", "Params", "column_major_copy", "column_major_weights"]
 
+
+VMAP_BYTES = 1 << 30
+"""Above this size of a batch's per-example gradients (1 GiB), a model whose layers are
+not all covered by a ghost rule still takes ghost clipping (its uncovered layers by
+`vmap` alone), rather than `vmap(grad)` of the whole model."""
 
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
 """Per model, the input shapes `check_per_example` passed: a property of the architecture,
@@ -85,12 +89,25 @@ class ClippedGradientSum:
         self._coupled = couples_examples(loss)
         self._layers: list[tuple[str, nn.Module]] | None = None
         self._layers = _layers(model)
+        self._ghost = GhostClipping(model, loss) if self._layers is None else None
         self._probe_shapes: dict[tuple[int, ...], list[torch.Size]] = {}
 
     @property
     def layer_by_layer(self) -> bool:
         """Whether gradients come from per-layer rules rather than `vmap(grad)` of the model."""
         return self._layers is not None
+
+    def ghost(self, x: Tensor) -> bool:
+        """Whether a batch like `x` takes ghost clipping (`dpfl.local.ghost`): a model that
+        is not an `nn.Sequential` (nor a lone `nn.Linear`), on dense inputs, whose layers
+        with parameters all have a ghost rule, or whose per-example gradients would take
+        more than `VMAP_BYTES` under `vmap(grad)`. Not inside `vmap` (stacked members)."""
+        if self._ghost is None or not self._ghost.applies or x.is_sparse:
+            return False
+        if self._ghost.every_layer_has_rule:
+            return True
+        numbers = sum(p.numel() for p in self.model.parameters()) * x.shape[0]
+        return numbers * x.element_size() > VMAP_BYTES
 
     def __call__(
         self,
@@ -111,6 +128,14 @@ class ClippedGradientSum:
         if self._layers is None:
             if x.is_sparse:
                 raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
+            if not under_vmap and self.ghost(x):
+                try:
+                    assert self._ghost is not None
+                    return self._ghost(
+                        params, x, y, partial(_clip_factor, mask=mask, clip_norm=clip_norm)
+                    )
+                except Unsupported:  # the model's forward pass escapes the hooks: for good
+                    self._ghost = None
             return self._generic(params, x, y, mask, clip_norm)
         return self._layer_by_layer(self._layers, params, x, y, mask, clip_norm, under_vmap)
 
@@ -519,7 +544,7 @@ def _layer_gradients(module: nn.Module, own: Params, a: Tensor, delta: Tensor) -
         and module.padding_mode == "zeros"
         and not isinstance(module.padding, str)
     ):
-        grads = {"weight": _conv_weight_gradients(module, a, delta)}
+        grads = {"weight": conv_weight_gradients(module, a, delta)}
         if "bias" in own:
             grads["bias"] = delta.flatten(2).sum(2)
         return grads
@@ -538,27 +563,6 @@ def _layer_gradients(module: nn.Module, own: Params, a: Tensor, delta: Tensor) -
 
     result: Params = vmap(one)(a, delta)
     return result
-
-
-def _conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor) -> Tensor:
-    """Per-example Conv2d weight gradients [B, *weight.shape] from inputs a and output
-    gradients δ: the weight gradient of one convolution whose groups are the examples
-    (a_i meets only δ_i), in one call of torch's backward kernel: faster than a batched
-    product per kernel offset, and for any stride, dilation or grouping. On one thread:
-    torch's CPU kernel for so many groups ran 240× slower on two (2.3 ms against 559 ms
-    for the small CNN's first convolution), with the same bits."""
-    batch, (out_channels, *per_group) = a.shape[0], module.weight.shape
-    with torch_threads(1 if a.device.type == "cpu" else None):
-        grads: Tensor = conv2d_weight(  # type: ignore[no-untyped-call]
-            a.reshape(1, -1, *a.shape[2:]),
-            (batch * out_channels, *per_group),
-            delta.reshape(1, -1, *delta.shape[2:]),
-            module.stride,
-            cast(tuple[int, int], module.padding),  # the caller excludes "same" and "valid"
-            module.dilation,
-            batch * module.groups,
-        )
-    return grads.reshape(batch, *module.weight.shape)
 
 
 def _sparse_input_sum(a: Tensor, scaled: Tensor) -> Tensor:
