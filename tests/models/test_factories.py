@@ -161,3 +161,13 @@ def test_a_groupnorm_after_a_linear_layer_gets_its_exact_per_example_gradients()
             expected[k] += g
     for k in params:
         torch.testing.assert_close(sums[k], expected[k], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["resnet18_gn", "vit"])
+def test_the_large_kinds_build_checked_models_for_images(kind: str) -> None:
+    """ResNet-18-GN and the small ViT from their kind, for 28×28 grey images; a feature
+    vector is refused by name."""
+    model = factories.build(factories.KINDS[kind], (1, 28, 28), 2)
+    assert model(torch.zeros(3, 1, 28, 28)).shape == (3, 2)
+    with pytest.raises(factories.ModelError, match=f"{kind} classifies images"):
+        factories.build(factories.KINDS[kind], (12,), 2)

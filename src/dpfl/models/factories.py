@@ -32,6 +32,7 @@ from torch import nn
 from torch.func import functional_call, grad, vmap
 
 from dpfl import models
+from dpfl.models import large
 
 __all__ = [
     "KINDS",
@@ -41,10 +42,12 @@ __all__ = [
     "in_folder",
     "logistic_regression",
     "mlp",
+    "resnet18_gn",
     "resolve",
     "small_cnn",
     "source_digest",
     "source_file",
+    "vit",
 ]
 
 Factory = Callable[[Any, int], nn.Module]
@@ -72,10 +75,31 @@ def small_cnn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
     return models.small_cnn(input_shape[0], input_shape[1], n_classes=n_outputs)
 
 
+def resnet18_gn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
+    """`dpfl.models.large.resnet18_gn` for (channels, side, side) images: the CIFAR stem
+    up to 32 pixels a side, ImageNet's above."""
+    channels, side = _image(input_shape, "resnet18_gn")
+    return large.resnet18_gn(channels, n_outputs, small_inputs=side <= 32)
+
+
+def vit(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
+    """`dpfl.models.large.vit` for (channels, side, side) images."""
+    channels, side = _image(input_shape, "vit")
+    return large.vit(channels, side, n_outputs)
+
+
+def _image(input_shape: Any, kind: str) -> tuple[int, int]:
+    if isinstance(input_shape, int) or len(input_shape) != 3:
+        raise ModelError(f"model.kind: {kind} classifies images, got {_shape(input_shape)}")
+    return input_shape[0], input_shape[1]
+
+
 KINDS: dict[str, str] = {
     "logistic_regression": "dpfl.models.factories:logistic_regression",
     "mlp": "dpfl.models.factories:mlp",
     "small_cnn": "dpfl.models.factories:small_cnn",
+    "resnet18_gn": "dpfl.models.factories:resnet18_gn",
+    "vit": "dpfl.models.factories:vit",
 }
 """The built-in `model.kind`s, as the factories they name."""
 

@@ -81,7 +81,7 @@ def _model(config: StudyConfig, silo: Silo, outputs: int) -> torch.nn.Module:
     shape = tuple(silo.x.shape[1:])
     if spec.factory is not None:
         return factories.build(spec.factory, shape, outputs)
-    if spec.kind == "small_cnn" and silo.survival:
-        raise ValueError(f"model.kind: small_cnn classifies images, got {shape} records")
+    if spec.kind in ("small_cnn", "resnet18_gn", "vit") and silo.survival:
+        raise ValueError(f"model.kind: {spec.kind} classifies images, got {shape} records")
     options = {"hidden": spec.hidden} if spec.kind == "mlp" else {}
     return factories.build(factories.KINDS[spec.kind], shape, outputs, **options)

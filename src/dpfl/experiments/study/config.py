@@ -88,7 +88,9 @@ class ConfigError(ValueError):
 
 
 class ModelConfig(_Strict):
-    kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
+    kind: Literal["logistic_regression", "mlp", "small_cnn", "resnet18_gn", "vit"] = (
+        "logistic_regression"
+    )
     factory: str | None = None
     """Your own model: `"file.py:build"` (in a study file, relative to the file's folder)
     or `"package.module:build"`, called as `build(n_features, n_outputs)` for feature
