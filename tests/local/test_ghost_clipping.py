@@ -226,17 +226,29 @@ def test_models_the_hooks_cannot_follow_take_vmap() -> None:
     assert not GhostClipping(_Tied(), cross_entropy).applies
 
 
+class _Bilinear(nn.Module):
+    """Most parameters in a layer without a rule."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.first = nn.Bilinear(432, 432, 4)
+        self.head = nn.Linear(4, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        flat = x.flatten(1)
+        return self.head(self.first(flat, flat))
+
+
 def test_the_path_is_chosen_by_model_and_size(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Sequential models keep the layer-by-layer path; others with every layer ruled go
-    ghost; a model with a layer without a rule goes ghost only above `VMAP_BYTES`."""
+    """Sequential models keep the layer-by-layer path; others go ghost, unless the layers
+    without a rule hold most parameters: then only above `VMAP_BYTES`."""
     x = torch.zeros(4, 3, 12, 12)
-    assert not ClippedGradientSum(
-        nn.Sequential(nn.Flatten(), nn.Linear(432, 2)), cross_entropy
-    ).ghost(x)
+    sequential = nn.Sequential(nn.Flatten(), nn.Linear(432, 2))
+    assert not ClippedGradientSum(sequential, cross_entropy).ghost(x)
     assert ClippedGradientSum(_resnet(torch.float32)[0], cross_entropy).ghost(x)
-    model = _vit(torch.float32)[0]
+    assert ClippedGradientSum(_vit(torch.float32)[0], cross_entropy).ghost(x)
+    model = _Bilinear()
     assert not ClippedGradientSum(model, cross_entropy).ghost(x)
-    monkeypatch.setattr(
-        clipping, "VMAP_BYTES", 4 * 4 * sum(p.numel() for p in model.parameters()) - 1
-    )
+    size = 4 * 4 * sum(p.numel() for p in model.parameters())
+    monkeypatch.setattr(clipping, "VMAP_BYTES", size - 1)
     assert ClippedGradientSum(model, cross_entropy).ghost(x)

@@ -69,9 +69,9 @@ __all__ = ["ClippedGradientSum", "Params", "column_major_copy", "column_major_we
 
 
 VMAP_BYTES = 1 << 30
-"""Above this size of a batch's per-example gradients (1 GiB), a model whose layers are
-not all covered by a ghost rule still takes ghost clipping (its uncovered layers by
-`vmap` alone), rather than `vmap(grad)` of the whole model."""
+"""Above this size of a batch's per-example gradients (1 GiB), a model whose layers
+without a ghost rule hold most of its parameters still takes ghost clipping (those
+layers by `vmap` alone), rather than `vmap(grad)` of the whole model."""
 
 _CHECKED: weakref.WeakKeyDictionary[nn.Module, set[tuple[int, ...]]] = weakref.WeakKeyDictionary()
 """Per model, the input shapes `check_per_example` passed: a property of the architecture,
@@ -100,14 +100,15 @@ class ClippedGradientSum:
     def ghost(self, x: Tensor) -> bool:
         """Whether a batch like `x` takes ghost clipping (`dpfl.local.ghost`): a model that
         is not an `nn.Sequential` (nor a lone `nn.Linear`), on dense inputs, whose layers
-        with parameters all have a ghost rule, or whose per-example gradients would take
-        more than `VMAP_BYTES` under `vmap(grad)`. Not inside `vmap` (stacked members)."""
+        without a ghost rule (taken by `vmap` alone) hold at most half its parameters, or
+        whose per-example gradients would take more than `VMAP_BYTES` under `vmap(grad)`.
+        Not inside `vmap` (stacked members)."""
         if self._ghost is None or not self._ghost.applies or x.is_sparse:
             return False
-        if self._ghost.every_layer_has_rule:
+        total = sum(p.numel() for p in self.model.parameters())
+        if 2 * self._ghost.uncovered <= total:
             return True
-        numbers = sum(p.numel() for p in self.model.parameters()) * x.shape[0]
-        return numbers * x.element_size() > VMAP_BYTES
+        return total * x.shape[0] * x.element_size() > VMAP_BYTES
 
     def __call__(
         self,

@@ -90,8 +90,14 @@ class GhostClipping:
         self.applies = bool(self.owners) and shared == len(list(model.named_parameters()))
 
     @property
-    def every_layer_has_rule(self) -> bool:
-        return all(has_rule(module) for _, module, _ in self.owners)
+    def uncovered(self) -> int:
+        """The parameters of the layers without a rule, which `vmap` takes one by one."""
+        return sum(
+            p.numel()
+            for _, module, _ in self.owners
+            if not has_rule(module)
+            for p in module.parameters(recurse=False)
+        )
 
     def __call__(
         self, params: Params, x: Tensor, y: Tensor, factor: Callable[[Tensor], Tensor]
