@@ -41,6 +41,7 @@ import os
 import statistics
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -163,6 +164,8 @@ def _rss(field: str) -> int:
 
 def _measure(job: dict[str, Any]) -> dict[str, Any]:
     """One runner's step in this (spawned) process: median seconds, peak bytes."""
+    warnings.filterwarnings("ignore", module="opacus")
+    warnings.filterwarnings("ignore", message="Full backward hook")
     torch.set_num_threads(job["threads"])
     device = torch.device(job["device"])
     model = _model(job["model"], job["side"]).to(device)
@@ -274,11 +277,11 @@ def main() -> None:
     if args.json:
         print(json.dumps(out, indent=1))
         return
+    load = f"load {out['loadavg_start']:.2f} → {out['loadavg_end']:.2f}"
+    print(f"threads {args.threads}, side {side}, median of {repeats}; {load}")
     print(
-        f"threads {args.threads}, side {side}, median of {repeats}; load {out['loadavg_start']:.2f} → {out['loadavg_end']:.2f}"
-    )
-    print(
-        "| case | plain s | dp s | opacus s | plain MiB | dp MiB | opacus MiB | dp/plain time | dp/plain mem | opacus/dp time | opacus |"
+        "| case | plain s | dp s | opacus s | plain MiB | dp MiB | opacus MiB "
+        "| dp/plain time | dp/plain mem | opacus/dp time | opacus |"
     )
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for key, runs, r in table:

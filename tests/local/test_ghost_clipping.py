@@ -128,27 +128,27 @@ MODELS = {
 def test_ghost_clipped_sums_are_the_references(
     name: str, dtype: torch.dtype, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Every model here takes the ghost path (the ViT's tokens and the PReLU have no
-    rule: the threshold is lowered so that they do); a masked row adds nothing."""
+    """By book-keeping and by a second backward pass; every model here (but the token
+    model, which dpfl's per-example check cannot probe) takes the ghost path (the
+    threshold lowered for the PReLU, which has no rule); a masked row adds nothing."""
     monkeypatch.setattr(clipping, "VMAP_BYTES", 0)
     model, x, y = MODELS[name](dtype)
     mask = torch.ones(len(x), dtype=dtype)
     mask[-1] = 0.0
     _, raw = _reference(model, cross_entropy, x, y, mask, 1.0)
     clip = float(raw.median())  # about half the examples are clipped
-    if name == "text":  # token inputs: `check_per_example` probes with floats, so direct
-        factor = partial(clipping._clip_factor, mask=mask, clip_norm=clip)
-        sums, norms = GhostClipping(model, cross_entropy)(parameters_of(model), x, y, factor)
-    else:
-        clipped = ClippedGradientSum(model, cross_entropy)
-        assert clipped.ghost(x)
-        sums, norms = clipped(parameters_of(model), x, y, mask, clip)
+    if name != "text":  # token inputs: `check_per_example` probes with floats
+        assert ClippedGradientSum(model, cross_entropy).ghost(x)
+    factor = partial(clipping._clip_factor, mask=mask, clip_norm=clip)
     expected, expected_norms = _reference(model, cross_entropy, x, y, mask, clip)
     tol = 1e-10 if dtype == torch.float64 else 2e-5
-    assert torch.allclose(norms, expected_norms, rtol=tol, atol=tol)
-    assert sums.keys() == expected.keys()
-    for key, value in sums.items():
-        assert torch.allclose(value, expected[key], rtol=tol, atol=tol * clip), key
+    for book_keeping in (True, False):
+        ghost = GhostClipping(model, cross_entropy, book_keeping=book_keeping)
+        sums, norms = ghost(parameters_of(model), x, y, factor)
+        assert torch.allclose(norms, expected_norms, rtol=tol, atol=tol)
+        assert sums.keys() == expected.keys()
+        for key, value in sums.items():
+            assert torch.allclose(value, expected[key], rtol=tol, atol=tol * clip), key
 
 
 def test_each_layer_type_has_a_rule_or_is_mapped_alone() -> None:
@@ -171,18 +171,22 @@ def test_a_lone_example_and_no_clipping() -> None:
         assert torch.allclose(value, expected[key], rtol=1e-10, atol=1e-12), key
 
 
-def test_a_non_finite_example_is_zeroed_not_summed() -> None:
+@pytest.mark.parametrize("book_keeping", [True, False])
+def test_a_non_finite_example_is_zeroed_not_summed(book_keeping: bool) -> None:
     """An example with an infinite input has a non-finite gradient: it adds exactly zero,
     and the others' sum is the one without it (not NaN)."""
     model, x, y = _resnet(torch.float64)
     x = x.clone()
     x[2, 0, 0, 0] = math.inf
     mask = torch.ones(len(x), dtype=torch.float64)
-    clipped = ClippedGradientSum(model, cross_entropy)
-    sums, norms = clipped(parameters_of(model), x, y, mask, 0.5)
+    ghost = GhostClipping(model, cross_entropy, book_keeping=book_keeping)
+    factor = partial(clipping._clip_factor, mask=mask, clip_norm=0.5)
+    sums, norms = ghost(parameters_of(model), x, y, factor)
     assert not torch.isfinite(norms[2])
     kept = torch.arange(len(x)) != 2
-    without, _ = clipped(parameters_of(model), x[kept], y[kept], mask[kept], 0.5)
+    without, _ = ClippedGradientSum(model, cross_entropy)(
+        parameters_of(model), x[kept], y[kept], mask[kept], 0.5
+    )
     for key, value in sums.items():
         assert torch.allclose(value, without[key], rtol=1e-10, atol=1e-12), key
 

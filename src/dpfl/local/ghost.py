@@ -18,17 +18,25 @@ over those layers of a term that follows from (a_i, δ_i) alone:
 * `nn.Embedding`: ghost by token equality, Σ_{t,s} [id_t = id_s] δ_t·δ_s;
 * any other layer with parameters of its own: `vmap` over examples of that layer's `vjp`.
 
-The clipped sum is then a second backward pass through the same graph, of Σ_i c_i·ℓ_i
-with the clip factors c_i = min(1, C/‖g_i‖) held constant: Σ_i c_i g_i, the sum the other
-paths compute, to float rounding. The first pass asks only for the gradients of the
-first layers' parameters, so autograd computes no other weight gradient in it. Nothing
-about the privacy changes: the same per-example norms, the same sensitivity C.
+The clipped sum Σ_i c_i g_i, with c_i = min(1, C/‖g_i‖), then follows by book-keeping
+(Bu et al. 2023): from the same (a_i, δ_i), as one batched weight gradient with each
+δ_i scaled by c_i ((c ⊙ Δ)ᵀ A for a Linear layer, torch's convolution weight gradient for
+a Conv2d), or c · (the per-example gradients) where they were formed; no second backward
+pass, at the cost of holding each layer's δ until the norms are known. With
+`book_keeping=False`, the standard two-pass ghost clipping: a second backward pass
+through the same graph, of Σ_i c_i·ℓ_i with the c_i held constant. The first pass asks
+only for the gradients of the first layers' parameters, so autograd computes no other
+weight gradient in it. Either way the sum the other paths compute, to float rounding;
+nothing about the privacy changes: the same per-example norms, the same sensitivity C.
+An example whose gradient is not finite gets c_i = 0 and the sum is recomputed without
+it (a backward pass over the finite rows alone), since 0·∞ would be NaN in the sum.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
+from functools import partial
 from typing import Any, cast
 
 import torch
@@ -40,6 +48,8 @@ from torch.nn.grad import conv2d_weight
 from dpfl.local.threads import torch_threads
 
 Params = dict[str, Tensor]
+Summer = Callable[[Tensor], Params]
+"""A layer's clipped sum Σ_i c_i g_i of its own parameters, given the factors c."""
 
 __all__ = ["GhostClipping", "Unsupported", "conv_weight_gradients", "has_rule"]
 
@@ -80,9 +90,18 @@ def _owners(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
 class GhostClipping:
     """Per-example norms and clipped sums of one model by the two-pass ghost technique."""
 
-    def __init__(self, model: nn.Module, loss: Callable[[Tensor, Tensor], Tensor]) -> None:
+    def __init__(
+        self,
+        model: nn.Module,
+        loss: Callable[[Tensor, Tensor], Tensor],
+        book_keeping: bool = True,
+    ) -> None:
+        """`book_keeping` (Bu et al. 2023): the clipped sum from the layer inputs and
+        output gradients the norms were computed from, without a second backward pass
+        (faster; holds each layer's δ until the sums are made); otherwise the second pass."""
         self.model = model
         self.loss = loss
+        self.book_keeping = book_keeping
         self.owners = _owners(model)
         # a parameter shared by two modules has one per-example gradient, the sum of two
         # terms whose cross term no per-layer rule sees
@@ -105,17 +124,22 @@ class GhostClipping:
         """(Σ_i c_i g_i, ‖g_i‖) with c = `factor`(‖g‖): finite, 0 for an example to
         leave out (padding, or a gradient that is not finite). Raises `Unsupported`."""
         leaves = {k: v.detach().requires_grad_() for k, v in params.items()}
-        tape = _Tape(self.owners, leaves, x.shape[0])
+        tape = _Tape(self.owners, leaves, x.shape[0], self.book_keeping)
         with torch.enable_grad():
             with tape.hooks():
                 losses = self.loss(functional_call(self.model, leaves, (x,)), y)
             tape.check()
             starts = [leaves[n] for n in tape.first_parameters()]
-            torch.autograd.grad(losses.sum(), starts, retain_graph=True, allow_unused=True)
+            keep = not self.book_keeping
+            torch.autograd.grad(losses.sum(), starts, retain_graph=keep, allow_unused=True)
             norms = tape.norms()
-            tape.close()
             c = factor(norms).detach()
-            if not bool(torch.isfinite(norms).all()):
+            finite = bool(torch.isfinite(norms).all())
+            if self.book_keeping and finite:
+                sums = tape.sums(c)
+                return {n: sums.get(n, torch.zeros_like(v)) for n, v in params.items()}, norms
+            tape.close()
+            if not finite or self.book_keeping:
                 # 0·∞ would be NaN in the others' sums: recompute on the finite rows alone
                 rows = torch.nonzero(c).squeeze(1)
                 x, y, c = x.index_select(0, rows), y.index_select(0, rows), c[rows]
@@ -124,11 +148,11 @@ class GhostClipping:
             grads = torch.autograd.grad(
                 (c * losses).sum(), [leaves[n] for n in names], allow_unused=True
             )
-        sums = {
+        second = {
             n: torch.zeros_like(leaves[n]) if g is None else g
             for n, g in zip(names, grads, strict=True)
         }
-        return {n: sums[n] for n in params}, norms
+        return {n: second[n] for n in params}, norms
 
 
 class _Tape:
@@ -136,8 +160,14 @@ class _Tape:
     output gradients give, summed as they arrive (no δ is kept)."""
 
     def __init__(
-        self, owners: list[tuple[str, nn.Module, list[str]]], leaves: Params, batch: int
+        self,
+        owners: list[tuple[str, nn.Module, list[str]]],
+        leaves: Params,
+        batch: int,
+        book_keeping: bool,
     ) -> None:
+        self.book_keeping = book_keeping
+        self.summers: list[tuple[str, Summer]] = []
         self.owners = owners
         self.leaves = leaves
         self.batch = batch
@@ -184,8 +214,10 @@ class _Tape:
             prefix, module, own = self.owners[i]
             named = {n: self.leaves[prefix + n] for n in own if prefix + n in self.leaves}
             if named:
-                term = _squared_norms(module, prefix, named, self.leaves, self.inputs[i], delta)
+                term, summer = _layer(module, prefix, named, self.leaves, self.inputs[i], delta)
                 self.squares = term if self.squares is None else self.squares + term
+                if self.book_keeping:
+                    self.summers.append((prefix, summer))
             del self.inputs[i]  # autograd keeps what it needs; this copy is no longer used
 
         return hook
@@ -212,35 +244,56 @@ class _Tape:
             raise Unsupported("no layer with parameters was called")
         return self.squares.sqrt()
 
+    def sums(self, c: Tensor) -> Params:
+        """Σ_i c_i g_i of every layer's parameters (book-keeping)."""
+        out: Params = {}
+        for prefix, summer in self.summers:
+            out.update({prefix + k: v for k, v in summer(c).items()})
+        self.summers.clear()
+        return out
+
     def close(self) -> None:
         self.measuring = False
         self.inputs.clear()
+        self.summers.clear()
 
 
-def _squared_norms(
+def _layer(
     module: nn.Module,
     prefix: str,
     own: Params,
     leaves: Params,
     args: tuple[Tensor, ...],
     delta: Tensor,
-) -> Tensor:
-    """‖g_i‖² of one layer's own parameters, for each example i."""
+) -> tuple[Tensor, Summer]:
+    """‖g_i‖² of one layer's own parameters for each example i, and its clipped sum."""
     if has_rule(module) and len(args) == 1:
         a = args[0]
         if isinstance(module, nn.Linear):
-            return _linear(a, delta, "bias" in own)
+            return _linear(a, delta, "bias" in own), partial(_linear_sum, a, delta, own)
         if isinstance(module, nn.Conv2d):
-            return _conv(module, a, delta, "bias" in own)
+            squares = _conv(module, a, delta, "bias" in own)
+            return squares, partial(_conv_sum, module, a, delta, own)
         if isinstance(module, nn.GroupNorm):
             hat = F.group_norm(a, module.num_groups, eps=module.eps)
-            return _affine(hat, delta, own, None)
+            return _per_example(_affine(hat, delta, own, None))
         if isinstance(module, nn.LayerNorm):
             hat = F.layer_norm(a, module.normalized_shape, eps=module.eps)
-            return _affine(hat, delta, own, tuple(module.normalized_shape))
+            return _per_example(_affine(hat, delta, own, tuple(module.normalized_shape)))
         if isinstance(module, nn.Embedding):
-            return _embedding(module, a, delta)
-    return _vmapped(module, prefix, own, leaves, args, delta)
+            return _embedding(module, a, delta), partial(_embedding_sum, module, a, delta)
+    return _per_example(_vmapped(module, prefix, own, leaves, args, delta))
+
+
+def _per_example(grads: Params) -> tuple[Tensor, Summer]:
+    """Squared norms and clipped sum of per-example gradients [B, *shape]."""
+    squares = sum(g.flatten(1).square().sum(1) for g in grads.values())
+    assert isinstance(squares, Tensor), "a layer with parameters has gradients"
+
+    def summer(c: Tensor) -> Params:
+        return {k: (c @ g.flatten(1)).view(g.shape[1:]) for k, g in grads.items()}
+
+    return squares, summer
 
 
 def _linear(a: Tensor, delta: Tensor, bias: bool) -> Tensor:
@@ -252,6 +305,18 @@ def _linear(a: Tensor, delta: Tensor, bias: bool) -> Tensor:
     if bias:
         squares = squares + d.sum(1).square().sum(1)
     return squares
+
+
+def _scaled(c: Tensor, delta: Tensor) -> Tensor:
+    return delta * c.view(-1, *[1] * (delta.dim() - 1))
+
+
+def _linear_sum(a: Tensor, delta: Tensor, own: Params, c: Tensor) -> Params:
+    scaled = _scaled(c, delta).reshape(-1, delta.shape[-1])
+    sums = {"weight": scaled.t() @ a.reshape(-1, a.shape[-1])}
+    if "bias" in own:
+        sums["bias"] = scaled.sum(0)
+    return sums
 
 
 def _outer_sum(a: Tensor, d: Tensor) -> Tensor:
@@ -284,7 +349,25 @@ def _conv(module: nn.Conv2d, a: Tensor, delta: Tensor, bias: bool) -> Tensor:
     return squares
 
 
-def _affine(hat: Tensor, delta: Tensor, own: Params, shape: tuple[int, ...] | None) -> Tensor:
+def _conv_sum(module: nn.Conv2d, a: Tensor, delta: Tensor, own: Params, c: Tensor) -> Params:
+    """The weight gradient of the batch with each example's δ scaled by its c_i."""
+    scaled = _scaled(c, delta)
+    weight: Tensor = conv2d_weight(  # type: ignore[no-untyped-call]
+        a,
+        module.weight.shape,
+        scaled,
+        module.stride,
+        cast(tuple[int, int], module.padding),
+        module.dilation,
+        module.groups,
+    )
+    sums = {"weight": weight}
+    if "bias" in own:
+        sums["bias"] = scaled.sum((0, 2, 3))
+    return sums
+
+
+def _affine(hat: Tensor, delta: Tensor, own: Params, shape: tuple[int, ...] | None) -> Params:
     """Per-example gradients of an elementwise affine map of the normalised input `hat`,
     summed over every other position: one number per parameter. GroupNorm's parameters
     are per channel (axis 1: `shape` None), LayerNorm's cover the trailing `shape`."""
@@ -295,21 +378,15 @@ def _affine(hat: Tensor, delta: Tensor, own: Params, shape: tuple[int, ...] | No
     else:
         per = (batch, -1, *shape)
         weight, bias = (delta * hat).reshape(per).sum(1), delta.reshape(per).sum(1)
-    squares = torch.zeros_like(weight[:, :1]).squeeze(1)
-    if "weight" in own:
-        squares = squares + weight.flatten(1).square().sum(1)
-    if "bias" in own:
-        squares = squares + bias.flatten(1).square().sum(1)
-    return squares
+    grads = {"weight": weight, "bias": bias}
+    return {k: g for k, g in grads.items() if k in own}
 
 
 def _embedding(module: nn.Embedding, ids: Tensor, delta: Tensor) -> Tensor:
     """Rows of the table picked by the tokens: ghost by token equality, or direct."""
     batch, dim = ids.shape[0], delta.shape[-1]
     ids = ids.reshape(batch, -1)
-    d = delta.reshape(batch, -1, dim)
-    if module.padding_idx is not None:  # the padding row gets no gradient
-        d = d * (ids != module.padding_idx).unsqueeze(2).to(d.dtype)
+    d = _unpadded(module, ids, delta.reshape(batch, -1, dim))
     tokens = ids.shape[1]
     if tokens * tokens < module.num_embeddings * dim:
         same = (ids.unsqueeze(2) == ids.unsqueeze(1)).to(d.dtype)
@@ -319,6 +396,20 @@ def _embedding(module: nn.Embedding, ids: Tensor, delta: Tensor) -> Tensor:
     return rows.square().sum((1, 2))
 
 
+def _unpadded(module: nn.Embedding, ids: Tensor, d: Tensor) -> Tensor:
+    """δ with the padding tokens' rows zero: the padding row gets no gradient."""
+    if module.padding_idx is None:
+        return d
+    return d * (ids != module.padding_idx).unsqueeze(-1).to(d.dtype)
+
+
+def _embedding_sum(module: nn.Embedding, ids: Tensor, delta: Tensor, c: Tensor) -> Params:
+    dim = delta.shape[-1]
+    scaled = _unpadded(module, ids, _scaled(c, delta)).reshape(-1, dim)
+    table = scaled.new_zeros(module.num_embeddings, dim)
+    return {"weight": table.index_add_(0, ids.reshape(-1), scaled)}
+
+
 def _vmapped(
     module: nn.Module,
     prefix: str,
@@ -326,21 +417,21 @@ def _vmapped(
     leaves: Params,
     args: tuple[Tensor, ...],
     delta: Tensor,
-) -> Tensor:
+) -> Params:
     """A layer without a rule: `vmap` over examples of its `vjp` in its own parameters
     (its children's, which have hooks of their own, held fixed): B × its parameters."""
     inner = {k[len(prefix) :]: v.detach() for k, v in leaves.items() if k.startswith(prefix)}
     fixed = {k: v for k, v in inner.items() if k not in own}
     inner_own = {k: v.detach() for k, v in own.items()}
 
-    def one(delta_i: Tensor, *args_i: Tensor) -> Tensor:
+    def one(delta_i: Tensor, *args_i: Tensor) -> Params:
         batch = tuple(a.unsqueeze(0) for a in args_i)
         pull = vjp(lambda p: functional_call(module, {**fixed, **p}, batch), inner_own)[1]
         grads: Params = pull(delta_i.unsqueeze(0))[0]
-        return sum((g.square().sum() for g in grads.values()), delta_i.new_zeros(()))
+        return grads
 
-    squares: Tensor = vmap(one)(delta, *args)
-    return squares
+    result: Params = vmap(one)(delta, *args)
+    return result
 
 
 def conv_weight_gradients(module: nn.Conv2d, a: Tensor, delta: Tensor) -> Tensor:
