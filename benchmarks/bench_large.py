@@ -14,6 +14,8 @@ inputs (seed 0), cross-entropy. A step on one fixed batch of B examples:
 - `dpfl`: `ClippedGradientSum` (the path dpfl picks: ghost clipping for these models,
   `dpfl.local.ghost`), Gaussian noise σ = 1 on the clipped sum (C = 1, `torch.randn`),
   divided by B, an SGD step on the parameters: DP-SGD's step.
+- `dpfl_two_pass`: the same with ghost clipping's second backward pass instead of
+  book-keeping (`GhostClipping(book_keeping=False)`): less memory, more time.
 - `opacus`: Opacus 1.6 `GradSampleModuleFastGradientClipping` (ghost clipping) with
   `DPOptimizerFastGradientClipping`, σ = 1, C = 1; where it refuses the model, its
   vanilla `GradSampleModule` (per-sample gradients) with `DPOptimizer` (named in the
@@ -66,6 +68,7 @@ GOALS = {
     "opacus_over_dp_time": (">=", 1.2),
 }
 """Issue 53's goals at batch 256."""
+RUNNERS = ("plain", "dpfl", "dpfl_two_pass", "opacus")
 
 
 def _model(name: str, side: int) -> nn.Module:
@@ -88,8 +91,10 @@ def _plain(model: nn.Module, x: Tensor, y: Tensor) -> Callable[[], None]:
     return step
 
 
-def _dpfl(model: nn.Module, x: Tensor, y: Tensor) -> Callable[[], None]:
+def _dpfl(model: nn.Module, x: Tensor, y: Tensor, book_keeping: bool) -> Callable[[], None]:
     clipped = ClippedGradientSum(model, cross_entropy)
+    if clipped._ghost is not None:
+        clipped._ghost.book_keeping = book_keeping
     params = parameters_of(model)
     mask = torch.ones(len(y), dtype=x.dtype, device=x.device)
     log.info("dpfl path: %s", "ghost" if clipped.ghost(x) else "vmap")
@@ -182,8 +187,8 @@ def _measure(job: dict[str, Any]) -> dict[str, Any]:
         before = _rss("VmRSS")
     if job["runner"] == "plain":
         step = _plain(model, x, y)
-    elif job["runner"] == "dpfl":
-        step = _dpfl(model, x, y)
+    elif job["runner"].startswith("dpfl"):
+        step = _dpfl(model, x, y, book_keeping=job["runner"] == "dpfl")
     else:
         step, mode = _opacus(model, x, y)
     step()  # warm-up
@@ -212,6 +217,12 @@ def _ratios(figures: dict[str, Any], key: str) -> dict[str, Any]:
         "dp_over_plain_memory": round(dp["peak_bytes"] / max(plain["peak_bytes"], 1), 3),
         "opacus_over_dp_time": round(opacus["seconds"] / dp["seconds"], 3),
         "opacus_over_dp_memory": round(opacus["peak_bytes"] / max(dp["peak_bytes"], 1), 3),
+        "two_pass_over_plain_time": round(
+            figures[f"{key}.dpfl_two_pass"]["seconds"] / plain["seconds"], 3
+        ),
+        "two_pass_over_plain_memory": round(
+            figures[f"{key}.dpfl_two_pass"]["peak_bytes"] / max(plain["peak_bytes"], 1), 3
+        ),
         "opacus_mode": opacus["mode"],
     }
 
@@ -254,7 +265,7 @@ def main() -> None:
         for model in args.models.split(","):
             for batch in batches:
                 key = f"{device}.{model}.b{batch}"
-                for runner in ("plain", "dpfl", "opacus"):
+                for runner in RUNNERS:
                     job = {
                         "device": device,
                         "model": model,
@@ -270,9 +281,7 @@ def main() -> None:
                 out[f"{key}.ratios"] = ratios
                 if batch == max(batches):
                     out[f"{key}.goals"] = _met(ratios)
-                table.append(
-                    (key, {r: out[f"{key}.{r}"] for r in ("plain", "dpfl", "opacus")}, ratios)
-                )
+                table.append((key, {r: out[f"{key}.{r}"] for r in RUNNERS}, ratios))
     out["loadavg_end"] = os.getloadavg()[0]
     if args.json:
         print(json.dumps(out, indent=1))
@@ -280,19 +289,23 @@ def main() -> None:
     load = f"load {out['loadavg_start']:.2f} → {out['loadavg_end']:.2f}"
     print(f"threads {args.threads}, side {side}, median of {repeats}; {load}")
     print(
-        "| case | plain s | dp s | opacus s | plain MiB | dp MiB | opacus MiB "
-        "| dp/plain time | dp/plain mem | opacus/dp time | opacus |"
+        "| case | plain s | dp s | dp 2-pass s | opacus s | plain MiB | dp MiB | dp 2-pass MiB "
+        "| opacus MiB | dp/plain time | dp/plain mem | 2-pass/plain time | 2-pass/plain mem "
+        "| opacus/dp time | opacus |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---" * 16 + "|")
     for key, runs, r in table:
-        secs = " | ".join(f"{runs[n]['seconds']:.3f}" for n in ("plain", "dpfl", "opacus"))
-        mib = " | ".join(
-            f"{runs[n]['peak_bytes'] / 2**20:.0f}" for n in ("plain", "dpfl", "opacus")
+        secs = " | ".join(f"{runs[n]['seconds']:.3f}" for n in RUNNERS)
+        mib = " | ".join(f"{runs[n]['peak_bytes'] / 2**20:.0f}" for n in RUNNERS)
+        columns = (
+            "dp_over_plain_time",
+            "dp_over_plain_memory",
+            "two_pass_over_plain_time",
+            "two_pass_over_plain_memory",
+            "opacus_over_dp_time",
+            "opacus_mode",
         )
-        print(
-            f"| {key} | {secs} | {mib} | {r['dp_over_plain_time']} | "
-            f"{r['dp_over_plain_memory']} | {r['opacus_over_dp_time']} | {r['opacus_mode']} |"
-        )
+        print(f"| {key} | {secs} | {mib} | " + " | ".join(str(r[k]) for k in columns) + " |")
     for key, value in out.items():
         if key.endswith(".goals"):
             print(

@@ -270,10 +270,9 @@ def _layer(
     if has_rule(module) and len(args) == 1:
         a = args[0]
         if isinstance(module, nn.Linear):
-            return _linear(a, delta, "bias" in own), partial(_linear_sum, a, delta, own)
+            return _linear(a, delta, own)
         if isinstance(module, nn.Conv2d):
-            squares = _conv(module, a, delta, "bias" in own)
-            return squares, partial(_conv_sum, module, a, delta, own)
+            return _conv(module, a, delta, own)
         if isinstance(module, nn.GroupNorm):
             hat = F.group_norm(a, module.num_groups, eps=module.eps)
             return _per_example(_affine(hat, delta, own, None))
@@ -287,8 +286,7 @@ def _layer(
 
 def _per_example(grads: Params) -> tuple[Tensor, Summer]:
     """Squared norms and clipped sum of per-example gradients [B, *shape]."""
-    squares = sum(g.flatten(1).square().sum(1) for g in grads.values())
-    assert isinstance(squares, Tensor), "a layer with parameters has gradients"
+    squares = _squares(grads)
 
     def summer(c: Tensor) -> Params:
         return {k: (c @ g.flatten(1)).view(g.shape[1:]) for k, g in grads.items()}
@@ -296,15 +294,36 @@ def _per_example(grads: Params) -> tuple[Tensor, Summer]:
     return squares, summer
 
 
-def _linear(a: Tensor, delta: Tensor, bias: bool) -> Tensor:
-    """z = a Wᵀ + b over T positions per example: ghost or direct, whichever is smaller."""
+def _linear(a: Tensor, delta: Tensor, own: Params) -> tuple[Tensor, Summer]:
+    """z = a Wᵀ + b over T positions per example: ghost or direct, whichever is smaller;
+    direct, the per-example gradients are kept for the sum (c · g), else (c ⊙ Δ)ᵀ A."""
     batch = a.shape[0]
-    a = a.reshape(batch, -1, a.shape[-1])
-    d = delta.reshape(batch, -1, delta.shape[-1])
-    squares = _outer_sum(a, d)
-    if bias:
-        squares = squares + d.sum(1).square().sum(1)
-    return squares
+    a3 = a.reshape(batch, -1, a.shape[-1])
+    d3 = delta.reshape(batch, -1, delta.shape[-1])
+    grads = {"bias": d3.sum(1)} if "bias" in own else {}
+    if _ghost(a3.shape[1], a3.shape[2], d3.shape[2]):
+        squares = _ghost_norms(a3, d3) + (_squares(grads) if grads else 0.0)
+        return squares, partial(_linear_sum, a, delta, own)
+    grads["weight"] = d3.mT @ a3
+    return _per_example(grads)
+
+
+def _squares(grads: Params) -> Tensor:
+    terms = [g.flatten(1).square().sum(1) for g in grads.values()]
+    assert terms, "a layer with parameters has gradients"
+    return torch.stack(terms).sum(0)
+
+
+def _ghost(positions: int, width: int, outputs: int) -> bool:
+    """Bu et al.'s choice: the ghost norm's B·T² numbers against the gradients' B·d·p."""
+    return positions * positions < width * outputs
+
+
+def _ghost_norms(a: Tensor, d: Tensor) -> Tensor:
+    """‖Σ_t d_t a_tᵀ‖² per example, for a [B, T, d_in] and d [B, T, d_out]."""
+    if a.shape[1] == 1:
+        return a.square().sum((1, 2)) * d.square().sum((1, 2))
+    return ((a @ a.mT) * (d @ d.mT)).sum((1, 2))
 
 
 def _scaled(c: Tensor, delta: Tensor) -> Tensor:
@@ -319,21 +338,14 @@ def _linear_sum(a: Tensor, delta: Tensor, own: Params, c: Tensor) -> Params:
     return sums
 
 
-def _outer_sum(a: Tensor, d: Tensor) -> Tensor:
-    """‖Σ_t d_t a_tᵀ‖² per example, for a [B, T, d_in] and d [B, T, d_out]."""
-    positions, width, outputs = a.shape[1], a.shape[2], d.shape[2]
-    if positions == 1:
-        return a.square().sum((1, 2)) * d.square().sum((1, 2))
-    if positions * positions < width * outputs:  # ghost: B·T² numbers
-        return ((a @ a.mT) * (d @ d.mT)).sum((1, 2))
-    return (d.mT @ a).square().sum((1, 2))  # direct: B·d_in·d_out numbers
-
-
-def _conv(module: nn.Conv2d, a: Tensor, delta: Tensor, bias: bool) -> Tensor:
+def _conv(module: nn.Conv2d, a: Tensor, delta: Tensor, own: Params) -> tuple[Tensor, Summer]:
+    """The Linear rule on the unfolded input (ghost), or the per-example weight gradients
+    of one grouped convolution (direct), kept for the sum."""
     batch, outputs = a.shape[0], delta.shape[1]
     positions = delta.shape[2] * delta.shape[3]
     width = module.weight.shape[1] * module.weight.shape[2] * module.weight.shape[3]
-    if module.groups == 1 and positions * positions < width * outputs:
+    grads = {"bias": delta.flatten(2).sum(2)} if "bias" in own else {}
+    if module.groups == 1 and _ghost(positions, width, outputs):
         patches = F.unfold(
             a,
             module.kernel_size,
@@ -341,12 +353,12 @@ def _conv(module: nn.Conv2d, a: Tensor, delta: Tensor, bias: bool) -> Tensor:
             cast(tuple[int, int], module.padding),
             module.stride,
         )
-        squares = _outer_sum(patches.mT, delta.reshape(batch, outputs, -1).mT)
-    else:
-        squares = conv_weight_gradients(module, a, delta).flatten(1).square().sum(1)
-    if bias:
-        squares = squares + delta.flatten(2).sum(2).square().sum(1)
-    return squares
+        squares = _ghost_norms(patches.mT, delta.reshape(batch, outputs, -1).mT)
+        if grads:
+            squares = squares + _squares(grads)
+        return squares, partial(_conv_sum, module, a, delta, own)
+    grads["weight"] = conv_weight_gradients(module, a, delta)
+    return _per_example(grads)
 
 
 def _conv_sum(module: nn.Conv2d, a: Tensor, delta: Tensor, own: Params, c: Tensor) -> Params:
