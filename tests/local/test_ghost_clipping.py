@@ -7,16 +7,19 @@ from __future__ import annotations
 import math
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
+from dpfl.data.sampling import PoissonSampler
 from dpfl.local import clipping
 from dpfl.local.clipping import ClippedGradientSum
-from dpfl.local.dpsgd import parameters_of
+from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of
 from dpfl.local.ghost import GhostClipping, has_rule
 from dpfl.local.losses import Loss, cross_entropy
+from dpfl.local.noise import SeededNoise
 from dpfl.models.large import resnet18_gn, vit
 
 
@@ -256,3 +259,28 @@ def test_the_path_is_chosen_by_model_and_size(monkeypatch: pytest.MonkeyPatch) -
     size = 4 * 4 * sum(p.numel() for p in model.parameters())
     monkeypatch.setattr(clipping, "VMAP_BYTES", size - 1)
     assert ClippedGradientSum(model, cross_entropy).ghost(x)
+
+
+def test_dp_sgd_of_a_resnet_by_ghost_clipping_is_its_run_by_vmap(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`DPSGD.run` (Poisson batches with padding rows, seeded noise) trains the same model
+    by ghost clipping as by `vmap(grad)`, to float rounding; the same privacy event."""
+    model, x, y = _resnet(torch.float64)
+    config = DPSGDConfig(clip_norm=0.3, noise_multiplier=1.0, learning_rate=0.5)
+
+    def run() -> tuple[dict[str, Tensor], object]:
+        sampler = PoissonSampler(len(y), 0.5, np.random.default_rng(0), public_size=len(y))
+        result = DPSGD(model, cross_entropy, config).run(
+            parameters_of(model), (x, y), sampler, 3, noise=SeededNoise(0)
+        )
+        return result.params, result.event
+
+    ghost, event = run()
+    monkeypatch.setattr(ClippedGradientSum, "ghost", lambda self, x: False)
+    vmapped, vmapped_event = run()
+    assert event == vmapped_event
+    for key, value in ghost.items():
+        assert torch.allclose(value, vmapped[key], rtol=1e-9, atol=1e-12), key
+    start = parameters_of(model)
+    assert any(not torch.equal(value, start[key]) for key, value in ghost.items())

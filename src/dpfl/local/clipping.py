@@ -50,7 +50,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vjp, vmap
 from torch.nn.modules.utils import _pair
 
-from dpfl.local.ghost import GhostClipping, Unsupported, conv_weight_gradients
+from dpfl.local.ghost import GhostClipping, Unsupported
+from dpfl.local.ghost import conv_weight_gradients as _conv_weight_gradients
 from dpfl.local.losses import Loss, couples_examples, output_gradient
 from dpfl.models import check_per_example
 
@@ -545,7 +546,7 @@ def _layer_gradients(module: nn.Module, own: Params, a: Tensor, delta: Tensor) -
         and module.padding_mode == "zeros"
         and not isinstance(module.padding, str)
     ):
-        grads = {"weight": conv_weight_gradients(module, a, delta)}
+        grads = {"weight": _conv_weight_gradients(module, a, delta)}
         if "bias" in own:
             grads["bias"] = delta.flatten(2).sum(2)
         return grads
