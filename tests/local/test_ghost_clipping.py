@@ -15,6 +15,7 @@ from torch.func import functional_call, grad, vmap
 
 from dpfl.data.sampling import PoissonSampler
 from dpfl.local import clipping
+from dpfl.local import ghost as ghost_module
 from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of
 from dpfl.local.ghost import GhostClipping, has_rule
@@ -284,3 +285,14 @@ def test_dp_sgd_of_a_resnet_by_ghost_clipping_is_its_run_by_vmap(
         assert torch.allclose(value, vmapped[key], rtol=1e-9, atol=1e-12), key
     start = parameters_of(model)
     assert any(not torch.equal(value, start[key]) for key, value in ghost.items())
+
+
+def test_the_first_pass_asks_only_for_the_first_layers_gradients() -> None:
+    """The layers whose inputs are the records: every other weight gradient the first
+    backward pass would compute is wasted (the sums come by book-keeping)."""
+    model, x, _ = _vit(torch.float64)
+    leaves = {k: v.requires_grad_() for k, v in parameters_of(model).items()}
+    tape = ghost_module._Tape(GhostClipping(model, cross_entropy).owners, leaves, len(x), True)
+    with tape.hooks():
+        functional_call(model, leaves, (x,))
+    assert tape.first_parameters() == ["embed.weight", "embed.bias"]

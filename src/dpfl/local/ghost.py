@@ -173,6 +173,7 @@ class _Tape:
         self.batch = batch
         self.inputs: dict[int, tuple[Tensor, ...]] = {}
         self.seen: set[int] = set()
+        self.first: list[int] = []  # the owners whose inputs need no gradient
         self.problem: str | None = None
         self.measuring = True
         self.squares: Tensor | None = None
@@ -201,6 +202,8 @@ class _Tape:
             if self.problem is not None or not any(prefix + n in self.leaves for n in own):
                 return
             self.inputs[i] = tuple(a.detach() for a in args)
+            if not any(a.requires_grad for a in args):
+                self.first.append(i)
             if out.requires_grad:
                 out.register_hook(self._backward_hook(i))
 
@@ -230,10 +233,9 @@ class _Tape:
         """The parameters of the layers fed by no other parameter: the gradients the first
         pass asks for, so that it reaches every layer and computes nothing else."""
         names = []
-        for i, args in self.inputs.items():
-            if not any(a.requires_grad for a in args):
-                prefix, _, own = self.owners[i]
-                names += [prefix + n for n in own if prefix + n in self.leaves]
+        for i in self.first:
+            prefix, _, own = self.owners[i]
+            names += [prefix + n for n in own if prefix + n in self.leaves]
         return names
 
     def norms(self) -> Tensor:
