@@ -88,7 +88,7 @@ def _owners(model: nn.Module) -> list[tuple[str, nn.Module, list[str]]]:
 
 
 class GhostClipping:
-    """Per-example norms and clipped sums of one model by the two-pass ghost technique."""
+    """Per-example norms and clipped sums of one model by ghost clipping."""
 
     def __init__(
         self,
@@ -156,8 +156,9 @@ class GhostClipping:
 
 
 class _Tape:
-    """What one ghost pass records: each owner's inputs, and the squared norms that its
-    output gradients give, summed as they arrive (no δ is kept)."""
+    """What one ghost pass records: each owner's inputs, the squared norms that its
+    output gradients give, summed as they arrive, and (book-keeping) what each layer's
+    clipped sum needs: its (a, δ), or its per-example gradients where they were formed."""
 
     def __init__(
         self,
