@@ -193,6 +193,9 @@ def test_a_non_finite_example_is_zeroed_not_summed(book_keeping: bool) -> None:
     )
     for key, value in sums.items():
         assert torch.allclose(value, without[key], rtol=1e-10, atol=1e-12), key
+    one = partial(clipping._clip_factor, mask=mask[:1], clip_norm=0.5)
+    alone, _ = ghost(parameters_of(model), x[2:3], y[2:3], one)  # no finite row left
+    assert all(bool((value == 0).all()) for value in alone.values())
 
 
 class _Twice(nn.Module):
