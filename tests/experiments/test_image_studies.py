@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pytest
 from PIL import Image
 from typer.testing import CliRunner
 
@@ -19,6 +20,7 @@ from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import ConfigError, Study
 from dpfl.experiments.study.point import STORE
 from dpfl.experiments.study.runner import run_study
+from dpfl.local.ghost import GhostClipping
 
 
 def test_a_two_class_image_study_trains_one_logit_and_is_scored(tmp_path: Path) -> None:
@@ -140,3 +142,48 @@ def test_declared_image_keys_enter_the_run_key_only_when_set(tmp_path: Path) -> 
 
     assert key({}) == key({"min_site_records": 2})
     assert key({}) != key({"size": [32, 32]})
+
+
+def test_a_private_study_of_the_vit_kind_runs_by_ghost_clipping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model.kind = "vit"` through the runner with DP: the simulator's DP-SGD clips the
+    ViT (not an nn.Sequential) by ghost clipping, and the run finishes."""
+    calls = []
+    original = GhostClipping.__call__
+
+    def counted(self: GhostClipping, *args: Any) -> Any:
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(GhostClipping, "__call__", counted)
+    rng = np.random.default_rng(2)
+    arrays = {}
+    for split, n in (("train", 16), ("val", 4), ("test", 8)):
+        labels = rng.integers(0, 2, n)
+        pixels = rng.integers(0, 128, (n, 28, 28)) + 100 * labels[:, None, None]
+        arrays[f"{split}_images"] = pixels.astype(np.uint8)
+        arrays[f"{split}_labels"] = labels
+    np.savez(tmp_path / "breastmnist.npz", **arrays)
+    study = {
+        "name": "vit-images",
+        "rounds": 1,
+        "eval_every": "end",
+        "metrics": ["accuracy"],
+        "data": {
+            "dataset": "breastmnist",
+            "path": str(tmp_path),
+            "partition": {"kind": "iid", "silos": 2},
+        },
+        "model": {"kind": "vit"},
+        "algorithm": {
+            "name": "fedavg",
+            "learning_rate": 0.1,
+            "expected_batch_size": 4,
+            "clip_norm": 1.0,
+        },
+        "privacy": {"noise_multiplier": 1.0},
+    }
+    (run,) = run_study(Study(study), tmp_path / "out")
+    assert run.status == "finished", run.error
+    assert calls
