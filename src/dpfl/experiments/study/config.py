@@ -667,6 +667,7 @@ def _list_valued(path: Sequence[str]) -> bool:
     for key in path:
         if by_name:  # the name of a section by name (data.columns.NAME, privacy.silos.NAME)
             by_name = False
+            annotation = _value_type(annotation)
             continue
         fields = [m.model_fields[key] for m in schema if key in m.model_fields]
         if not fields:
@@ -708,16 +709,26 @@ def _unknown_keys(
 
 def _sections(annotation: Any) -> tuple[tuple[type[BaseModel], ...], bool]:
     """The sections (models) a field holds, if any: one, or those of a union (an
-    algorithm's settings); and whether it holds a table of them by name."""
+    algorithm's settings); and whether it holds a table of them (or of values, such as
+    `data.columns.NAME.groups`) by name."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return (annotation,), False
     if get_origin(annotation) is dict:
         return _sections(get_args(annotation)[1])[0], True
     options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
     options = tuple(o for o in options if o is not type(None))  # an optional section
+    if len(options) == 1 and get_origin(options[0]) is dict:  # an optional table by name
+        return _sections(options[0])
     if options and all(isinstance(o, type) and issubclass(o, BaseModel) for o in options):
         return options, False
     return (), False
+
+
+def _value_type(annotation: Any) -> Any:
+    """The type of a table's values by name (`dict[str, X]`, optional or not): X."""
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    tables = [o for o in (annotation, *options) if get_origin(o) is dict]
+    return get_args(tables[0])[1] if tables else None
 
 
 def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:
