@@ -13,22 +13,29 @@ periodisation and moduli; `tests/models/test_scattering.py` compares the outputs
 written out of place and batched over the orientations. Why not kymatio's module itself:
 
 * it does not run under `torch.func.vmap` (its in-place writes into a fresh zero tensor
-  are refused there), and dpfl's DP-SGD maps the per-example gradients of models
-  without convolutions over the silos stacked together (`local.clipping`'s `stacked`),
-  which put the linear head's front under `vmap`;
-* it computes one filter at a time: 112 ms for 64 grayscale 28×28 images on one core of
-  the 2-core development machine, against about 6 ms here (measured 2026-12-07, the
-  numbers in docs/reproductions/scatternet.md);
+  are refused there), which `factories.check_model` and the generic per-example path
+  of `local.clipping` use, and which would stack a linear head's silos;
+* its module would have to be memoised anyway (below), and written out the transform
+  is one batched product per scale instead of one per filter: about as fast as
+  kymatio's on this machine (the same FFTs; per 64 images on one core of the shared
+  2-core machine: 176 ms against kymatio's 182 ms grayscale, 936 ms against 463 ms RGB
+  under a load of 6, 62 ms against 112 ms grayscale under a load of 1);
 * `import kymatio.torch` imports its 3-D transform, which fails on SciPy ≥ 1.15
   (`scipy.special.sph_harm` is gone); only its 2-D filter bank is imported here.
 
 Where the front runs. It has no parameters, so in the layer-by-layer per-example
 gradient pass of `local.clipping` it is one batched forward per step, outside the
-per-example work and outside the backward pass (nothing before it needs a gradient). It
-is not precomputed once per silo: that would make the records the hospital holds
-depend on the model (the Flower hospital and the simulator read the same pixels and
-build the same model from the study file, and the run's key is the model's source), and
-at about 6 ms per 64 images it is a small part of a step (measured in the page above).
+per-example work and outside the backward pass (nothing before it needs a gradient).
+Even so, transforming every batch again adds about half to a step's cost, so the
+module memoises each image's coefficients by its bytes (`_MEMO`): every image is
+transformed once per process, and a memo hit costs 0.14 ms per 64 grayscale images
+(1.1 ms RGB). Measured on PneumoniaMNIST, CDP, 2 epochs at ε = 3 (2026-12-07, load 2-3):
+10.6 s with the memo, 16.4 s without it, 111.6 s stacked under `vmap` without it (which
+is why such a model's silos train one by one: `trains_unstacked`); the end-to-end
+`small_cnn` took 11.9 s. It is not precomputed once per silo by the data pipeline: that
+would make the records a hospital holds depend on the model, where now the Flower
+hospital and the simulator read the same pixels and build the same model from the study
+file, and the memo gets the same saving without it.
 
 Normalisation is data-independent: a `GroupNorm` without affine parameters normalises
 each example's coefficients within groups of channels, reading no statistic of the
