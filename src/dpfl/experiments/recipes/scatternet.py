@@ -36,7 +36,7 @@ from dpfl.experiments.recipes.dopamine import (
 from dpfl.experiments.study.config import Study
 
 NAME = "scatternet"
-TITLE = "ScatterNet + linear (Tramèr & Boneh) against the end-to-end CNN, in Dopamine's arms"
+TITLE = "ScatterNet (Tramèr & Boneh) against the end-to-end CNN, in Dopamine's private arms"
 RETINA_POOL = 1080
 """RetinaMNIST's official training images: q = 64/1,080."""
 DATASETS = {
@@ -61,7 +61,7 @@ CLAIM = {
 def _models(scale: Scale) -> list[str]:
     """The models at the scale: the end-to-end CNN on PneumoniaMNIST is `dopamine`'s own
     studies (`_name`), so a directory holding `dopamine`'s selections reuses them. At the
-    default scale ScatterNet + CNN runs in the CDP arm only (`_runs`)."""
+    `--full` has 5 seeds, 20 epochs and a mean K of 4."""
     return by_scale(
         scale,
         ["scatternet_linear"],
@@ -71,13 +71,9 @@ def _models(scale: Scale) -> list[str]:
 
 
 def _runs(scale: Scale, model: str, tag: str) -> bool:
-    """Whether the arm `tag` runs `model` at the scale: not FedAvg (`dopamine`'s FPDP);
-    smoke: CDP only; default: ScatterNet + CNN in CDP only (Dopamine's one-step rounds
-    with a convolution cost a conv layer's per-example pass at every hospital each round,
-    which the 2-core machine could not fit in the session that added it)."""
-    if tag == "fedavg" or (scale == "smoke" and tag == "dopamine"):
-        return False
-    return not (scale == "default" and model == "scatternet_cnn" and tag == "dopamine")
+    """Whether the arm `tag` runs `model` at the scale: CDP and Dopamine, not FedAvg
+    (`dopamine`'s FPDP); the smoke scale only CDP."""
+    return tag != "fedavg" and not (scale == "smoke" and tag == "dopamine")
 
 
 def studies(data_dir: Path | None, scale: Scale) -> Plan:
