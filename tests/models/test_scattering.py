@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 import torch
 
+from dpfl import models
 from dpfl.experiments.study.config import ConfigError, Study
 from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.losses import bce
@@ -48,6 +49,7 @@ def test_shapes_of_both_kinds_for_grayscale_and_rgb(shape: tuple[int, int, int])
     for kind in ("scatternet_linear", "scatternet_cnn"):
         model = factories.build(factories.KINDS[kind], shape, 5)
         assert model(x).shape == (4, 5)
+        assert getattr(models, kind)(shape, 3)(x).shape == (4, 3)  # dpfl.models' own
 
 
 def test_the_front_has_nothing_to_train_or_send() -> None:
