@@ -42,6 +42,8 @@ __all__ = [
     "logistic_regression",
     "mlp",
     "resolve",
+    "scatternet_cnn",
+    "scatternet_linear",
     "small_cnn",
     "source_digest",
     "source_file",
@@ -72,10 +74,42 @@ def small_cnn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
     return models.small_cnn(input_shape[0], input_shape[1], n_classes=n_outputs)
 
 
+def scatternet_linear(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
+    """`dpfl.models.scattering.scatternet_linear`: a fixed scattering transform (J = 2,
+    L = 8), a GroupNorm without parameters and one linear layer, for (channels, side,
+    side) images."""
+    from dpfl.models import scattering
+
+    return scattering.scatternet_linear(_image(input_shape, "scatternet_linear"), n_outputs)
+
+
+def scatternet_cnn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
+    """`dpfl.models.scattering.scatternet_cnn`: the same front, then one small
+    conv-GroupNorm-ReLU-pool block and a linear head."""
+    from dpfl.models import scattering
+
+    return scattering.scatternet_cnn(_image(input_shape, "scatternet_cnn"), n_outputs)
+
+
+def _image(input_shape: Any, kind: str) -> tuple[int, int, int]:
+    """(channels, height, width) of an image study's records, or a `ModelError`."""
+    if isinstance(input_shape, int) or len(input_shape) != 3:
+        raise ModelError(
+            f"model.kind: {kind} classifies (channels, height, width) images (a "
+            f"dataset = 'images' study or a MedMNIST preset), got {_shape(input_shape)}"
+        )
+    channels, height, width = (int(s) for s in input_shape)
+    if min(height, width) < 8:
+        raise ModelError(f"model.kind: {kind} needs images of at least 8×8, got {height}×{width}")
+    return channels, height, width
+
+
 KINDS: dict[str, str] = {
     "logistic_regression": "dpfl.models.factories:logistic_regression",
     "mlp": "dpfl.models.factories:mlp",
     "small_cnn": "dpfl.models.factories:small_cnn",
+    "scatternet_linear": "dpfl.models.factories:scatternet_linear",
+    "scatternet_cnn": "dpfl.models.factories:scatternet_cnn",
 }
 """The built-in `model.kind`s, as the factories they name."""
 

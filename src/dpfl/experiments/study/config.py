@@ -88,7 +88,12 @@ class ConfigError(ValueError):
 
 
 class ModelConfig(_Strict):
-    kind: Literal["logistic_regression", "mlp", "small_cnn"] = "logistic_regression"
+    kind: Literal[
+        "logistic_regression", "mlp", "small_cnn", "scatternet_linear", "scatternet_cnn"
+    ] = "logistic_regression"
+    """The built-in model (`dpfl.models.factories.KINDS`); small_cnn and the two
+    scatternet kinds (Tramèr & Boneh's fixed scattering front, then a linear layer or a
+    small CNN: `dpfl.models.scattering`) classify images."""
     factory: str | None = None
     """Your own model: `"file.py:build"` (in a study file, relative to the file's folder)
     or `"package.module:build"`, called as `build(n_features, n_outputs)` for feature
@@ -408,6 +413,17 @@ class StudyConfig(_Strict):
         if isinstance(raw, dict) and raw.get("eval_every") == "end":
             return {**raw, "eval_every": raw.get("rounds")}
         return raw
+
+    @model_validator(mode="after")
+    def _images_for_image_models(self) -> StudyConfig:
+        from dpfl.experiments.study.datasets.images import ImageData
+
+        if self.model.kind.startswith("scatternet") and not isinstance(self.data, ImageData):
+            raise ValueError(
+                f"model.kind: {self.model.kind} classifies images; data.dataset must be "
+                f"'images' or a MedMNIST preset, got {self.data.dataset!r}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _fits_the_algorithm(self) -> StudyConfig:
