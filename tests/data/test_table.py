@@ -204,9 +204,9 @@ def test_a_parquet_cell_is_named_by_its_row(tmp_path: Path) -> None:
     [
         ({"range": ["?", "?"]}, "still '?': declare the range from a public source"),
         ({"categories": ["?"]}, "still '?': list the categories from the data dictionary"),
-        ({}, "give a number's `range` or a text's `categories`"),
+        ({}, "give a number's `range`, a text's `categories` or a code's `groups`"),
         ({"range": [5, 1]}, "low must be below high"),
-        ({"categories": ["a"], "log": True}, "categories take no `log` or `missing`"),
+        ({"categories": ["a"], "log": True}, "categories and groups take no `log` or `missing`"),
     ],
 )
 def test_a_column_declaration_is_checked(declared: dict[str, Any], message: str) -> None:

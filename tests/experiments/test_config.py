@@ -403,6 +403,6 @@ def test_a_server_optimiser_is_a_table_or_a_name_and_its_settings_make_grids(
     plain = load(_write(tmp_path, BASE)).points[0][1]
     assert plain.key() == load(_write(tmp_path, BASE)).points[0][1].key()
     assert plain.algorithm.server.optimizer == "averaging"
-    misspelt = BASE.replace('name = "fedavg"', 'name = "fedavg"\nserver = { optimiser = "fedadam" }')
+    misspelt = BASE.replace('name = "fedavg"', 'name = "fedavg"\nserver = { optimiser = "adam" }')
     with pytest.raises(ConfigError, match=r"algorithm\.server"):
         load(_write(tmp_path, misspelt))

@@ -38,7 +38,7 @@ def test_each_optimiser_gets_its_best_run_and_its_gain_over_averaging(tmp_path: 
         text=True,
         check=True,
     ).stdout
-    header, rule, *rows = printed.strip().splitlines()
+    header, _, *rows = printed.strip().splitlines()
     assert header.startswith("| ε | server | chosen | σ | accuracy (chosen on) | auroc |")
     assert [row.split(" | ")[1] for row in rows] == ["averaging", "fedadam"]
     assert rows[0].split(" | ")[-2] == "+0.000"

@@ -243,6 +243,24 @@ def test_list_valued_keys_are_values_and_a_list_of_lists_is_an_axis(tmp_path: Pa
     assert len({c.key() for _, c in study.points}) == 2
 
 
+def test_a_columns_groups_are_one_value_and_widen_the_declared_input(tmp_path: Path) -> None:
+    """`[data.columns.NAME.groups]`: each group's list of codes is one value (a list of
+    lists an axis), checked on validation, and the model's input counts its groups."""
+    write_cohort(tmp_path, rows=6)
+    raw = _raw(path=str(tmp_path / "cohort.csv"), features=["age", "race"])
+    groups = {"asian": ["Asian"], "caucasian": ["Caucasian"]}
+    raw["data"]["columns"]["race"] = {"groups": groups}
+    study = Study(raw)
+    assert study.axes == {}
+    ((_, config),) = study.points[:1]
+    assert config.data.declared_input() == (1 + len(groups) + 1, 2)
+    raw["data"]["columns"]["race"]["groups"] = {"asian": [["Asian"], ["Asian", "Other"]]}
+    assert Study(raw).axes == {"data.columns.race.groups.asian": [["Asian"], ["Asian", "Other"]]}
+    raw["data"]["columns"]["race"]["groups"] = {"a": ["001-139"], "b": ["100-200"]}
+    with pytest.raises(ConfigError, match="overlap: each code must be in one group"):
+        Study(raw)
+
+
 def test_a_relative_table_path_is_read_beside_the_study_file(tmp_path: Path) -> None:
     write_cohort(tmp_path, rows=6)
     (tmp_path / "study.toml").write_text(STUDY, encoding="utf-8")

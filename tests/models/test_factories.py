@@ -169,5 +169,5 @@ def test_the_large_kinds_build_checked_models_for_images(kind: str) -> None:
     vector is refused by name."""
     model = factories.build(factories.KINDS[kind], (1, 28, 28), 2)
     assert model(torch.zeros(3, 1, 28, 28)).shape == (3, 2)
-    with pytest.raises(factories.ModelError, match=f"{kind} classifies images"):
+    with pytest.raises(factories.ModelError, match=f"{kind} classifies"):
         factories.build(factories.KINDS[kind], (12,), 2)

@@ -13,12 +13,16 @@ import hashlib
 import io
 import math
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from dpfl.data.dataset import DataFormatError, Dataset, require_file, require_records
+
+if TYPE_CHECKING:
+    from dpfl.data.table import Column
 
 
 def parse_float(text: str, path: Path, line: int, column: str, missing: str | None = None) -> float:
@@ -350,11 +354,17 @@ def diabetes130(
     max_records: int | None = None,
     patient_unit: bool = False,
     patients_fraction: float = 1.0,
+    patients_from: float = 0.0,
+    columns: Mapping[str, Column] | None = None,
 ) -> Dataset:
     """Diabetes 130-US hospitals: 30-day readmission (`readmitted == "<30"`).
 
-    Age is the midpoint of its decade; categorical columns are one-hot over declared
-    categories; ICD9 diagnosis codes are not encoded. By default only the first encounter
+    Age is the midpoint of its decade and the counts are scaled by `DIABETES_RANGES` (by
+    the caller). The text columns are `DIABETES_CATEGORIES` (one-hot over declared
+    categories, any other value all zero; ICD-9 diagnosis codes not encoded) or, where
+    `columns` declares them, those columns as a table's are read (`dpfl.data.table`):
+    declared categories or groups of codes (an ICD-9 chapter, `dpfl.data.codes`), one-hot
+    with an "other" indicator, in place of the built-in ones. By default only the first encounter
     of each patient (file order) is kept, so that one record is one patient — the unit
     of the privacy guarantee; the count removed is in `description`. The data have no
     hospital id: `proxy_site_column` makes a PROXY site split by that column, and any
@@ -365,7 +375,9 @@ def diabetes130(
     rule reading no other patient), every record of a patient at the proxy site of their
     first; `patient_unit`: the patient is the unit of privacy (`Dataset.units`).
     `patients_fraction`: keep a patient where a hash of their patient_nbr falls below it
-    (a public rule reading no record), to subsample patients reproducibly.
+    (a public rule reading no record), to subsample patients reproducibly;
+    `patients_from`: and at or above it, so that [from, fraction) is a share of patients
+    disjoint from [0, from) (settings chosen on other patients than a run's).
     """
     if proxy_site_column is not None and proxy_site_column not in DIABETES_PROXY_SITES:
         raise ValueError(f"proxy_site_column must be one of {DIABETES_PROXY_SITES}")
@@ -373,15 +385,19 @@ def diabetes130(
         raise ValueError("max_records and patient_unit need one_encounter_per_patient=False")
     if patient_unit and max_records is None:
         raise ValueError("patient_unit needs a declared max_records")
-    if not 0 < patients_fraction <= 1:
-        raise ValueError(f"patients_fraction must lie in (0, 1], got {patients_fraction}")
+    if not 0 <= patients_from < patients_fraction <= 1:
+        raise ValueError(
+            f"0 ≤ patients_from < patients_fraction ≤ 1, got {patients_from}, {patients_fraction}"
+        )
+    _check_declared(columns)
     path = require_file(Path(directory) / "dataset_diabetes.zip")
     where = Path(f"{path}:{DIABETES_MEMBER}")
-    column, n_raw = _diabetes_columns(path, where, proxy_site_column)
+    column, n_raw = _diabetes_columns(path, where, proxy_site_column, columns)
     lines = np.arange(2, n_raw + 2)
     keep = np.arange(n_raw)
-    if patients_fraction < 1:
-        keep = keep[_hashed(column["patient_nbr"]) < patients_fraction]
+    if patients_fraction < 1 or patients_from > 0:
+        hashed = _hashed(column["patient_nbr"])
+        keep = keep[(patients_from <= hashed) & (hashed < patients_fraction)]
     if one_encounter_per_patient or max_records is not None:
         cap = 1 if one_encounter_per_patient else max_records
         keep = keep[_encounter_index(column["patient_nbr"][keep]) < cap]
@@ -394,7 +410,7 @@ def diabetes130(
         column[proxy_site_column] = column[proxy_site_column][first][units]
     readmitted = column["readmitted"]
     _check_values(readmitted, ("NO", ">30", "<30"), where, "readmitted", lines)
-    features, names = _diabetes_features(column, where, lines)
+    features, names = _diabetes_features(column, where, lines, columns)
     site_ids, site_names, site_note = _diabetes_sites(column, proxy_site_column)
     removed = n_raw - len(readmitted)
     unit = (
@@ -405,8 +421,9 @@ def diabetes130(
         else f"{len(patients)} patients' first {max_records} encounters in file order kept "
         f"({removed} removed), each patient at their first encounter's site"
     )
-    if patients_fraction < 1:
+    if patients_fraction < 1 or patients_from > 0:
         unit += f"; patients subsampled by a hash of patient_nbr < {patients_fraction:g}"
+        unit += f", ≥ {patients_from:g}" if patients_from > 0 else ""
     return Dataset(
         name="diabetes130",
         features=features,
@@ -424,8 +441,24 @@ def diabetes130(
     )
 
 
+def _check_declared(columns: Mapping[str, Column] | None) -> None:
+    """Declared columns are text ones (categories or groups), none of them the label,
+    the patient, age or a count (which keep their declared ranges)."""
+    fixed = ("patient_nbr", "readmitted", "age", *DIABETES_NUMERIC)
+    for name, declared in (columns or {}).items():
+        if name in fixed:
+            raise ValueError(f"columns: {name!r} is read as declared by diabetes130 itself")
+        if declared.range is not None:
+            raise ValueError(
+                f"columns.{name}: declare `categories` or `groups`; the counts keep DIABETES_RANGES"
+            )
+
+
 def _diabetes_columns(
-    path: Path, where: Path, proxy_site_column: str | None
+    path: Path,
+    where: Path,
+    proxy_site_column: str | None,
+    columns: Mapping[str, Column] | None = None,
 ) -> tuple[dict[str, np.ndarray], int]:
     """The columns diabetes130 reads (and the proxy site's), by name, checked for shape;
     and the number of encounters in the file."""
@@ -437,7 +470,8 @@ def _diabetes_columns(
     except (KeyError, zipfile.BadZipFile) as exc:
         raise DataFormatError(path, f"cannot read {DIABETES_MEMBER}: {exc}") from exc
     require_records(where, len(rows), "encounters")
-    needed = ("patient_nbr", "age", "readmitted", *DIABETES_NUMERIC, *DIABETES_CATEGORIES)
+    text = columns or DIABETES_CATEGORIES
+    needed = ("patient_nbr", "age", "readmitted", *DIABETES_NUMERIC, *text)
     absent = [c for c in needed if c not in header]
     if absent:
         raise DataFormatError(where, f"missing columns {absent}", line=1)
@@ -457,20 +491,31 @@ def _diabetes_columns(
 
 
 def _diabetes_features(
-    column: dict[str, np.ndarray], where: Path, lines: np.ndarray
+    column: dict[str, np.ndarray],
+    where: Path,
+    lines: np.ndarray,
+    columns: Mapping[str, Column] | None = None,
 ) -> tuple[np.ndarray, tuple[str, ...]]:
     """Age (its decade's midpoint), the numeric columns and the declared categories'
-    one-hot columns, every cell checked, and their names."""
+    one-hot columns (`columns`' where given), every cell checked, and their names."""
     ages = column["age"]
     _check_values(ages, tuple(f"[{10 * i}-{10 * i + 10})" for i in range(10)), where, "age", lines)
     blocks = [np.char.partition(np.char.lstrip(ages, "["), "-")[:, 0].astype(np.float32) + 5]
     for name in DIABETES_NUMERIC:
         blocks.append(_parse_column(column[name], where, name, lines))
+    names = ["age", *DIABETES_NUMERIC]
+    if columns:
+        from dpfl.data import table
+
+        declared = [
+            table.declared_feature(column[name], name, spec, where)
+            for name, spec in columns.items()
+        ]
+        names += [n for _, block_names in declared for n in block_names]
+        return np.column_stack([*blocks, *(b for b, _ in declared)]), tuple(names)
     for name, categories in DIABETES_CATEGORIES.items():
         blocks += [(column[name] == v).astype(np.float32) for v in categories]
-    names = ["age", *DIABETES_NUMERIC] + [
-        f"{c}={v}" for c, values in DIABETES_CATEGORIES.items() for v in values
-    ]
+    names += [f"{c}={v}" for c, values in DIABETES_CATEGORIES.items() for v in values]
     return np.stack(blocks, axis=1), tuple(names)
 
 

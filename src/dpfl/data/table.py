@@ -3,7 +3,9 @@ preprocessing its study declares.
 
 Each feature column is declared public in advance (`Column`): a number by its range
 (scaled to [0, 1] and clipped outside, optionally on the log scale), text by its
-categories (one-hot, a value not listed is "other", an empty cell is missing). Every
+categories (one-hot, a value not listed is "other", an empty cell is missing) or by
+groups of codes (`dpfl.data.codes`: a diagnosis code's ICD-9 chapter, say; one-hot over
+the groups, the same "other" and missing). Every
 record is transformed on its own with those constants: nothing is computed from the
 records (no minimum, mean or quantile), so the preprocessing costs no budget. A column
 without a declaration is refused, and so is every cell that breaks a declaration, before
@@ -26,6 +28,7 @@ from typing import Any, Literal
 import numpy as np
 from pydantic import BaseModel, ConfigDict, ValidationInfo, field_validator, model_validator
 
+from dpfl.data import codes
 from dpfl.data.dataset import DataFormatError, Dataset, require_file, survival_labels
 
 TODO = "?"
@@ -43,7 +46,8 @@ HONEST_RANGE = (
 
 class Column(BaseModel):
     """A feature column's public preprocessing: `range` (a number; with `log`, on the log
-    scale) or `categories` (text, compared as written in the file); `missing`, what an
+    scale), `categories` (text, compared as written in the file) or `groups` (text codes,
+    each group's exact values and code ranges, `dpfl.data.codes`); `missing`, what an
     empty cell of a number becomes: a value in the column's units (before the log and the
     range) or "zero" (the feature 0). Without `missing` an empty number is refused."""
 
@@ -52,6 +56,9 @@ class Column(BaseModel):
     range: tuple[float, float] | None = None
     log: bool = False
     categories: list[str | int] | None = None
+    groups: dict[str, list[str]] | None = None
+    """Group name → its members: exact values as written (`"?"`) and code ranges
+    (`"001-139"`, `"V01-V91"`), checked by `dpfl.data.codes.grouping`."""
     missing: float | Literal["zero"] | None = None
 
     @field_validator("range", "categories", mode="before")
@@ -70,15 +77,20 @@ class Column(BaseModel):
 
     @model_validator(mode="after")
     def _one_kind(self) -> Column:
-        if (self.range is None) == (self.categories is None):
-            raise ValueError("give a number's `range` or a text's `categories` (one of them)")
+        if [self.range, self.categories, self.groups].count(None) != 2:
+            raise ValueError(
+                "give a number's `range`, a text's `categories` or a code's `groups` (one of them)"
+            )
+        if self.groups is not None:
+            codes.grouping(self.groups, OTHER)  # a clear error for a bad declaration
         if self.range is not None:
             low, high = self.range
             if not low < high:
                 raise ValueError(f"range {list(self.range)}: low must be below high")
         elif self.log or self.missing is not None:
             raise ValueError(
-                "categories take no `log` or `missing`: an empty cell is missing (all zero)"
+                "categories and groups take no `log` or `missing`: an empty cell is missing "
+                "(all zero)"
             )
         if self.categories is not None and len(set(map(str, self.categories))) < len(
             self.categories
@@ -259,9 +271,13 @@ def _feature(
     cells: np.ndarray, name: str, column: Column, where: _Where
 ) -> tuple[np.ndarray, list[str]]:
     """One declared column's features, each record's from its own cell alone."""
+    if column.groups is not None:
+        grouped = codes.grouping(column.groups, OTHER)
+        return grouped.one_hot(cells), [f"{name}={g}" for g in (*grouped.names, OTHER)]
     if column.categories is not None:
         declared = [str(c) for c in column.categories]
-        listed = np.asarray([[cell == c for c in declared] for cell in cells], bool)
+        text = np.asarray(cells, dtype=object)[:, None]
+        listed = (text == np.asarray(declared, dtype=object)[None, :]).astype(bool)
         other = (cells != "") & ~listed.any(axis=1)
         block = np.column_stack([listed, other]).astype(np.float32)
         return block.reshape(len(cells), -1), [f"{name}={c}" for c in declared] + [
@@ -288,6 +304,16 @@ def _feature(
     scaled = np.clip((values - low) / (high - low), 0, 1)
     scaled[empty & (column.missing == "zero")] = 0.0
     return scaled.astype(np.float32)[:, None], [name]
+
+
+def declared_feature(
+    cells: np.ndarray, name: str, column: Column, path: Path
+) -> tuple[np.ndarray, list[str]]:
+    """A text column's features (`column`'s categories or groups, one-hot with "other"),
+    read from its cells as a table's are; for loaders of public datasets."""
+    if column.range is not None:
+        raise ValueError(f"{name}: declared_feature reads text columns (categories, groups)")
+    return _feature(np.asarray(cells, dtype=object), name, column, _Where(path, True))
 
 
 def _classes(cells: np.ndarray, column: str, classes: list[str], where: _Where) -> np.ndarray:
@@ -367,6 +393,11 @@ def _notes(chosen: Sequence[str], columns: Mapping[str, Column]) -> tuple[str, .
     listed = [n for n in chosen if columns[n].categories is not None]
     if listed:
         notes.append(f"one-hot with declared categories, others as '{OTHER}' ({', '.join(listed)})")
+    grouped = [n for n in chosen if columns[n].groups is not None]
+    if grouped:
+        notes.append(
+            f"one-hot over declared groups of codes, others as '{OTHER}' ({', '.join(grouped)})"
+        )
     imputed = [f"{n}={columns[n].missing}" for n in chosen if columns[n].missing is not None]
     if imputed:
         notes.append(f"empty cells imputed with declared values ({', '.join(imputed)})")

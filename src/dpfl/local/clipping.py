@@ -205,10 +205,16 @@ class ClippedGradientSum:
         overhead that one call for all members shares. Not for convolutions: vmapped over
         members they become grouped ones, and a stack must pad every batch to a fixed width
         (and twin a lone member, see `dpsgd._with_twin`) for a member's bits not to depend
-        on its stack, which costs more than the shared overhead saves."""
+        on its stack, which costs more than the shared overhead saves. Nor for a model
+        with a module that declares `trains_unstacked` (the scattering front of
+        `dpfl.models.scattering`, which memoises its outputs by the input's bytes: under
+        `vmap` it would see no bytes and transform every batch again)."""
         if x.is_sparse:
             return False
-        return not any(isinstance(m, _CONVOLUTIONS) for m in self.model.modules())
+        return not any(
+            isinstance(m, _CONVOLUTIONS) or getattr(m, "trains_unstacked", False) is True
+            for m in self.model.modules()
+        )
 
     def input_norms(self, params: Params, x: Tensor) -> Tensor | None:
         """Where `stacked` takes its direct route (a lone `nn.Linear` with these parameter

@@ -21,8 +21,27 @@ __all__ = [
     "dropout_off",
     "logistic_regression",
     "mlp",
+    "scatternet_cnn",
+    "scatternet_linear",
     "small_cnn",
 ]
+
+
+def scatternet_linear(input_shape: Sequence[int], n_outputs: int) -> nn.Sequential:
+    """Tramèr & Boneh's ScatterNet + linear for (channels, height, width) images: a fixed
+    scattering front, a GroupNorm without parameters and one linear layer
+    (`dpfl.models.scattering`)."""
+    from dpfl.models import scattering
+
+    return scattering.scatternet_linear(input_shape, n_outputs)
+
+
+def scatternet_cnn(input_shape: Sequence[int], n_outputs: int) -> nn.Sequential:
+    """ScatterNet + CNN: the same front, one conv-GroupNorm-ReLU-pool block and a linear
+    head (`dpfl.models.scattering`)."""
+    from dpfl.models import scattering
+
+    return scattering.scatternet_cnn(input_shape, n_outputs)
 
 
 class MixesExamplesError(ValueError):

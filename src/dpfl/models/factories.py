@@ -44,6 +44,8 @@ __all__ = [
     "mlp",
     "resnet18_gn",
     "resolve",
+    "scatternet_cnn",
+    "scatternet_linear",
     "small_cnn",
     "source_digest",
     "source_file",
@@ -76,28 +78,56 @@ def small_cnn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
 
 
 def resnet18_gn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
-    """`dpfl.models.large.resnet18_gn` for (channels, side, side) images: the CIFAR stem
-    up to 32 pixels a side, ImageNet's above."""
-    channels, side = _image(input_shape, "resnet18_gn")
-    return large.resnet18_gn(channels, n_outputs, small_inputs=side <= 32)
+    """`dpfl.models.large.resnet18_gn` for (channels, height, width) images: the CIFAR
+    stem up to 32 pixels a side, ImageNet's above."""
+    channels, height, width = _image(input_shape, "resnet18_gn")
+    return large.resnet18_gn(channels, n_outputs, small_inputs=max(height, width) <= 32)
 
 
 def vit(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
     """`dpfl.models.large.vit` for (channels, side, side) images."""
-    channels, side = _image(input_shape, "vit")
-    return large.vit(channels, side, n_outputs)
+    channels, height, width = _image(input_shape, "vit")
+    if height != width:
+        raise ModelError(f"model.kind: vit needs square images, got {height}×{width}")
+    return large.vit(channels, height, n_outputs)
 
 
-def _image(input_shape: Any, kind: str) -> tuple[int, int]:
+def scatternet_linear(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
+    """`dpfl.models.scattering.scatternet_linear`: a fixed scattering transform (J = 2,
+    L = 8), a GroupNorm without parameters and one linear layer, for (channels, side,
+    side) images."""
+    from dpfl.models import scattering
+
+    return scattering.scatternet_linear(_image(input_shape, "scatternet_linear"), n_outputs)
+
+
+def scatternet_cnn(input_shape: Sequence[int], n_outputs: int) -> nn.Module:
+    """`dpfl.models.scattering.scatternet_cnn`: the same front, then one small
+    conv-GroupNorm-ReLU-pool block and a linear head."""
+    from dpfl.models import scattering
+
+    return scattering.scatternet_cnn(_image(input_shape, "scatternet_cnn"), n_outputs)
+
+
+def _image(input_shape: Any, kind: str) -> tuple[int, int, int]:
+    """(channels, height, width) of an image study's records, or a `ModelError`."""
     if isinstance(input_shape, int) or len(input_shape) != 3:
-        raise ModelError(f"model.kind: {kind} classifies images, got {_shape(input_shape)}")
-    return input_shape[0], input_shape[1]
+        raise ModelError(
+            f"model.kind: {kind} classifies (channels, height, width) images (a "
+            f"dataset = 'images' study or a MedMNIST preset), got {_shape(input_shape)}"
+        )
+    channels, height, width = (int(s) for s in input_shape)
+    if min(height, width) < 8:
+        raise ModelError(f"model.kind: {kind} needs images of at least 8×8, got {height}×{width}")
+    return channels, height, width
 
 
 KINDS: dict[str, str] = {
     "logistic_regression": "dpfl.models.factories:logistic_regression",
     "mlp": "dpfl.models.factories:mlp",
     "small_cnn": "dpfl.models.factories:small_cnn",
+    "scatternet_linear": "dpfl.models.factories:scatternet_linear",
+    "scatternet_cnn": "dpfl.models.factories:scatternet_cnn",
     "resnet18_gn": "dpfl.models.factories:resnet18_gn",
     "vit": "dpfl.models.factories:vit",
 }

@@ -36,6 +36,7 @@ from dpfl.experiments.recipes import (
     owkin,
     puffle,
     puffle_pandemic,
+    scatternet,
 )
 from dpfl.experiments.recipes.base import (
     Plan,
@@ -77,6 +78,7 @@ RECIPES: dict[str, Recipe] = {
         puffle_pandemic.RECIPE,
         dopamine.RECIPE,
         dopamine_retinamnist.RECIPE,
+        scatternet.RECIPE,
         flamby_heart.RECIPE,
         flamby_tcga.RECIPE,
         gse7390_survival.RECIPE,

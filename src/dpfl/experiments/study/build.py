@@ -17,6 +17,8 @@ from dpfl.local import losses
 from dpfl.models import factories
 
 SURVIVAL_LOSSES = ("logistic_hazard", "cox")
+IMAGE_KINDS = ("small_cnn", "scatternet_linear", "scatternet_cnn", "resnet18_gn", "vit")
+"""The built-in models of (channels, height, width) images."""
 
 
 def decision_threshold(config: ThresholdConfig) -> float | BalancedThreshold:
@@ -81,7 +83,7 @@ def _model(config: StudyConfig, silo: Silo, outputs: int) -> torch.nn.Module:
     shape = tuple(silo.x.shape[1:])
     if spec.factory is not None:
         return factories.build(spec.factory, shape, outputs)
-    if spec.kind in ("small_cnn", "resnet18_gn", "vit") and silo.survival:
+    if spec.kind in IMAGE_KINDS and silo.survival:
         raise ValueError(f"model.kind: {spec.kind} classifies images, got {shape} records")
     options = {"hidden": spec.hidden} if spec.kind == "mlp" else {}
     return factories.build(factories.KINDS[spec.kind], shape, outputs, **options)

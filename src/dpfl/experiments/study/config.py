@@ -88,9 +88,19 @@ class ConfigError(ValueError):
 
 
 class ModelConfig(_Strict):
-    kind: Literal["logistic_regression", "mlp", "small_cnn", "resnet18_gn", "vit"] = (
-        "logistic_regression"
-    )
+    kind: Literal[
+        "logistic_regression",
+        "mlp",
+        "small_cnn",
+        "scatternet_linear",
+        "scatternet_cnn",
+        "resnet18_gn",
+        "vit",
+    ] = "logistic_regression"
+    """The built-in model (`dpfl.models.factories.KINDS`); small_cnn, the two
+    scatternet kinds (Tramèr & Boneh's fixed scattering front, then a linear layer or a
+    small CNN: `dpfl.models.scattering`), resnet18_gn and vit (`dpfl.models.large`)
+    classify images."""
     factory: str | None = None
     """Your own model: `"file.py:build"` (in a study file, relative to the file's folder)
     or `"package.module:build"`, called as `build(n_features, n_outputs)` for feature
@@ -412,6 +422,17 @@ class StudyConfig(_Strict):
         return raw
 
     @model_validator(mode="after")
+    def _images_for_image_models(self) -> StudyConfig:
+        from dpfl.experiments.study.datasets.images import ImageData
+
+        if self.model.kind.startswith("scatternet") and not isinstance(self.data, ImageData):
+            raise ValueError(
+                f"model.kind: {self.model.kind} classifies images; data.dataset must be "
+                f"'images' or a MedMNIST preset, got {self.data.dataset!r}"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fits_the_algorithm(self) -> StudyConfig:
         """The study's other sections against the algorithm's class facts (its settings
         checked themselves)."""
@@ -669,6 +690,7 @@ def _list_valued(path: Sequence[str]) -> bool:
     for key in path:
         if by_name:  # the name of a section by name (data.columns.NAME, privacy.silos.NAME)
             by_name = False
+            annotation = _value_type(annotation)
             continue
         fields = [m.model_fields[key] for m in schema if key in m.model_fields]
         if not fields:
@@ -710,16 +732,26 @@ def _unknown_keys(
 
 def _sections(annotation: Any) -> tuple[tuple[type[BaseModel], ...], bool]:
     """The sections (models) a field holds, if any: one, or those of a union (an
-    algorithm's settings); and whether it holds a table of them by name."""
+    algorithm's settings); and whether it holds a table of them (or of values, such as
+    `data.columns.NAME.groups`) by name."""
     if isinstance(annotation, type) and issubclass(annotation, BaseModel):
         return (annotation,), False
     if get_origin(annotation) is dict:
         return _sections(get_args(annotation)[1])[0], True
     options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
     options = tuple(o for o in options if o is not type(None))  # an optional section
+    if len(options) == 1 and get_origin(options[0]) is dict:  # an optional table by name
+        return _sections(options[0])
     if options and all(isinstance(o, type) and issubclass(o, BaseModel) for o in options):
         return options, False
     return (), False
+
+
+def _value_type(annotation: Any) -> Any:
+    """The type of a table's values by name (`dict[str, X]`, optional or not): X."""
+    options = get_args(annotation) if get_origin(annotation) in (Union, UnionType) else ()
+    tables = [o for o in (annotation, *options) if get_origin(o) is dict]
+    return get_args(tables[0])[1] if tables else None
 
 
 def _with(raw: Mapping[str, Any], grid: Mapping[str, Any]) -> dict[str, Any]:

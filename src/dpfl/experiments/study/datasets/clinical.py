@@ -11,6 +11,7 @@ from typing import ClassVar, Literal
 from pydantic import Field
 
 from dpfl.data import Dataset, preprocess
+from dpfl.data.table import Column
 from dpfl.experiments.study.datasets.base import DataSettings, Files, Real
 
 
@@ -87,7 +88,8 @@ def _physionet2012(folder: Path, sets: tuple[str, ...], cache_dir: str | None) -
 
 class Diabetes130(DataSettings):
     """Diabetes 130-US hospitals (`public_tables.diabetes130`), numbers scaled by declared
-    public ranges; read once per process, folder and options."""
+    public ranges, text columns one-hot over the built-in categories or those declared in
+    `[data.columns]`; read once per process, folder and options."""
 
     dataset: Literal["diabetes130"]
     one_encounter_per_patient: bool = True
@@ -100,16 +102,33 @@ class Diabetes130(DataSettings):
     """The patient is the unit of privacy (all their encounters)."""
     patients_fraction: Real = Field(1.0, gt=0, le=1)
     """The share of patients kept (a public, seeded draw): smaller runs."""
+    patients_from: Real = Field(0.0, ge=0, lt=1)
+    """Patients below it by the same draw are left out: [from, fraction) is a share of
+    patients disjoint from [0, from), e.g. to choose settings on other patients."""
+    columns: dict[str, Column] | None = None
+    """The text columns' public preprocessing, as a table's `[data.columns]`
+    (`dpfl.data.table.Column`: `categories`, or `groups` of codes such as a diagnosis's
+    ICD-9 chapters), in place of the built-in categories; none: the built-in ones
+    (`public_tables.DIABETES_CATEGORIES`). Age and the counts keep their declared ranges."""
 
     def load(self, seed: int) -> Dataset:
-        return _diabetes130(self.folder.resolve(), json.dumps(self.keywords(), sort_keys=True))
+        options = {
+            **self.keywords(),
+            "columns": {
+                name: column.model_dump(exclude_defaults=True)
+                for name, column in (self.columns or {}).items()
+            },
+        }
+        return _diabetes130(self.folder.resolve(), json.dumps(options))  # columns in order
 
 
 @functools.cache
 def _diabetes130(folder: Path, options: str) -> Dataset:
     from dpfl.data import public_tables
 
-    data = public_tables.diabetes130(folder, **json.loads(options))
+    keywords = json.loads(options)
+    columns = {name: Column(**spec) for name, spec in keywords.pop("columns").items()}
+    data = public_tables.diabetes130(folder, **keywords, columns=columns or None)
     return preprocess.scale_to_ranges(data, public_tables.DIABETES_RANGES)
 
 

@@ -123,14 +123,14 @@ class TableData(DataSettings):
 
     def declared_input(self) -> tuple[int, int | None]:
         """The feature count (a range's column one, a category column one per declared
-        category and one for "other") and the number of declared classes (None: survival
-        labels). The features are `features` or, without it, every `[data.columns]` entry
-        but the label, survival and site ones: the file's own columns, each of which must
-        be declared."""
+        category and one for "other", a column of `groups` one per group and one for
+        "other") and the number of declared classes (None: survival labels). The features
+        are `features` or, without it, every `[data.columns]` entry but the label,
+        survival and site ones: the file's own columns, each of which must be declared."""
         targets = {self.label, self.time, self.event, self.site, self.unit}
         chosen = self.features or [c for c in self.columns if c not in targets]
         declared = [self.columns[name] for name in chosen]  # `_a_table` checks each is
-        width = sum(1 if c.categories is None else len(c.categories) + 1 for c in declared)
+        width = sum(_width(c) for c in declared)
         survival = self.time is not None and self.event is not None
         return width, None if survival else len(self.classes or (0, 1))
 
@@ -181,3 +181,11 @@ class TableData(DataSettings):
         splits = partition.per_silo_splits(everyone, data.strata, fractions, seed)
         (silo,) = silos_from_splits(data, splits[k:], names=[name], declare_sizes=False)
         return silo
+
+
+def _width(column: Column) -> int:
+    """A declared column's features: a range's one, one per category or group and one
+    for "other"."""
+    if column.groups is not None:
+        return len(column.groups) + 1
+    return 1 if column.categories is None else len(column.categories) + 1
