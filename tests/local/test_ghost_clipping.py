@@ -118,8 +118,17 @@ def _vit(dtype: torch.dtype) -> tuple[nn.Module, Tensor, Tensor]:
     return _data(model.to(dtype), x)
 
 
+def _wrapped(dtype: torch.dtype) -> tuple[nn.Module, Tensor, Tensor]:
+    """A ResNet as one child of an nn.Sequential: the layer-by-layer path would take it
+    by `vmap` as one block, so the Sequential goes ghost."""
+    model, x, y = _resnet(dtype)
+    head = nn.Linear(3, 3).to(dtype)
+    return nn.Sequential(model, nn.Tanh(), head), x, y
+
+
 MODELS = {
     "images": _images,
+    "wrapped": _wrapped,
     "text": _text,
     "resnet": _resnet,
     "cifar_resnet": _cifar_resnet,
@@ -256,6 +265,8 @@ def test_the_path_is_chosen_by_model_and_size(monkeypatch: pytest.MonkeyPatch) -
     x = torch.zeros(4, 3, 12, 12)
     sequential = nn.Sequential(nn.Flatten(), nn.Linear(432, 2))
     assert not ClippedGradientSum(sequential, cross_entropy).ghost(x)
+    wrapped = ClippedGradientSum(_wrapped(torch.float32)[0], cross_entropy)
+    assert wrapped.ghost(torch.zeros(4, 1, 32, 32))
     assert ClippedGradientSum(_resnet(torch.float32)[0], cross_entropy).ghost(x)
     assert ClippedGradientSum(_vit(torch.float32)[0], cross_entropy).ghost(x)
     model = _Bilinear()

@@ -90,7 +90,8 @@ class ClippedGradientSum:
         self._coupled = couples_examples(loss)
         self._layers: list[tuple[str, nn.Module]] | None = None
         self._layers = _layers(model)
-        self._ghost = GhostClipping(model, loss) if self._layers is None else None
+        ghostly = self._layers is None or _mostly_vmapped(self._layers)
+        self._ghost = GhostClipping(model, loss) if ghostly else None
         self._probe_shapes: dict[tuple[int, ...], list[torch.Size]] = {}
 
     @property
@@ -100,10 +101,11 @@ class ClippedGradientSum:
 
     def ghost(self, x: Tensor) -> bool:
         """Whether a batch like `x` takes ghost clipping (`dpfl.local.ghost`): a model that
-        is not an `nn.Sequential` (nor a lone `nn.Linear`), on dense inputs, whose layers
-        without a ghost rule (taken by `vmap` alone) hold at most half its parameters, or
-        whose per-example gradients would take more than `VMAP_BYTES` under `vmap(grad)`.
-        Not inside `vmap` (stacked members)."""
+        is not an `nn.Sequential` (nor a lone `nn.Linear`), or an `nn.Sequential` whose
+        layers without a layer-by-layer rule hold most of its parameters (a ResNet as one
+        of its children), on dense inputs, whose layers without a ghost rule (taken by
+        `vmap` alone) hold at most half its parameters, or whose per-example gradients
+        would take more than `VMAP_BYTES` under `vmap(grad)`. Not inside `vmap`."""
         if self._ghost is None or not self._ghost.applies or x.is_sparse:
             return False
         total = sum(p.numel() for p in self.model.parameters())
@@ -127,17 +129,17 @@ class ClippedGradientSum:
         self._check(tuple(x.shape[1:]))
         if self._coupled:
             return self._batch_gradient(params, x, y, mask, clip_norm)
+        if self._layers is None and x.is_sparse:
+            raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
+        if not under_vmap and self.ghost(x):
+            try:
+                assert self._ghost is not None
+                return self._ghost(
+                    params, x, y, partial(_clip_factor, mask=mask, clip_norm=clip_norm)
+                )
+            except Unsupported:  # the model's forward pass escapes the hooks: for good
+                self._ghost = None
         if self._layers is None:
-            if x.is_sparse:
-                raise ValueError("sparse inputs need an nn.Linear first layer in an nn.Sequential")
-            if not under_vmap and self.ghost(x):
-                try:
-                    assert self._ghost is not None
-                    return self._ghost(
-                        params, x, y, partial(_clip_factor, mask=mask, clip_norm=clip_norm)
-                    )
-                except Unsupported:  # the model's forward pass escapes the hooks: for good
-                    self._ghost = None
             return self._generic(params, x, y, mask, clip_norm)
         return self._layer_by_layer(self._layers, params, x, y, mask, clip_norm, under_vmap)
 
@@ -434,6 +436,18 @@ def _layers(model: nn.Module) -> list[tuple[str, nn.Module]] | None:
     if isinstance(model, nn.Sequential):
         return [(f"{name}.", module) for name, module in model.named_children()]
     return None
+
+
+def _mostly_vmapped(layers: list[tuple[str, nn.Module]]) -> bool:
+    """Whether the layers that `_layer_gradients` takes by `vmap` of their `vjp` (all but
+    Linear, Conv2d and GroupNorm) hold most of the parameters: a Sequential of composite
+    blocks, whose per-example gradients would then be materialised block by block."""
+    counts = [
+        (type(m) in (nn.Linear, nn.Conv2d, nn.GroupNorm), sum(p.numel() for p in m.parameters()))
+        for _, m in layers
+    ]
+    vmapped = sum(n for ruled, n in counts if not ruled)
+    return 2 * vmapped > sum(n for _, n in counts)
 
 
 def column_major_weights(model: nn.Module, x: Tensor) -> list[str]:
