@@ -2,7 +2,10 @@
 
 Each example's gradient over *all* parameters is scaled by min(1, C/‖g_i‖), so adding or
 removing one example moves the sum by at most C: the sensitivity that DP-SGD's Gaussian
-noise is calibrated to. Two ways to get there:
+noise is calibrated to. Two ways to get there here, and a third in `dpfl.local.ghost`
+(ghost clipping: the norms without per-example gradients, for models that are not an
+`nn.Sequential`, or whose children this module would take by `vmap` whole; see
+`ClippedGradientSum.ghost`):
 
 * generic: `vmap(grad(loss ∘ functional_call))`, one gradient per example, for any
   module whose examples do not interact (see `dpfl.models.check_per_example`);
