@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 
 def breast_cancer_study(name: str, *, rounds: int, silos: int = 3, **rest: Any) -> str:
@@ -47,3 +50,21 @@ def _toml(value: Any) -> str:
     if isinstance(value, list | tuple):
         return "[" + ", ".join(_toml(v) for v in value) + "]"
     return repr(value)
+
+
+def halves_pneumonia(folder: Path, sizes: Mapping[str, int]) -> Path:
+    """A PneumoniaMNIST-shaped file in a new `folder`, `sizes` images a split, whose class
+    shows as which half is brighter (not as brightness alone, which a normalisation per
+    image divides away)."""
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in sizes.items():
+        labels = rng.integers(0, 2, n)
+        pixels = rng.integers(0, 128, (n, 28, 28))
+        pixels[labels == 1, :, :14] += 100
+        pixels[labels == 0, :, 14:] += 100
+        arrays[f"{split}_images"] = pixels.astype(np.uint8)
+        arrays[f"{split}_labels"] = labels
+    folder.mkdir()
+    np.savez(folder / "pneumoniamnist.npz", **arrays)
+    return folder

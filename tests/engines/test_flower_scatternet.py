@@ -6,31 +6,15 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 from flwr.supercore.task_identity import TaskIdentity
 
 from dpfl.engines.flower import serve
 from dpfl.experiments.study.deployment import deployment_of
+from studies import halves_pneumonia
 
 from .test_flower import CLEAR, InProcessGrid, assert_the_simulators, hospitals, simulated
-
-
-def _images(folder: Path) -> Path:
-    """A PneumoniaMNIST-shaped file whose class shows as which half is brighter."""
-    rng = np.random.default_rng(0)
-    arrays = {}
-    for split, n in (("train", 40), ("val", 8), ("test", 20)):
-        labels = rng.integers(0, 2, n)
-        pixels = rng.integers(0, 128, (n, 28, 28))
-        pixels[labels == 1, :, :14] += 100
-        pixels[labels == 0, :, 14:] += 100
-        arrays[f"{split}_images"] = pixels.astype(np.uint8)
-        arrays[f"{split}_labels"] = labels
-    folder.mkdir()
-    np.savez(folder / "pneumoniamnist.npz", **arrays)
-    return folder
 
 
 def test_in_process_a_scatternet_deployment_ends_with_the_simulators_model(
@@ -45,7 +29,7 @@ seed = 3
 rounds = 2
 [data]
 dataset = "pneumoniamnist"
-path = "{_images(tmp_path / "data")}"
+path = "{halves_pneumonia(tmp_path / "data", {"train": 40, "val": 8, "test": 20})}"
 partition = {{ kind = "iid", silos = 2 }}
 split = "official"
 [model]

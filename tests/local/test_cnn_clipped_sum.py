@@ -6,28 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
 
 from dpfl.local import clipping
 from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.dpsgd import parameters_of
 from dpfl.local.losses import Loss, bce, cross_entropy
 from dpfl.models import logistic_regression, small_cnn
-
-
-def _reference(
-    model: nn.Module, loss: Loss, x: Tensor, y: Tensor, mask: Tensor, clip: float
-) -> tuple[dict[str, Tensor], Tensor]:
-    """Σ_i mask_i·min(1, C/‖g_i‖)·g_i and ‖g_i‖, with g_i from `vmap(grad)` of the model."""
-    params = parameters_of(model)
-
-    def one(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
-        return loss(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0)).sum()
-
-    grads = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
-    norms = torch.cat([g.flatten(1) for g in grads.values()], 1).norm(dim=1)
-    factor = mask * (clip / norms).clamp(max=1.0)
-    return {k: torch.einsum("b,b...->...", factor, g) for k, g in grads.items()}, norms
+from per_example import clipped_by_vmap
 
 
 def _cnn(dtype: torch.dtype) -> tuple[nn.Module, Loss, Tensor, Tensor]:
@@ -74,10 +59,10 @@ def test_the_clipped_sum_is_the_reference_for_any_batch_size(
     rows = max(size, 1)
     x, y = x[:rows], y[:rows]
     mask = torch.full((rows,), float(size > 0), dtype=dtype)
-    _, raw = _reference(model, loss, x, y, mask, 1.0)
+    _, raw = clipped_by_vmap(model, loss, x, y, mask, 1.0)
     clip = float(raw.median())  # about half the examples are clipped
     sums, norms = ClippedGradientSum(model, loss)(parameters_of(model), x, y, mask, clip)
-    expected, expected_norms = _reference(model, loss, x, y, mask, clip)
+    expected, expected_norms = clipped_by_vmap(model, loss, x, y, mask, clip)
     tolerance = {"rtol": 1e-10, "atol": 1e-12} if dtype == torch.float64 else {}
     torch.testing.assert_close(norms, expected_norms, **tolerance)
     for name, value in expected.items():

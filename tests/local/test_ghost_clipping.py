@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, grad, vmap
+from torch.func import functional_call
 
 from dpfl.data.sampling import PoissonSampler
 from dpfl.local import clipping
@@ -19,23 +19,10 @@ from dpfl.local import ghost as ghost_module
 from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.dpsgd import DPSGD, DPSGDConfig, parameters_of
 from dpfl.local.ghost import GhostClipping, has_rule
-from dpfl.local.losses import Loss, cross_entropy
+from dpfl.local.losses import cross_entropy
 from dpfl.local.noise import SeededNoise
 from dpfl.models.large import resnet18_gn, vit
-
-
-def _reference(
-    model: nn.Module, loss: Loss, x: Tensor, y: Tensor, mask: Tensor, clip: float
-) -> tuple[dict[str, Tensor], Tensor]:
-    params = parameters_of(model)
-
-    def one(p: dict[str, Tensor], xi: Tensor, yi: Tensor) -> Tensor:
-        return loss(functional_call(model, p, (xi.unsqueeze(0),)), yi.unsqueeze(0)).sum()
-
-    grads = vmap(grad(one), in_dims=(None, 0, 0))(params, x, y)
-    norms = torch.cat([g.flatten(1) for g in grads.values()], 1).norm(dim=1)
-    factor = mask * (clip / norms).clamp(max=1.0)
-    return {k: torch.einsum("b,b...->...", factor, g) for k, g in grads.items()}, norms
+from per_example import clipped_by_vmap
 
 
 class _Images(nn.Module):
@@ -148,12 +135,12 @@ def test_ghost_clipped_sums_are_the_references(
     model, x, y = MODELS[name](dtype)
     mask = torch.ones(len(x), dtype=dtype)
     mask[-1] = 0.0
-    _, raw = _reference(model, cross_entropy, x, y, mask, 1.0)
+    _, raw = clipped_by_vmap(model, cross_entropy, x, y, mask, 1.0)
     clip = float(raw.median())  # about half the examples are clipped
     if name != "text":  # token inputs: `check_per_example` probes with floats
         assert ClippedGradientSum(model, cross_entropy).ghost(x)
     factor = partial(clipping._clip_factor, mask=mask, clip_norm=clip)
-    expected, expected_norms = _reference(model, cross_entropy, x, y, mask, clip)
+    expected, expected_norms = clipped_by_vmap(model, cross_entropy, x, y, mask, clip)
     tol = 1e-10 if dtype == torch.float64 else 2e-5
     for book_keeping in (True, False):
         ghost = GhostClipping(model, cross_entropy, book_keeping=book_keeping)
@@ -179,7 +166,7 @@ def test_a_lone_example_and_no_clipping() -> None:
     sums, _ = ClippedGradientSum(model, cross_entropy)(
         parameters_of(model), x[:1], y[:1], one, math.inf
     )
-    expected, _ = _reference(model, cross_entropy, x[:1], y[:1], one, math.inf)
+    expected, _ = clipped_by_vmap(model, cross_entropy, x[:1], y[:1], one, math.inf)
     for key, value in sums.items():
         assert torch.allclose(value, expected[key], rtol=1e-10, atol=1e-12), key
 
@@ -239,7 +226,7 @@ def test_models_the_hooks_cannot_follow_take_vmap() -> None:
     for model in (_Twice().double(), _Tied().double()):
         clipped = ClippedGradientSum(model, cross_entropy)
         sums, _ = clipped(parameters_of(model), x, y, mask, 0.1)
-        expected, _ = _reference(model, cross_entropy, x, y, mask, 0.1)
+        expected, _ = clipped_by_vmap(model, cross_entropy, x, y, mask, 0.1)
         for key, value in sums.items():
             assert torch.allclose(value, expected[key], rtol=1e-10, atol=1e-12), key
         assert not clipped.ghost(x)

@@ -19,6 +19,7 @@ from dpfl.local.clipping import ClippedGradientSum
 from dpfl.local.losses import bce
 from dpfl.models import factories, scattering
 from dpfl.models.scattering import Scattering2D, coefficients
+from studies import halves_pneumonia
 
 SHAPES = [(1, 28, 28), (3, 28, 28)]
 """PneumoniaMNIST's grayscale and RetinaMNIST's RGB images."""
@@ -112,23 +113,6 @@ def test_non_image_records_and_wrong_shapes_are_refused(tmp_path: Path) -> None:
         Study(table)
 
 
-def _two_class_images(folder: Path) -> Path:
-    """A PneumoniaMNIST-shaped file whose class shows as which half is brighter (not as
-    brightness alone, which the front's normalisation divides away)."""
-    rng = np.random.default_rng(0)
-    arrays = {}
-    for split, n in (("train", 60), ("val", 10), ("test", 30)):
-        labels = rng.integers(0, 2, n)
-        pixels = rng.integers(0, 128, (n, 28, 28))
-        pixels[labels == 1, :, :14] += 100
-        pixels[labels == 0, :, 14:] += 100
-        arrays[f"{split}_images"] = pixels.astype(np.uint8)
-        arrays[f"{split}_labels"] = labels
-    folder.mkdir()
-    np.savez(folder / "pneumoniamnist.npz", **arrays)
-    return folder
-
-
 def _study(folder: Path, kind: str) -> dict[str, Any]:
     return {
         "name": f"tiny-{kind}",
@@ -152,7 +136,7 @@ def test_a_tiny_private_study_trains_through_the_simulator(tmp_path: Path, kind:
     from dpfl.experiments.study.point import STORE
     from dpfl.experiments.study.runner import run_study
 
-    study = _study(_two_class_images(tmp_path / "data"), kind)
+    study = _study(halves_pneumonia(tmp_path / "data", {"train": 60, "val": 10, "test": 30}), kind)
     (run,) = run_study(Study(study), tmp_path / "out")
     assert run.status == "finished", run.error
     with ResultsStore(tmp_path / "out" / STORE) as store:
@@ -166,7 +150,12 @@ def test_a_deployment_builds_the_same_model_from_the_study_file(tmp_path: Path) 
     from dpfl.experiments.study.deployment import algorithm_for
     from dpfl.federation.silo import SiloInfo
 
-    ((_, config),) = Study(_study(_two_class_images(tmp_path / "data"), "scatternet_cnn")).points
+    ((_, config),) = Study(
+        _study(
+            halves_pneumonia(tmp_path / "data", {"train": 60, "val": 10, "test": 30}),
+            "scatternet_cnn",
+        )
+    ).points
     silos = build_silos(config.data, config.seed)
     simulated = build_algorithm(config, silos).model
     infos = [SiloInfo(s.name, len(s.y)) for s in silos]
