@@ -6,12 +6,17 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from dpfl.cli import app
 from dpfl.experiments.study.config import load
 from dpfl.experiments.study.point import STORE
+from dpfl.experiments.study.runner import run_study
+from dpfl.local import clipping
+from dpfl.local.ghost import GhostClipping
 from studies import breast_cancer_study
 
 runner = CliRunner()
@@ -25,6 +30,26 @@ def build(n_features, n_outputs):
         nn.Linear(n_features, 8), nn.GroupNorm(2, 8), nn.ReLU(), nn.Linear(8, n_outputs)
     )
 """
+RESIDUAL = """
+from torch import nn
+
+
+class Residual(nn.Module):
+    def __init__(self, n_features, n_outputs):
+        super().__init__()
+        self.inner = nn.Linear(n_features, 8)
+        self.norm = nn.GroupNorm(2, 8)
+        self.skip = nn.Linear(n_features, 8)
+        self.head = nn.Linear(8, n_outputs)
+
+    def forward(self, x):
+        return self.head(self.norm(self.inner(x)).relu() + self.skip(x))
+
+
+def build(n_features, n_outputs):
+    return Residual(n_features, n_outputs)
+"""
+"""A model of its own that is no nn.Sequential: a skip connection."""
 BATCHNORM = GROUPNORM.replace("nn.GroupNorm(2, 8)", "nn.BatchNorm1d(8)")
 STUDY = breast_cancer_study(
     "own-model",
@@ -80,3 +105,29 @@ def test_editing_the_model_file_changes_the_runs_key(tmp_path: Path) -> None:
     after = [config.key() for _, config in load(study).points]
     assert before == again and len(set(before)) == 2
     assert not set(before) & set(after)
+
+
+def test_a_large_model_of_its_own_without_convolutions_is_clipped_by_ghost_clipping(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`model.factory` takes the fast path where its layers allow it: a model that is no
+    nn.Sequential, whose per-example gradients for a batch would pass `VMAP_BYTES` (here
+    lowered to 0), trains its silos one by one with per-example norms from the layers'
+    hooks (`dpfl.local.ghost`); below it, its silos stack under `vmap`, the small
+    models' fast path."""
+    calls = []
+    original = GhostClipping.__call__
+
+    def counted(self: GhostClipping, *args: Any) -> Any:
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(GhostClipping, "__call__", counted)
+    study = load(_study(tmp_path, RESIDUAL, STUDY.replace("[0.5, 1.0]", "0.5")))
+    (small,) = run_study(study, tmp_path / "small")
+    assert small.status == "finished", small.error
+    assert not calls
+    monkeypatch.setattr(clipping, "VMAP_BYTES", 0)
+    (large,) = run_study(study, tmp_path / "large")
+    assert large.status == "finished", large.error
+    assert calls

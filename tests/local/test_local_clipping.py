@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 from torch.func import vmap
 
-from dpfl.local.clipping import ClippedGradientSum
+from dpfl.local.clipping import VMAP_BYTES, ClippedGradientSum
 from dpfl.local.dpsgd import parameters_of, stack
 from dpfl.local.losses import Loss, bce, cross_entropy, focal, output_gradient, weighted_bce
 from dpfl.models import MixesExamplesError, logistic_regression, mlp, small_cnn
@@ -473,12 +473,23 @@ def test_only_dense_inputs_to_models_without_convolutions_are_stacked() -> None:
     """Members of a CNN run one by one (vmap would make its convolutions grouped and its
     batches padded); MLPs and logistic regression share one stacked call."""
     dense, sparse = torch.zeros(2, 7), torch.zeros(2, 7).to_sparse()
-    assert ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(dense)
-    assert ClippedGradientSum(logistic_regression(7), bce).stacks_members(dense)
-    assert ClippedGradientSum(_layernorm_mlp(), bce).stacks_members(dense)
-    assert not ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(sparse)
+    assert ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(dense, 16)
+    assert ClippedGradientSum(logistic_regression(7), bce).stacks_members(dense, 16)
+    assert ClippedGradientSum(_layernorm_mlp(), bce).stacks_members(dense, 16)
+    assert not ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(sparse, 16)
     cnn = small_cnn(3, 8, 2, widths=(4,), groups=2)
-    assert not ClippedGradientSum(cnn, cross_entropy).stacks_members(torch.zeros(2, 3, 8, 8))
+    assert not ClippedGradientSum(cnn, cross_entropy).stacks_members(torch.zeros(2, 3, 8, 8), 16)
+
+
+def test_a_model_for_ghost_clipping_is_stacked_only_while_its_batch_fits_vmap() -> None:
+    """A model that is no nn.Sequential stacks its members under `vmap(grad)` while one
+    batch's per-example gradients (its public width × parameters) fit `VMAP_BYTES`, and
+    trains them one by one by ghost clipping above it; an nn.Sequential MLP always stacks."""
+    wrapped, dense = ClippedGradientSum(_Wrapped(), bce), torch.zeros(2, 7)
+    fits = VMAP_BYTES // (8 * dense.element_size())  # rows whose gradients fit
+    assert wrapped.stacks_members(dense, fits)
+    assert not wrapped.stacks_members(dense, fits + 1)
+    assert ClippedGradientSum(mlp(7, (5,)), bce).stacks_members(dense, 10**9)
 
 
 class _Wrapped(nn.Module):

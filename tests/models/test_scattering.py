@@ -86,7 +86,7 @@ def test_the_transform_runs_under_vmap_and_grad_without_the_memo() -> None:
     torch.testing.assert_close(mapped, front.transform(x), rtol=1e-6, atol=1e-7)
     model = factories.build(factories.KINDS["scatternet_linear"], (1, 28, 28), 1)
     clipped = ClippedGradientSum(model, bce)
-    assert not clipped.stacks_members(x)  # silos train one by one: the memo sees bytes
+    assert not clipped.stacks_members(x, 8)  # silos train one by one: the memo sees bytes
     params = {k: v.detach() for k, v in model.named_parameters()}
     sums, norms = clipped(params, x, torch.ones(6), torch.ones(6), 1.0)
     assert norms.shape == (6,) and bool((norms > 0).all())

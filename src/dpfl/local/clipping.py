@@ -203,7 +203,7 @@ class ClippedGradientSum:
         self._check(tuple(x.shape[2:]))
         return self._stacked_linear(params, x, y, mask, clip_norm, input_norms)
 
-    def stacks_members(self, x: Tensor) -> bool:
+    def stacks_members(self, x: Tensor, rows: int) -> bool:
         """Whether members (silos, trials) training on inputs like `x` are best computed as
         one `stacked` call rather than one by one: yes for dense inputs to models without
         convolutions (logistic regression, MLPs), whose small steps are mostly per-call
@@ -213,9 +213,18 @@ class ClippedGradientSum:
         on its stack, which costs more than the shared overhead saves. Nor for a model
         with a module that declares `trains_unstacked` (the scattering front of
         `dpfl.models.scattering`, which memoises its outputs by the input's bytes: under
-        `vmap` it would see no bytes and transform every batch again)."""
+        `vmap` it would see no bytes and transform every batch again). Nor for a model
+        that ghost clipping takes whose per-example gradients for `rows` records (a batch's
+        public width) would take more than `VMAP_BYTES` under `vmap`: a large model of a
+        user's own without convolutions (a tabular transformer). From the width, not the
+        members' count, so that a member alone (a deployed hospital) and in a stack take
+        the same route and get the same bits."""
         if x.is_sparse:
             return False
+        if self._ghost is not None and self._ghost.applies:
+            total = sum(p.numel() for p in self.model.parameters())
+            if total * rows * x.element_size() > VMAP_BYTES:
+                return False
         return not any(
             isinstance(m, _CONVOLUTIONS) or getattr(m, "trains_unstacked", False) is True
             for m in self.model.modules()

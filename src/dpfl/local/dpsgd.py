@@ -249,7 +249,8 @@ class DPSGD:
         grouped = any(s.units is not None for s in samplers)
         pool = (  # patient-level batches are clipped by patient, member by member
             _Pool(datasets, _chunk_width(samplers), dtype, self.clipped_sum, params)
-            if self.clipped_sum.stacks_members(datasets[0][0]) and not grouped
+            if self.clipped_sum.stacks_members(datasets[0][0], _chunk_width(samplers))
+            and not grouped
             else None
         )
         # per parameter: the normalisers shaped to broadcast over its stacked members
