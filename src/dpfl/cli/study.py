@@ -383,8 +383,8 @@ def reproduce(
     """Re-run a seed paper's experiment on our data and print ours next to the paper's.
 
     RECIPE: owkin-idash2020, astar-aop, kerkouche-fl-sign, puffle-mrmtl, puffle-pandemic,
-    dopamine, dopamine-retinamnist, scatternet, flamby-heart-disease, flamby-tcga-brca,
-    gse7390-survival or diabetes-readmission
+    dopamine, dopamine-retinamnist, scatternet, large-models, flamby-heart-disease,
+    flamby-tcga-brca, gse7390-survival or diabetes-readmission
     (docs/reproductions/README.md)."""
     from dpfl.experiments.recipes import reproduce as run_recipe
     from dpfl.experiments.study.runner import StudyBar

@@ -91,13 +91,20 @@ def methods(epochs: int, pool: int) -> list[tuple[str, int, dict[str, object]]]:
     ]
 
 
+def pneumonia_folder(data_dir: Path | None, notes: list[str]) -> Path | None:
+    """PneumoniaMNIST's folder in `data_dir`; None, said in `notes`, where it is absent."""
+    folder = real_folder(data_dir, "pneumoniamnist", "the PneumoniaMNIST study", notes)
+    if folder is None:
+        notes.append("no PneumoniaMNIST: nothing to run")
+    return folder
+
+
 def studies(data_dir: Path | None, scale: Scale) -> Plan:
     """The five methods on PneumoniaMNIST, each tuned alike (`Tuning`) at every ε and
     seed: C and F once a seed, CDP, FPDP and Dopamine once a seed and budget."""
     notes: list[str] = []
-    folder = real_folder(data_dir, "pneumoniamnist", "the PneumoniaMNIST study", notes)
+    folder = pneumonia_folder(data_dir, notes)
     if folder is None:
-        notes.append("no PneumoniaMNIST: nothing to run")
         return Plan([], notes)
     epochs = by_scale(scale, 1, 5, 20)
     mean = by_scale(scale, 1.0, 3.0, 4.0)

@@ -98,7 +98,7 @@ def studies(data_dir: Path | None, scale: Scale) -> Plan:
                     for tag, rounds, algorithm in methods(epochs, pool):
                         if not _runs(scale, model, tag):
                             continue
-                        raw = _study(name, folder, metrics, model, seed, epsilon)
+                        raw = tuned_study(name, folder, metrics, model, seed, epsilon)
                         method = METHODS[str(algorithm["name"]), True]
                         raw["name"] = _name(name, model, TAGS[method], epsilon, seed)
                         raw["rounds"] = rounds
@@ -119,17 +119,30 @@ def _name(dataset: str, model: str, tag: str, epsilon: float, seed: int) -> str:
     return f"scatternet-{dataset}-{model}-{tag}-eps{epsilon:g}-seed{seed}"
 
 
-def _study(
-    dataset: str, folder: Path, metrics: list[str], model: str, seed: int, epsilon: float
+def tuned_study(
+    dataset: str,
+    folder: Path,
+    metrics: list[str],
+    model: str,
+    seed: int,
+    epsilon: float,
+    *,
+    side: int | None = None,
 ) -> dict[str, object]:
+    """A tuned study's sections but its name, rounds and algorithm: the hospitals' shares
+    of the official splits (each image resized to `side`² where given), the official val
+    split validating, δ = `DELTA`."""
+    data: dict[str, object] = {
+        "dataset": dataset,
+        "path": str(folder),
+        "partition": {"kind": "iid", "silos": HOSPITALS},
+        "split": "official",
+    }
+    if side is not None:
+        data["images"] = {"size": [side, side]}
     return {
         "metrics": metrics,
-        "data": {
-            "dataset": dataset,
-            "path": str(folder),
-            "partition": {"kind": "iid", "silos": HOSPITALS},
-            "split": "official",
-        },
+        "data": data,
         "tune": {"validation": "official"},
         "model": {"kind": model},
         "seed": seed,
@@ -159,25 +172,37 @@ def compare_tuned(selected: list[Selected]) -> list[Row]:
 
 def _row(dataset: str, epsilon: float, method: str, model: str, chosen: list[Selected]) -> Row:
     label, _, tested, metrics = DATASETS[dataset]
-    second = metrics[1]
-    values = {m: [one.tuned.test_metrics[m] for one in chosen] for m in metrics}
+    return Row(
+        f"{label}, {HOSPITALS} iid hospitals, ε budget {epsilon:g}: {method}, {MODELS[model]}",
+        CLAIM[model],
+        tuned_figures(chosen, metrics[1], epsilon),
+        tuned_note(chosen, tested),
+        trials=len(chosen),
+    )
+
+
+def tuned_figures(chosen: list[Selected], second: str, epsilon: float) -> str:
+    """The released models' test accuracy and `second` metric (AUROC or balanced
+    accuracy) over the seeds, the η each released, the largest ε of their ledgers and
+    their σ."""
+    values = {m: [one.tuned.test_metrics[m] for one in chosen] for m in ("accuracy", second)}
     rates = ", ".join(f"{one.tuned.point['algorithm.learning_rate']:g}" for one in chosen)
     sigmas = sorted({f"{one.tuned.noise_multiplier:.3g}" for one in chosen})
     shown = "AUROC" if second == "auroc" else "balanced accuracy"
-    ours = (
+    return (
         f"accuracy {metric_text(values['accuracy'], percent=True)}, {shown} "
         f"{metric_text(values[second], percent=second != 'auroc')}; η chosen {rates}; "
         f"ε = {max(one.epsilon for one in chosen):.3g} (budget {epsilon:g}), "
         f"σ = {', '.join(sigmas)}"
     )
+
+
+def tuned_note(chosen: list[Selected], tested: int) -> str:
+    """How the seeds' models were chosen and tested."""
     n = len(chosen)
-    return Row(
-        f"{label}, {HOSPITALS} iid hospitals, ε budget {epsilon:g}: {method}, {MODELS[model]}",
-        CLAIM[model],
-        ours,
+    return (
         f"{n} seed{'s' * (n > 1)}; the best of K candidates (mean {chosen[0].tuned.mean:g}), "
-        f"validated on the official val split, tested on the official {tested} test images",
-        trials=n,
+        f"validated on the official val split, tested on the official {tested} test images"
     )
 
 
