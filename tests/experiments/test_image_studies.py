@@ -20,7 +20,7 @@ from dpfl.experiments.results.store import ResultsStore
 from dpfl.experiments.study.config import ConfigError, Study
 from dpfl.experiments.study.point import STORE
 from dpfl.experiments.study.runner import run_study
-from dpfl.local.ghost import GhostClipping
+from per_example import ghost_calls
 
 
 def test_a_two_class_image_study_trains_one_logit_and_is_scored(tmp_path: Path) -> None:
@@ -149,14 +149,7 @@ def test_a_private_study_of_the_vit_kind_runs_by_ghost_clipping(
 ) -> None:
     """`model.kind = "vit"` through the runner with DP: the simulator's DP-SGD clips the
     ViT (not an nn.Sequential) by ghost clipping, and the run finishes."""
-    calls = []
-    original = GhostClipping.__call__
-
-    def counted(self: GhostClipping, *args: Any) -> Any:
-        calls.append(1)
-        return original(self, *args)
-
-    monkeypatch.setattr(GhostClipping, "__call__", counted)
+    calls = ghost_calls(monkeypatch)
     rng = np.random.default_rng(2)
     arrays = {}
     for split, n in (("train", 16), ("val", 4), ("test", 8)):

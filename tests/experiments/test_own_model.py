@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -16,7 +15,7 @@ from dpfl.experiments.study.config import load
 from dpfl.experiments.study.point import STORE
 from dpfl.experiments.study.runner import run_study
 from dpfl.local import clipping
-from dpfl.local.ghost import GhostClipping
+from per_example import ghost_calls
 from studies import breast_cancer_study
 
 runner = CliRunner()
@@ -115,14 +114,7 @@ def test_a_large_model_of_its_own_without_convolutions_is_clipped_by_ghost_clipp
     lowered to 0), trains its silos one by one with per-example norms from the layers'
     hooks (`dpfl.local.ghost`); below it, its silos stack under `vmap`, the small
     models' fast path."""
-    calls = []
-    original = GhostClipping.__call__
-
-    def counted(self: GhostClipping, *args: Any) -> Any:
-        calls.append(1)
-        return original(self, *args)
-
-    monkeypatch.setattr(GhostClipping, "__call__", counted)
+    calls = ghost_calls(monkeypatch)
     study = load(_study(tmp_path, RESIDUAL, STUDY.replace("[0.5, 1.0]", "0.5")))
     (small,) = run_study(study, tmp_path / "small")
     assert small.status == "finished", small.error
